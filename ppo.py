@@ -1,0 +1,936 @@
+"""PPO for GPU-vectorized ManiSkill tasks and any Gymnasium environment, in one file.
+
+    python ppo.py --env_id=PickCube-v1                                   # ManiSkill, GPU sim when CUDA is there
+    python ppo.py --env_id=PushCube-v1 --num_envs=4 --num_eval_envs=2    # ManiSkill CPU sim in worker processes
+    python ppo.py --env_id=CartPole-v1 --num_envs=8 --num_steps=128      # any Gymnasium id, also "my_module:MyEnv-v0"
+    python ppo.py --resume runs/RUN_NAME                                 # continue an interrupted run exactly
+
+Everything happens on torch tensors on the learner's device: rollout, final-value bootstrapping, GAE, update.
+See README.md for the flags, the bootstrap rules and the checkpoint layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import multiprocessing
+import os
+import random
+import signal
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Optional
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.distributions import Categorical, Normal
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+CHECKPOINT_FORMAT = 1
+TRAINER = "ppo"
+
+
+@dataclass
+class Args:
+    exp_name: Optional[str] = None
+    """name of the run; runs/{exp_name} (default: {env_id}__ppo__{seed}__{unix time})"""
+    seed: int = 1
+    """seed of the experiment (torch, numpy, python and the environments)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, the learner runs on CUDA when it is available"""
+    track: bool = False
+    """if toggled, also log to Weights and Biases (needs `pip install wandb`)"""
+    wandb_project_name: str = "ManiSkill"
+    """the wandb project name"""
+    wandb_entity: Optional[str] = None
+    """the wandb entity (team) name"""
+    capture_video: bool = True
+    """if toggled, record videos of evaluation episodes under runs/{run_name}/videos"""
+    save_model: bool = True
+    """if toggled, save checkpoints under runs/{run_name} at every evaluation and at the end"""
+    checkpoint: Optional[str] = None
+    """start training from the weights (and observation statistics) of this checkpoint; a new run"""
+    resume: Optional[str] = None
+    """continue a run exactly from a checkpoint file or a run directory (its newest checkpoint)"""
+
+    env_id: str = "PickCube-v1"
+    """ManiSkill task id, Gymnasium id, or "module:EnvId" for an env registered on import of module"""
+    sim_backend: Literal["auto", "gpu", "cpu"] = "auto"
+    """ManiSkill simulation backend; auto = gpu when CUDA is available. Ignored for other Gymnasium envs"""
+    control_mode: Optional[str] = "pd_joint_delta_pos"
+    """ManiSkill control mode (None: the task's default)"""
+    num_envs: int = 512
+    """number of parallel training environments"""
+    num_eval_envs: int = 8
+    """number of parallel evaluation environments"""
+    partial_reset: bool = True
+    """ManiSkill: reset an env as soon as its episode terminates (else episodes run to the time limit)"""
+    eval_partial_reset: bool = False
+    """ManiSkill: partial_reset for the evaluation environments"""
+    num_steps: int = 50
+    """steps per environment per rollout"""
+    num_eval_steps: Optional[int] = None
+    """steps per evaluation (default: the task's max episode steps, so every eval env finishes an episode)"""
+    reconfiguration_freq: Optional[int] = None
+    """ManiSkill: reconfigure the training scenes every this many resets (None: the task's default)"""
+    eval_reconfiguration_freq: Optional[int] = 1
+    """ManiSkill: reconfigure the evaluation scenes every this many resets"""
+    norm_obs: bool = False
+    """normalize observations with running mean/std (float64 statistics, saved in checkpoints)"""
+    bootstrap_at_done: Literal["auto", "always", "truncated", "never"] = "auto"
+    """which finished episodes bootstrap from V(final obs): always (ManiSkill's rule), truncated (terminations are terminal), never. auto = always for ManiSkill tasks, truncated otherwise"""
+
+    total_timesteps: int = 10_000_000
+    """total environment steps of the run"""
+    learning_rate: float = 3e-4
+    """the (initial) learning rate of the optimizer"""
+    lr_schedule: Literal["constant", "linear", "adaptive"] = "constant"
+    """constant; linear decay to 0; adaptive: multiply/divide the lr by lr_factor when the KL leaves [kl_target/2, 2*kl_target]"""
+    anneal_lr: bool = False
+    """ManiSkill/CleanRL's name for --lr_schedule=linear"""
+    kl_target: float = 0.01
+    """adaptive schedule: the KL divergence the learning rate steers towards"""
+    lr_factor: float = 1.5
+    """adaptive schedule: factor by which the learning rate moves"""
+    min_learning_rate: float = 1e-5
+    """adaptive schedule: lower bound of the learning rate"""
+    max_learning_rate: float = 1e-2
+    """adaptive schedule: upper bound of the learning rate"""
+    gamma: float = 0.8
+    """the discount factor"""
+    gae_lambda: float = 0.9
+    """the lambda of generalized advantage estimation"""
+    finite_horizon_gae: bool = False
+    """use ManiSkill's finite-horizon GAE (lambda-weights renormalized over the steps left in the rollout)"""
+    num_minibatches: int = 32
+    """number of minibatches per epoch"""
+    update_epochs: int = 4
+    """number of epochs over each rollout"""
+    norm_adv: bool = True
+    """normalize advantages per minibatch"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = False
+    """clip the value loss like the policy ratio"""
+    ent_coef: float = 0.0
+    """coefficient of the entropy bonus"""
+    vf_coef: float = 0.5
+    """coefficient of the value loss"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for gradient clipping"""
+    target_kl: Optional[float] = 0.1
+    """stop the update of a rollout once a minibatch's approximate KL exceeds this (None: never)"""
+    reward_scale: float = 1.0
+    """multiply rewards by this before computing advantages"""
+    eval_freq: int = 25
+    """evaluate (and checkpoint) every this many iterations, and at the end"""
+    save_train_video_freq: Optional[int] = None
+    """with capture_video, record a training video every this many iterations"""
+
+
+class UserError(Exception):
+    """A mistake the user can fix: reported as one line and exit status 2."""
+
+
+class NonFiniteError(Exception):
+    """A non-finite loss, gradient or parameter: the run stops before anything is saved."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Environments: one torch interface over ManiSkill's GPU/CPU vector envs and Gymnasium vector envs
+# ---------------------------------------------------------------------------------------------
+
+def is_maniskill_id(env_id: str) -> bool:
+    if env_id in gym.registry or ":" in env_id:
+        return False
+    try:
+        import mani_skill.envs  # noqa: F401  (registers the ManiSkill tasks)
+        from mani_skill.utils.registration import REGISTERED_ENVS
+    except ImportError as e:
+        raise UserError(f"unknown env id {env_id!r} and ManiSkill is not importable ({e}); pip install mani_skill") from e
+    return env_id in REGISTERED_ENVS
+
+
+def refuse_asset_download(env_id: str):
+    """ManiSkill asks with input() to download missing assets; a training run must never block or download."""
+    from mani_skill.utils import download_asset
+
+    def refuse(message: str):
+        raise UserError(
+            f"{env_id} needs ManiSkill assets that are not on this machine ({message.strip()}); "
+            f"download them first: python -m mani_skill.utils.download_asset {env_id}"
+        )
+
+    download_asset.prompt_yes_no = refuse
+
+
+def every_nth_rollout(elapsed_steps: int, num_steps: int, freq: int) -> bool:
+    return (elapsed_steps // num_steps) % freq == 0
+
+
+def build_maniskill_env(env_id: str, num_envs: int, env_kwargs: dict, video_dir: Optional[str],
+                        video_trigger, max_steps_per_video: Optional[int]) -> gym.Env:
+    import mani_skill.envs  # noqa: F401
+    from mani_skill.utils.wrappers.flatten import FlattenActionSpaceWrapper
+    from mani_skill.utils.wrappers.record import RecordEpisode
+
+    refuse_asset_download(env_id)
+    env = gym.make(env_id, num_envs=num_envs, **env_kwargs)
+    if isinstance(env.action_space, gym.spaces.Dict):
+        env = FlattenActionSpaceWrapper(env)
+    if video_dir is not None:
+        # info_on_video crashes under numpy 2
+        env = RecordEpisode(env, output_dir=video_dir, save_trajectory=False, save_video_trigger=video_trigger,
+                            max_steps_per_video=max_steps_per_video, video_fps=30, info_on_video=False)
+    return env
+
+
+def build_maniskill_cpu_worker_env(env_id: str, env_kwargs: dict, ignore_terminations: bool,
+                                   video_dir: Optional[str], video_trigger, max_steps_per_video: Optional[int]) -> gym.Env:
+    """Module-level so that AsyncVectorEnv can pickle it into forkserver workers."""
+    from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
+
+    if multiprocessing.parent_process() is not None:
+        # Ctrl-C goes to the whole process group; the learner saves a checkpoint, the workers must keep stepping.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    env = build_maniskill_env(env_id, 1, env_kwargs, video_dir, video_trigger, max_steps_per_video)
+    return CPUGymWrapper(env, ignore_terminations=ignore_terminations, record_metrics=True)
+
+
+def build_gym_env(env_id: str, video_dir: Optional[str], video_trigger, name_prefix: str) -> gym.Env:
+    env = gym.make(env_id, render_mode="rgb_array" if video_dir is not None else None)
+    if video_dir is not None:
+        if video_trigger is None:
+            env = gym.wrappers.RecordVideo(env, video_dir, episode_trigger=lambda episode: True,
+                                           name_prefix=name_prefix, disable_logger=True)
+        else:
+            env = gym.wrappers.RecordVideo(env, video_dir, step_trigger=video_trigger,
+                                           name_prefix=name_prefix, disable_logger=True)
+    return env
+
+
+def space_to_dict(space: gym.Space) -> dict:
+    if isinstance(space, gym.spaces.Discrete):
+        return {"type": "Discrete", "n": int(space.n)}
+    return {"type": "Box", "shape": list(space.shape), "low": np.asarray(space.low, dtype=np.float64).ravel().tolist(),
+            "high": np.asarray(space.high, dtype=np.float64).ravel().tolist()}
+
+
+class TorchVecEnv:
+    """Tensors in, tensors out, on the learner's device, whatever runs the simulation.
+
+    step(action) returns (next_obs, reward, terminated, truncated, final_obs, finished):
+    next_obs is already reset where an episode ended; final_obs is the true last observation of those
+    episodes (next_obs elsewhere); finished maps metric names (return, episode_len, and ManiSkill's
+    success_once, success_at_end, fail_once, fail_at_end) to one value per episode that ended in this
+    step, or is None when none ended.
+    """
+
+    EPISODE_KEYS = ("success_once", "success_at_end", "fail_once", "fail_at_end")
+
+    def __init__(self, env: gym.vector.VectorEnv, device: torch.device, torch_native: bool, max_episode_steps: Optional[int]):
+        self.env = env
+        self.device = device
+        self.torch_native = torch_native
+        self.max_episode_steps = max_episode_steps
+        self.num_envs = env.num_envs
+        self.single_observation_space = env.single_observation_space
+        self.single_action_space = env.single_action_space
+        if not isinstance(self.single_observation_space, gym.spaces.Box):
+            raise UserError(f"observation space {self.single_observation_space} is not supported; ppo.py needs a Box "
+                            "observation (flatten Dict observations with a wrapper)")
+        space = self.single_action_space
+        if isinstance(space, gym.spaces.Box):
+            if len(space.shape) != 1:
+                raise UserError(f"action space {space} is not supported; Box actions must be 1-D")
+            self.action_low = torch.as_tensor(space.low, dtype=torch.float32, device=device)
+            self.action_high = torch.as_tensor(space.high, dtype=torch.float32, device=device)
+        elif not isinstance(space, gym.spaces.Discrete):
+            raise UserError(f"action space {space} is not supported; ppo.py handles Box and Discrete actions")
+        self.obs_dim = int(np.prod(self.single_observation_space.shape))
+        self.episode_return = torch.zeros(self.num_envs, dtype=torch.float64, device=device)
+        self.episode_length = torch.zeros(self.num_envs, dtype=torch.long, device=device)
+
+    def _obs(self, obs) -> torch.Tensor:
+        return torch.as_tensor(obs, device=self.device).reshape(self.num_envs, self.obs_dim).float()
+
+    def _to_device(self, x, dtype) -> torch.Tensor:
+        return torch.as_tensor(x, device=self.device).reshape(self.num_envs).to(dtype)
+
+    def reset(self, seed: Optional[int] = None) -> torch.Tensor:
+        obs, _ = self.env.reset(seed=seed)
+        self.episode_return.zero_()
+        self.episode_length.zero_()
+        return self._obs(obs)
+
+    def step(self, action: torch.Tensor):
+        if isinstance(self.single_action_space, gym.spaces.Box):
+            # Sampled actions may leave the bounds; the log-prob is kept for the unclipped one.
+            action = torch.clamp(action, self.action_low, self.action_high)
+        if self.torch_native:
+            action = action.to(self.env.device)
+        else:
+            action = action.cpu().numpy()
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        next_obs = self._obs(obs)
+        reward = self._to_device(reward, torch.float32)
+        terminated = self._to_device(terminated, torch.bool)
+        truncated = self._to_device(truncated, torch.bool)
+        done = terminated | truncated
+        self.episode_return += reward
+        self.episode_length += 1
+
+        final_obs, finished = next_obs, None
+        if "final_info" in info:  # present only when some episode ended
+            if self.torch_native:
+                final_obs = torch.where(done[:, None], self._obs(info["final_observation"]), next_obs)
+            else:
+                ended = info["_final_obs"]
+                final_obs = next_obs.clone()
+                final_obs[torch.as_tensor(ended, device=self.device)] = torch.as_tensor(
+                    np.stack(info["final_obs"][ended]), device=self.device).reshape(-1, self.obs_dim).float()
+            finished = {"return": self.episode_return[done].float(), "episode_len": self.episode_length[done].float()}
+            episode = info["final_info"].get("episode", {})
+            for key in self.EPISODE_KEYS:
+                if key in episode:
+                    finished[key] = self._to_device(episode[key], torch.float32)[done]
+            self.episode_return = torch.where(done, 0.0, self.episode_return)
+            self.episode_length = torch.where(done, 0, self.episode_length)
+        return next_obs, reward, terminated, truncated, final_obs, finished
+
+    def close(self):
+        self.env.close()
+
+
+def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: bool, run_dir: Path) -> TorchVecEnv:
+    num_envs = args.num_eval_envs if evaluation else args.num_envs
+    video_dir, video_trigger, max_steps_per_video = None, None, None
+    if args.capture_video and evaluation:
+        video_dir = str(run_dir / "videos")
+    elif args.capture_video and args.save_train_video_freq is not None:
+        video_dir = str(run_dir / "train_videos")
+        video_trigger = functools.partial(every_nth_rollout, num_steps=args.num_steps, freq=args.save_train_video_freq)
+        max_steps_per_video = args.num_steps
+    try:
+        if maniskill:
+            return make_maniskill_envs(args, num_envs, device, evaluation, video_dir, video_trigger, max_steps_per_video)
+        prefix = "eval" if evaluation else "train"
+        env_fns = [functools.partial(build_gym_env, args.env_id, video_dir if i == 0 else None, video_trigger, prefix)
+                   for i in range(num_envs)]
+        env = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        return TorchVecEnv(env, device, torch_native=False, max_episode_steps=env.envs[0].spec.max_episode_steps)
+    except gym.error.DependencyNotInstalled as e:
+        raise UserError(f"{args.env_id} needs an optional dependency: {e}") from e
+    except (gym.error.Error, ImportError) as e:
+        raise UserError(f"cannot make env {args.env_id!r}: {e}") from e
+
+
+def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluation: bool,
+                        video_dir: Optional[str], video_trigger, max_steps_per_video: Optional[int]) -> TorchVecEnv:
+    from mani_skill.utils import gym_utils
+    from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
+
+    gpu = resolve_sim_backend(args.sim_backend) == "gpu"
+    env_kwargs = dict(obs_mode="state", sim_backend="physx_cuda" if gpu else "physx_cpu",
+                      reconfiguration_freq=args.eval_reconfiguration_freq if evaluation else args.reconfiguration_freq)
+    if args.control_mode is not None:
+        env_kwargs["control_mode"] = args.control_mode
+    if video_dir is not None:
+        env_kwargs["render_mode"] = "rgb_array"
+    if evaluation:
+        env_kwargs["human_render_camera_configs"] = dict(shader_pack="default")
+    ignore_terminations = not (args.eval_partial_reset if evaluation else args.partial_reset)
+    if evaluation and video_dir is not None and max_steps_per_video is None:
+        max_steps_per_video = args.num_eval_steps
+    try:
+        if gpu or num_envs == 1:
+            # One CPU env takes the same ManiSkillVectorEnv code path as thousands of GPU envs.
+            env = build_maniskill_env(args.env_id, num_envs, env_kwargs, video_dir, video_trigger, max_steps_per_video)
+            max_steps = gym_utils.find_max_episode_steps_value(env)
+            vec_env = ManiSkillVectorEnv(env, num_envs, ignore_terminations=ignore_terminations, record_metrics=True)
+            return TorchVecEnv(vec_env, device, torch_native=True, max_episode_steps=max_steps)
+        # The fork start method hangs while workers build SAPIEN scenes; forkserver needs module-level builders.
+        env_fns = [functools.partial(build_maniskill_cpu_worker_env, args.env_id, env_kwargs, ignore_terminations,
+                                     video_dir if i == 0 else None, video_trigger, max_steps_per_video)
+                   for i in range(num_envs)]
+        probe = build_maniskill_env(args.env_id, 1, env_kwargs, None, None, None)
+        max_steps = gym_utils.find_max_episode_steps_value(probe)
+        probe.close()
+        vec_env = gym.vector.AsyncVectorEnv(env_fns, context="forkserver", autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        return TorchVecEnv(vec_env, device, torch_native=False, max_episode_steps=max_steps)
+    except (AssertionError, KeyError, ValueError) as e:
+        raise UserError(f"cannot make ManiSkill env {args.env_id!r} with {env_kwargs}: {e}") from e
+
+
+def resolve_sim_backend(sim_backend: str) -> str:
+    if sim_backend == "auto":
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    if sim_backend == "gpu" and not torch.cuda.is_available():
+        raise UserError("--sim_backend=gpu needs CUDA, which this machine does not have; use --sim_backend=cpu")
+    return sim_backend
+
+
+# ---------------------------------------------------------------------------------------------
+# Agent
+# ---------------------------------------------------------------------------------------------
+
+def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+def mlp(in_dim: int, out_dim: int, out_std: float) -> nn.Sequential:
+    return nn.Sequential(
+        layer_init(nn.Linear(in_dim, 256)), nn.Tanh(),
+        layer_init(nn.Linear(256, 256)), nn.Tanh(),
+        layer_init(nn.Linear(256, 256)), nn.Tanh(),
+        layer_init(nn.Linear(256, out_dim), std=out_std),
+    )
+
+
+class RunningMeanStd(nn.Module):
+    """Running observation mean and variance in float64 (parallel-variance merge); buffers, so checkpoints carry them."""
+
+    def __init__(self, dim: int, clip: float = 10.0):
+        super().__init__()
+        self.clip = clip
+        self.register_buffer("mean", torch.zeros(dim, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(dim, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor):
+        x = x.double()
+        batch_mean, batch_var, batch_count = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        self.mean += delta * batch_count / total
+        self.var.copy_((self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total) / total)
+        self.count.copy_(total)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x.double() - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-self.clip, self.clip).float()
+
+
+class Agent(nn.Module):
+    def __init__(self, obs_dim: int, action_space: dict, norm_obs: bool):
+        super().__init__()
+        self.discrete = action_space["type"] == "Discrete"
+        self.obs_normalizer = RunningMeanStd(obs_dim) if norm_obs else None
+        self.critic = mlp(obs_dim, 1, out_std=1.0)
+        if self.discrete:
+            self.actor = mlp(obs_dim, action_space["n"], out_std=0.01)
+        else:
+            action_dim = action_space["shape"][0]
+            self.actor = mlp(obs_dim, action_dim, out_std=0.01 * np.sqrt(2))
+            self.actor_logstd = nn.Parameter(torch.ones(1, action_dim) * -0.5)
+
+    def normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
+        return obs if self.obs_normalizer is None else self.obs_normalizer(obs)
+
+    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(obs).flatten()
+
+    def distribution(self, obs: torch.Tensor):
+        if self.discrete:
+            return Categorical(logits=self.actor(obs))
+        mean = self.actor(obs)
+        return Normal(mean, self.actor_logstd.expand_as(mean).exp())
+
+    def get_action(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        if not deterministic:
+            return self.distribution(obs).sample()
+        logits_or_mean = self.actor(obs)
+        return logits_or_mean.argmax(-1) if self.discrete else logits_or_mean
+
+    def get_action_and_value(self, obs: torch.Tensor, action: Optional[torch.Tensor] = None):
+        dist = self.distribution(obs)
+        if action is None:
+            action = dist.sample()
+        logprob, entropy = dist.log_prob(action), dist.entropy()
+        if not self.discrete:
+            logprob, entropy = logprob.sum(-1), entropy.sum(-1)
+        return action, logprob, entropy, self.get_value(obs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Advantages
+# ---------------------------------------------------------------------------------------------
+
+def bootstrap_mask(rule: str, terminated: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+    """Which finished episodes take V(final obs) as the value after their last step."""
+    if rule == "always":
+        return terminated | truncated
+    if rule == "truncated":
+        return truncated & ~terminated
+    return torch.zeros_like(terminated)
+
+
+def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, bootstrap_values: torch.Tensor,
+                       next_value: torch.Tensor, gamma: float, gae_lambda: float, finite_horizon: bool) -> torch.Tensor:
+    """GAE over a (num_steps, num_envs) rollout.
+
+    dones[t] = 1 where the episode ended with step t; bootstrap_values[t] is V(final obs) for the ended episodes
+    that bootstrap, 0 for the others; next_value = V(obs after the last step). Nothing crosses an episode end.
+    finite_horizon: ManiSkill's variant, whose lambda-weights are renormalized over the steps left before the
+    rollout or episode ends, so a short tail is not dominated by its last value.
+    """
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    last_gae = torch.zeros_like(next_value)
+    lam_coef_sum = reward_term_sum = value_term_sum = torch.zeros_like(next_value)
+    for t in reversed(range(num_steps)):
+        next_values = next_value if t == num_steps - 1 else values[t + 1]
+        not_done = 1.0 - dones[t]
+        real_next_values = not_done * next_values + bootstrap_values[t]
+        if finite_horizon:
+            lam_coef_sum = 1.0 + gae_lambda * not_done * lam_coef_sum
+            reward_term_sum = gae_lambda * gamma * not_done * reward_term_sum + lam_coef_sum * rewards[t]
+            value_term_sum = gae_lambda * gamma * not_done * value_term_sum + gamma * real_next_values
+            advantages[t] = (reward_term_sum + value_term_sum) / lam_coef_sum - values[t]
+        else:
+            delta = rewards[t] + gamma * real_next_values - values[t]
+            last_gae = delta + gamma * gae_lambda * not_done * last_gae
+            advantages[t] = last_gae
+    return advantages
+
+
+# ---------------------------------------------------------------------------------------------
+# Run plumbing: arguments, checkpoints, signals
+# ---------------------------------------------------------------------------------------------
+
+# A resumed run must be the same experiment; these cannot change on --resume.
+RESUME_FIXED_FIELDS = ("env_id", "num_envs", "num_steps", "norm_obs", "control_mode", "seed", "partial_reset")
+
+
+def parse_args(argv: list[str]) -> Args:
+    args = tyro.cli(Args, args=argv, use_underscores=True, description=__doc__)
+    if args.resume is None:
+        return args
+    saved = load_checkpoint(find_resume_checkpoint(args.resume))["args"]
+    saved_args = Args(**{f.name: saved[f.name] for f in dataclasses.fields(Args) if f.name in saved})
+    # Parse again with the run's own arguments as defaults: flags given now override them.
+    args = tyro.cli(Args, args=argv, use_underscores=True, default=saved_args, description=__doc__)
+    changed = [name for name in RESUME_FIXED_FIELDS if getattr(args, name) != getattr(saved_args, name)]
+    if changed:
+        raise UserError(f"--resume continues the same experiment; these flags differ from the run's: {', '.join(changed)}")
+    return args
+
+
+def find_resume_checkpoint(path: str) -> Path:
+    path = Path(path)
+    if path.is_dir():
+        numbered = sorted(path.glob("ckpt_*.pt"), key=lambda p: int(p.stem.split("_")[1]) if p.stem.split("_")[1].isdigit() else -1)
+        if not numbered:
+            raise UserError(f"no checkpoint ckpt_<iteration>.pt in {path} to resume from")
+        return numbered[-1]
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} does not exist")
+    return path
+
+
+def load_checkpoint(path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} does not exist")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise UserError(f"checkpoint {path} cannot be read ({type(e).__name__}: {e})") from e
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT or "model" not in ckpt:
+        raise UserError(f"{path} is not a checkpoint of these trainers (format {CHECKPOINT_FORMAT})")
+    return ckpt
+
+
+def save_checkpoint(path: Path, state: dict):
+    """Write to a temporary file, then rename: a crash mid-write never leaves a truncated checkpoint."""
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def rng_states() -> dict:
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "python": random.getstate(),
+    }
+
+
+def set_rng_states(states: dict):
+    torch.set_rng_state(states["torch"])
+    if states["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    np_state = states["numpy"]
+    np.random.set_state(("MT19937", np_state["keys"].numpy().astype(np.uint32), np_state["pos"],
+                         np_state["has_gauss"], np_state["cached_gaussian"]))
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def all_finite(module: nn.Module) -> bool:
+    tensors = [t for t in module.state_dict().values() if t.is_floating_point()]
+    return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
+
+
+class StopSignal:
+    """SIGINT/SIGTERM end the run at the next iteration boundary, after a checkpoint; a second signal exits at once."""
+
+    def __init__(self):
+        self.signum: Optional[int] = None
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self.handle)
+
+    def handle(self, signum, frame):
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        print(f"\n{signal.Signals(signum).name} received: stopping after this iteration and saving a checkpoint", file=sys.stderr)
+
+
+def validate(args: Args, maniskill: bool) -> tuple[int, int, int]:
+    """Check the arguments; return (batch_size, minibatch_size, num_iterations)."""
+    positive = {"num_envs": args.num_envs, "num_eval_envs": args.num_eval_envs, "num_steps": args.num_steps,
+                "num_minibatches": args.num_minibatches, "update_epochs": args.update_epochs,
+                "eval_freq": args.eval_freq, "learning_rate": args.learning_rate, "total_timesteps": args.total_timesteps}
+    for name, value in positive.items():
+        if value < 1 if isinstance(value, int) else value <= 0:
+            raise UserError(f"--{name} must be positive, got {value}")
+    if args.num_eval_steps is not None and args.num_eval_steps < 1:
+        raise UserError(f"--num_eval_steps must be positive, got {args.num_eval_steps}")
+    if not 0.0 < args.gamma <= 1.0 or not 0.0 <= args.gae_lambda <= 1.0:
+        raise UserError(f"--gamma must be in (0, 1] and --gae_lambda in [0, 1], got {args.gamma} and {args.gae_lambda}")
+    if args.save_train_video_freq is not None and args.save_train_video_freq < 1:
+        raise UserError(f"--save_train_video_freq must be positive, got {args.save_train_video_freq}")
+    if args.anneal_lr and args.lr_schedule not in ("constant", "linear"):
+        raise UserError(f"--anneal_lr means --lr_schedule=linear and conflicts with --lr_schedule={args.lr_schedule}")
+    if args.checkpoint is not None and args.resume is not None:
+        raise UserError("--checkpoint starts a new run from saved weights and --resume continues a run; give one of them")
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches != 0:
+        raise UserError(f"batch size num_envs*num_steps = {batch_size} does not split into --num_minibatches={args.num_minibatches} "
+                        "equal minibatches; pick num_minibatches dividing it")
+    num_iterations = args.total_timesteps // batch_size
+    if num_iterations < 1:
+        raise UserError(f"--total_timesteps={args.total_timesteps} is smaller than one batch (num_envs*num_steps = {batch_size})")
+    if maniskill:
+        resolve_sim_backend(args.sim_backend)
+    return batch_size, batch_size // args.num_minibatches, num_iterations
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+
+def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int) -> dict[str, torch.Tensor]:
+    """Deterministic actions; only episodes that finish within num_eval_steps count."""
+    finished_metrics = defaultdict(list)
+    obs = eval_envs.reset()
+    for _ in range(num_eval_steps):
+        with torch.no_grad():
+            action = agent.get_action(agent.normalize_obs(obs), deterministic=True)
+        obs, _, _, _, _, finished = eval_envs.step(action)
+        if finished is not None:
+            for key, value in finished.items():
+                finished_metrics[key].append(value)
+    return {key: torch.cat(values) for key, values in finished_metrics.items()}
+
+
+def log_episode_metrics(writer: SummaryWriter, prefix: str, metrics: dict[str, torch.Tensor], global_step: int) -> dict[str, float]:
+    means = {key: values.float().mean().item() for key, values in metrics.items() if values.numel() > 0}
+    for key, value in means.items():
+        writer.add_scalar(f"{prefix}/{key}", value, global_step)
+    return means
+
+
+def main(args: Args) -> int:
+    maniskill = is_maniskill_id(args.env_id)
+    if args.anneal_lr:
+        args.lr_schedule = "linear"
+    batch_size, minibatch_size, num_iterations = validate(args, maniskill)
+    bootstrap_rule = args.bootstrap_at_done
+    if bootstrap_rule == "auto":
+        bootstrap_rule = "always" if maniskill else "truncated"
+
+    resume_state = None
+    if args.resume is not None:
+        resume_path = find_resume_checkpoint(args.resume)
+        resume_state = load_checkpoint(resume_path)
+        run_dir = resume_path.parent
+        run_name = resume_state["run_name"]
+    else:
+        run_name = args.exp_name or f"{args.env_id.replace(':', '_')}__{TRAINER}__{args.seed}__{int(time.time())}"
+        run_dir = Path("runs") / run_name
+    init_state = load_checkpoint(args.checkpoint) if args.checkpoint is not None else None
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    envs = make_envs(args, maniskill, device, evaluation=False, run_dir=run_dir)
+    eval_envs = None
+    try:
+        eval_envs = make_envs(args, maniskill, device, evaluation=True, run_dir=run_dir)
+        num_eval_steps = args.num_eval_steps or eval_envs.max_episode_steps
+        if num_eval_steps is None:
+            raise UserError(f"{args.env_id} has no time limit; give --num_eval_steps")
+        return train(args, run_name, run_dir, envs, eval_envs, device, bootstrap_rule, num_eval_steps,
+                     batch_size, minibatch_size, num_iterations, resume_state, init_state)
+    finally:
+        envs.close()
+        if eval_envs is not None:
+            eval_envs.close()
+
+
+def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs: TorchVecEnv, device: torch.device,
+          bootstrap_rule: str, num_eval_steps: int, batch_size: int, minibatch_size: int, num_iterations: int,
+          resume_state: Optional[dict], init_state: Optional[dict]) -> int:
+    observation_space = space_to_dict(envs.single_observation_space)
+    action_space = space_to_dict(envs.single_action_space)
+    agent = Agent(envs.obs_dim, action_space, args.norm_obs).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    global_step, start_iteration = 0, 0
+    for state in (init_state, resume_state):
+        if state is None:
+            continue
+        if state["observation_space"] != observation_space or state["action_space"] != action_space:
+            raise UserError(f"the checkpoint's spaces ({state['observation_space']['shape']}, {state['action_space']}) "
+                            f"do not match {args.env_id}'s ({observation_space['shape']}, {action_space})")
+        try:
+            agent.load_state_dict(state["model"])
+        except RuntimeError as e:
+            raise UserError(f"the checkpoint's model does not fit this Agent (different --norm_obs?): {e}".splitlines()[0]) from e
+
+    next_obs = envs.reset(seed=args.seed)
+    eval_envs.reset(seed=args.seed + 1)
+    if resume_state is not None:
+        optimizer.load_state_dict(resume_state["optimizer"])
+        global_step, start_iteration = resume_state["global_step"], resume_state["iteration"]
+        # After the envs are built and reset, so that the learner's random stream continues where it stopped.
+        set_rng_states(resume_state["rng"])
+        if start_iteration >= num_iterations:
+            raise UserError(f"the run already finished its {start_iteration} iterations; raise --total_timesteps to continue it")
+
+    def checkpoint_state(iteration: int) -> dict:
+        return {"format": CHECKPOINT_FORMAT, "trainer": TRAINER, "run_name": run_name, "args": dataclasses.asdict(args),
+                "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
+                "observation_space": observation_space, "action_space": action_space,
+                "global_step": global_step, "iteration": iteration, "rng": rng_states()}
+
+    def write_checkpoint(iteration: int, final: bool = False) -> Path:
+        if not all_finite(agent):
+            raise NonFiniteError(f"non-finite parameters at iteration {iteration}")
+        state = checkpoint_state(iteration)
+        path = run_dir / f"ckpt_{iteration}.pt"
+        save_checkpoint(path, state)
+        if final:
+            save_checkpoint(run_dir / "final_ckpt.pt", state)
+        return path
+
+    if args.track:
+        try:
+            import wandb
+        except ImportError:
+            raise UserError("--track logs to Weights and Biases: pip install wandb") from None
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=dataclasses.asdict(args), name=run_name, id=run_name, resume="allow", save_code=True)
+    writer = SummaryWriter(str(run_dir), purge_step=global_step if resume_state is not None else None)
+    derived = {"batch_size": batch_size, "minibatch_size": minibatch_size, "num_iterations": num_iterations,
+               "bootstrap_rule": bootstrap_rule, "num_eval_steps": num_eval_steps, "device": str(device)}
+    table = {**dataclasses.asdict(args), **derived}
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in table.items()))
+    print(f"run {run_name}: {run_dir}  " + "  ".join(f"{k}={v}" for k, v in derived.items()), flush=True)
+
+    num_envs, num_steps = args.num_envs, args.num_steps
+    obs_buf = torch.zeros((num_steps, num_envs, envs.obs_dim), device=device)
+    if agent.discrete:
+        actions = torch.zeros((num_steps, num_envs), dtype=torch.long, device=device)
+    else:
+        actions = torch.zeros((num_steps, num_envs, action_space["shape"][0]), device=device)
+    logprobs, rewards, dones, values, bootstrap_values = (torch.zeros((num_steps, num_envs), device=device) for _ in range(5))
+
+    stop = StopSignal()
+    last_checkpoint = None
+    progress = tqdm(total=num_iterations, initial=start_iteration, desc=run_name, dynamic_ncols=True, mininterval=1.0)
+    start_time, start_step = time.perf_counter(), global_step
+    iteration = start_iteration
+    try:
+        for iteration in range(start_iteration + 1, num_iterations + 1):
+            if args.lr_schedule == "linear":
+                optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
+
+            # Rollout
+            rollout_start = time.perf_counter()
+            agent.eval()
+            train_metrics = defaultdict(list)
+            bootstrap_values.zero_()
+            for step in range(num_steps):
+                global_step += num_envs
+                with torch.no_grad():
+                    if agent.obs_normalizer is not None:
+                        agent.obs_normalizer.update(next_obs)
+                    obs = agent.normalize_obs(next_obs)
+                    action, logprob, _, value = agent.get_action_and_value(obs)
+                obs_buf[step], actions[step], logprobs[step], values[step] = obs, action, logprob, value
+                next_obs, reward, terminated, truncated, final_obs, finished = envs.step(action)
+                rewards[step] = reward * args.reward_scale
+                dones[step] = (terminated | truncated).float()
+                if finished is not None:
+                    if bootstrap_rule != "never":
+                        with torch.no_grad():
+                            final_values = agent.get_value(agent.normalize_obs(final_obs))
+                        bootstrap_values[step] = torch.where(bootstrap_mask(bootstrap_rule, terminated, truncated), final_values, 0.0)
+                    for key, value in finished.items():
+                        train_metrics[key].append(value)
+            with torch.no_grad():
+                next_value = agent.get_value(agent.normalize_obs(next_obs))
+                advantages = compute_advantages(rewards, values, dones, bootstrap_values, next_value,
+                                                args.gamma, args.gae_lambda, args.finite_horizon_gae)
+                returns = advantages + values
+            rollout_time = time.perf_counter() - rollout_start
+
+            # Update
+            update_start = time.perf_counter()
+            agent.train()
+            b_obs = obs_buf.reshape(batch_size, envs.obs_dim)
+            b_actions = actions.reshape((batch_size,) + actions.shape[2:])
+            b_logprobs, b_advantages, b_returns, b_values = (x.reshape(-1) for x in (logprobs, advantages, returns, values))
+            clipfracs, first_ratio_error = [], None
+            kl_stop = False
+            for epoch in range(args.update_epochs):
+                permutation = torch.randperm(batch_size, device=device)
+                for start in range(0, batch_size, minibatch_size):
+                    mb = permutation[start:start + minibatch_size]
+                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb], b_actions[mb])
+                    logratio = newlogprob - b_logprobs[mb]
+                    ratio = logratio.exp()
+                    with torch.no_grad():
+                        old_approx_kl = (-logratio).mean()
+                        approx_kl = ((ratio - 1) - logratio).mean()
+                        if first_ratio_error is None:
+                            first_ratio_error = (ratio - 1.0).abs().max()
+                    if args.target_kl is not None and approx_kl > args.target_kl:
+                        kl_stop = True
+                        break
+                    clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean().detach())
+
+                    mb_advantages = b_advantages[mb]
+                    if args.norm_adv:
+                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                    pg_loss = torch.max(-mb_advantages * ratio,
+                                        -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)).mean()
+                    if args.clip_vloss:
+                        v_clipped = b_values[mb] + torch.clamp(newvalue - b_values[mb], -args.clip_coef, args.clip_coef)
+                        v_loss = 0.5 * torch.max((newvalue - b_returns[mb]) ** 2, (v_clipped - b_returns[mb]) ** 2).mean()
+                    else:
+                        v_loss = 0.5 * ((newvalue - b_returns[mb]) ** 2).mean()
+                    entropy_loss = entropy.mean()
+                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+                    optimizer.zero_grad()
+                    loss.backward()
+                    grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    if not torch.isfinite(loss) or not torch.isfinite(grad_norm):
+                        raise NonFiniteError(f"non-finite {'loss' if not torch.isfinite(loss) else 'gradient'} "
+                                             f"at iteration {iteration} (global step {global_step})")
+                    optimizer.step()
+                    if args.lr_schedule == "adaptive":
+                        kl = approx_kl.item()
+                        lr = optimizer.param_groups[0]["lr"]
+                        if kl > 2.0 * args.kl_target:
+                            lr = max(args.min_learning_rate, lr / args.lr_factor)
+                        elif kl < 0.5 * args.kl_target:
+                            lr = min(args.max_learning_rate, lr * args.lr_factor)
+                        optimizer.param_groups[0]["lr"] = lr
+                if kl_stop:
+                    break
+            if not all_finite(agent):
+                raise NonFiniteError(f"non-finite parameters after the update of iteration {iteration}")
+            update_time = time.perf_counter() - update_start
+
+            # Logging
+            y_pred, y_true = b_values, b_returns
+            var_y = y_true.var()
+            explained_var = float("nan") if var_y == 0 else (1 - (y_true - y_pred).var() / var_y).item()
+            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            if clipfracs:  # empty when the first minibatch already exceeded target_kl
+                writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
+                writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
+                writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
+                writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
+            writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
+            writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
+            writer.add_scalar("losses/first_minibatch_ratio_error", first_ratio_error.item(), global_step)
+            writer.add_scalar("losses/explained_variance", explained_var, global_step)
+            sps = int((global_step - start_step) / (time.perf_counter() - start_time))
+            writer.add_scalar("charts/SPS", sps, global_step)
+            writer.add_scalar("time/rollout_time", rollout_time, global_step)
+            writer.add_scalar("time/update_time", update_time, global_step)
+            writer.add_scalar("time/rollout_fps", num_envs * num_steps / rollout_time, global_step)
+            train_means = log_episode_metrics(writer, "train", {k: torch.cat(v) for k, v in train_metrics.items()}, global_step)
+            if "return" in train_means:
+                writer.add_scalar("charts/episodic_return", train_means["return"], global_step)
+                writer.add_scalar("charts/episodic_length", train_means["episode_len"], global_step)
+            postfix = {"step": global_step, "SPS": sps}
+            postfix.update({f"train_{k}": round(v, 3) for k, v in train_means.items() if k in ("return", "success_once")})
+
+            if iteration % args.eval_freq == 0 or iteration == num_iterations:
+                agent.eval()
+                eval_means = log_episode_metrics(writer, "eval", evaluate(agent, eval_envs, num_eval_steps), global_step)
+                if not eval_means:
+                    print(f"\nevaluation at iteration {iteration}: no episode finished within {num_eval_steps} steps", file=sys.stderr)
+                postfix.update({f"eval_{k}": round(v, 3) for k, v in eval_means.items() if k in ("return", "success_once")})
+                if args.save_model:
+                    last_checkpoint = write_checkpoint(iteration, final=iteration == num_iterations)
+                writer.flush()
+            progress.set_postfix(postfix, refresh=False)
+            progress.update(1)
+
+            if stop.signum is not None and iteration < num_iterations:
+                last_checkpoint = write_checkpoint(iteration)
+                writer.flush()
+                progress.close()
+                print(f"{signal.Signals(stop.signum).name}: saved {last_checkpoint} at iteration {iteration}; "
+                      f"resume with: python {Path(sys.argv[0]).name} --resume {run_dir}", file=sys.stderr)
+                return 128 + stop.signum
+    except NonFiniteError as e:
+        progress.close()
+        kept = f"the last checkpoint {last_checkpoint} is untouched" if last_checkpoint else "no checkpoint was written"
+        print(f"error: {e}; the run stops and {kept}", file=sys.stderr)
+        return 1
+    finally:
+        writer.close()
+        if args.track:
+            import wandb
+            wandb.finish()
+    progress.close()
+    print(f"done: {num_iterations} iterations, {global_step} steps; run in {run_dir}", flush=True)
+    return 0
+
+
+def cli(argv: Optional[list[str]] = None) -> int:
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+        return main(args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
