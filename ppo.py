@@ -47,6 +47,9 @@ class Args:
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
     """if toggled, the learner runs on CUDA when it is available"""
+    torch_threads: int = 1
+    """CPU threads for torch (0: torch's default). PPO's small networks gain little from more, and extra threads
+    contend with simulator workers for cores, which slows everything down several times"""
     track: bool = False
     """if toggled, also log to Weights and Biases (needs `pip install wandb`)"""
     wandb_project_name: str = "ManiSkill"
@@ -202,6 +205,8 @@ def build_maniskill_cpu_worker_env(env_id: str, env_kwargs: dict, ignore_termina
     if multiprocessing.parent_process() is not None:
         # Ctrl-C goes to the whole process group; the learner saves a checkpoint, the workers must keep stepping.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # One env per worker: more torch threads only fight the other workers for the cores.
+        torch.set_num_threads(1)
     env = build_maniskill_env(env_id, 1, env_kwargs, video_dir, video_trigger, max_steps_per_video)
     return CPUGymWrapper(env, ignore_terminations=ignore_terminations, record_metrics=True)
 
@@ -603,6 +608,8 @@ class StopSignal:
 
 def validate(args: Args, maniskill: bool) -> tuple[int, int, int]:
     """Check the arguments; return (batch_size, minibatch_size, num_iterations)."""
+    if args.torch_threads < 0:
+        raise UserError(f"--torch_threads must be 0 (torch's default) or positive, got {args.torch_threads}")
     positive = {"num_envs": args.num_envs, "num_eval_envs": args.num_eval_envs, "num_steps": args.num_steps,
                 "num_minibatches": args.num_minibatches, "update_epochs": args.update_epochs,
                 "eval_freq": args.eval_freq, "learning_rate": args.learning_rate, "total_timesteps": args.total_timesteps}
@@ -680,6 +687,8 @@ def main(args: Args) -> int:
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
 
     envs = make_envs(args, maniskill, device, evaluation=False, run_dir=run_dir)

@@ -1,0 +1,43 @@
+"""Small deterministic Gymnasium envs for the trainers' tests, registered on import: "tests.envs:PointMass-v0"."""
+
+import gymnasium as gym
+import numpy as np
+
+EPISODE_STEPS = 16
+
+
+class PointMass(gym.Env):
+    """A point on a line starts at x=1 and is pushed by the action; reward -x^2.
+
+    Reset ignores the seed, so a re-created env continues exactly where a finished episode left off:
+    runs whose rollouts end on episode boundaries can be resumed bit for bit.
+    nan_reward_after: from this many steps of this env on, rewards are NaN (to test the non-finite guard).
+    """
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def __init__(self, nan_reward_after=None):
+        self.nan_reward_after = nan_reward_after
+        self.total_steps = 0
+
+    def _obs(self):
+        return np.array([self.x, self.t / EPISODE_STEPS], dtype=np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.x, self.t = 1.0, 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.x += 0.1 * float(np.clip(action[0], -1.0, 1.0))
+        self.t += 1
+        self.total_steps += 1
+        reward = -self.x**2
+        if self.nan_reward_after is not None and self.total_steps > self.nan_reward_after:
+            reward = float("nan")
+        return self._obs(), reward, False, False, {}
+
+
+gym.register("PointMass-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS)
+gym.register("PointMassNaN-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS, kwargs={"nan_reward_after": 200})

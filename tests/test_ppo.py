@@ -1,0 +1,161 @@
+"""ppo.py end to end on Gymnasium envs: ratio, determinism, checkpoints, resume, signals, non-finite guard, bad input."""
+
+import math
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from tests.util import fast_args, load, run_script, scalars, start_script
+
+POINT_MASS = "tests.envs:PointMass-v0"
+
+
+def test_first_minibatch_ratio_is_one(tmp_path):
+    """Rollout and update compute the same log-probs, with observation normalization on (Box and Discrete)."""
+    for env_id, name in (("Pendulum-v1", "pend"), ("CartPole-v1", "cart")):
+        result = run_script("ppo.py", fast_args(env_id, name, norm_obs=True, total_timesteps=32 * 3), tmp_path)
+        assert result.returncode == 0, result.stderr
+        errors = [v for _, v in scalars(tmp_path / "runs" / name)["losses/first_minibatch_ratio_error"]]
+        assert len(errors) == 3 and max(errors) < 1e-5
+
+
+def test_same_seed_same_numbers(tmp_path):
+    argv = dict(norm_obs=True, total_timesteps=32 * 4, lr_schedule="adaptive")
+    for name in ("a", "b"):
+        assert run_script("ppo.py", fast_args("Pendulum-v1", name, **argv), tmp_path).returncode == 0
+    a, b = scalars(tmp_path / "runs" / "a"), scalars(tmp_path / "runs" / "b")
+    timing = {"charts/SPS", "time/rollout_time", "time/update_time", "time/rollout_fps"}
+    assert set(a) == set(b) and {"losses/policy_loss", "eval/return"} <= set(a)
+    for tag in set(a) - timing:
+        assert a[tag] == b[tag], tag
+    ckpt_a, ckpt_b = load(tmp_path / "runs/a/final_ckpt.pt"), load(tmp_path / "runs/b/final_ckpt.pt")
+    for key in ckpt_a["model"]:
+        assert torch.equal(ckpt_a["model"][key], ckpt_b["model"][key]), key
+    c = run_script("ppo.py", fast_args("Pendulum-v1", "c", seed=2, **argv), tmp_path)
+    assert c.returncode == 0
+    assert scalars(tmp_path / "runs" / "c")["losses/policy_loss"] != a["losses/policy_loss"]
+
+
+def test_checkpoint_contents(tmp_path):
+    result = run_script("ppo.py", fast_args("CartPole-v1", "run", norm_obs=True), tmp_path)
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "runs" / "run"
+    assert sorted(p.name for p in run.glob("*.pt")) == ["ckpt_2.pt", "ckpt_4.pt", "final_ckpt.pt"]
+    ckpt = load(run / "final_ckpt.pt")
+    assert ckpt["trainer"] == "ppo" and ckpt["iteration"] == 4 and ckpt["global_step"] == 128
+    assert ckpt["args"]["env_id"] == "CartPole-v1" and ckpt["args"]["norm_obs"] is True
+    assert ckpt["action_space"] == {"type": "Discrete", "n": 2} and ckpt["observation_space"]["shape"] == [4]
+    assert ckpt["model"]["obs_normalizer.count"] > 128 and ckpt["optimizer"]["state"]
+    assert {"torch", "numpy", "python"} <= set(ckpt["rng"])
+    assert not list(run.glob("*.tmp"))
+    tags = scalars(run)
+    for tag in ("charts/learning_rate", "losses/value_loss", "losses/approx_kl", "losses/old_approx_kl",
+                "losses/clipfrac", "losses/explained_variance", "charts/SPS", "time/rollout_time",
+                "time/update_time", "train/return", "train/episode_len", "charts/episodic_return",
+                "eval/return", "eval/episode_len"):
+        assert tag in tags, tag
+    assert [step for step, _ in tags["eval/return"]] == [64, 128]
+
+    # --checkpoint starts a new run from those weights
+    again = run_script("ppo.py", fast_args("CartPole-v1", "from_ckpt", norm_obs=True, total_timesteps=32,
+                                           checkpoint=run / "final_ckpt.pt"), tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert load(tmp_path / "runs/from_ckpt/final_ckpt.pt")["model"]["obs_normalizer.count"] > ckpt["model"]["obs_normalizer.count"]
+
+
+def test_video_for_gymnasium_env(tmp_path):
+    result = run_script("ppo.py", fast_args("CartPole-v1", "vid", capture_video=True, total_timesteps=64), tmp_path)
+    assert result.returncode == 0, result.stderr
+    videos = list((tmp_path / "runs/vid/videos").glob("*.mp4"))
+    assert videos and all(v.stat().st_size > 1000 for v in videos)
+
+
+def test_sigterm_then_resume_equals_uninterrupted_run(tmp_path):
+    """Linear lr schedule, observation normalization and RNG streams all continue exactly."""
+    argv = dict(total_timesteps=32 * 300, eval_freq=25, norm_obs=True, lr_schedule="linear")
+    full = run_script("ppo.py", fast_args(POINT_MASS, "full", **argv), tmp_path)
+    assert full.returncode == 0, full.stderr
+
+    proc = start_script("ppo.py", fast_args(POINT_MASS, "cut", **argv), tmp_path)
+    run = tmp_path / "runs" / "cut"
+    deadline = time.time() + 300
+    while not (run / "ckpt_25.pt").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "resume with: python ppo.py --resume runs/cut" in stderr
+    assert not (run / "final_ckpt.pt").exists()
+    saved = max(int(p.stem.split("_")[1]) for p in run.glob("ckpt_*.pt"))
+    assert 25 <= saved < 300
+    assert load(run / f"ckpt_{saved}.pt")["iteration"] == saved
+
+    resumed = run_script("ppo.py", ["--resume", "runs/cut"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = load(tmp_path / "runs/full/final_ckpt.pt"), load(run / "final_ckpt.pt")
+    assert a["global_step"] == b["global_step"] == 32 * 300
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    assert a["optimizer"]["param_groups"][0]["lr"] == b["optimizer"]["param_groups"][0]["lr"]
+    # TensorBoard continues on the same step axis, without a gap or a repeat
+    steps = [step for step, _ in scalars(run)["losses/value_loss"]]
+    assert steps == list(range(64, 32 * 301, 32))
+
+
+def test_resume_refuses_a_different_experiment(tmp_path):
+    assert run_script("ppo.py", fast_args(POINT_MASS, "r"), tmp_path).returncode == 0
+    result = run_script("ppo.py", ["--resume", "runs/r", "--num_envs", "4"], tmp_path)
+    assert result.returncode == 2 and "num_envs" in result.stderr
+    finished = run_script("ppo.py", ["--resume", "runs/r"], tmp_path)
+    assert finished.returncode == 2 and "--total_timesteps" in finished.stderr
+
+
+def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path):
+    # rewards turn NaN after 200 steps of each env: iteration 13 of 16-step rollouts
+    result = run_script("ppo.py", fast_args("tests.envs:PointMassNaN-v0", "nan", total_timesteps=32 * 40, eval_freq=5),
+                        tmp_path)
+    assert result.returncode == 1
+    assert "non-finite" in result.stderr and "ckpt_10.pt is untouched" in result.stderr
+    assert "Traceback" not in result.stderr
+    run = tmp_path / "runs" / "nan"
+    assert sorted(p.name for p in run.glob("*.pt")) == ["ckpt_10.pt", "ckpt_5.pt"]
+    ckpt = load(run / "ckpt_10.pt")
+    assert all(torch.isfinite(t).all() for t in ckpt["model"].values())
+
+
+BAD_INPUTS = [
+    (["--env_id", "NoSuchEnv-v0"], "NoSuchEnv-v0"),
+    (["--env_id", "no_such_module:Env-v0"], "no_such_module"),
+    (["--env_id", "CartPole-v1", "--num_envs", "0"], "--num_envs"),
+    (["--env_id", "CartPole-v1", "--num_envs", "3", "--num_steps", "5", "--num_minibatches", "4"], "num_minibatches"),
+    (["--env_id", "CartPole-v1", "--num_envs", "2", "--num_steps", "8", "--total_timesteps", "10"], "--total_timesteps"),
+    (["--env_id", "CartPole-v1", "--checkpoint", "missing.pt"], "missing.pt"),
+    (["--resume", "runs/none"], "runs/none"),
+    (["--env_id", "PickCube-v1", "--sim_backend", "gpu"], "CUDA"),
+    (["--env_id", "CarRacing-v3"], "CarRacing-v3"),  # needs box2d, and its observations are images
+    (["--env_id", "Blackjack-v1"], "observation space"),
+    (["--env_id", "CartPole-v1", "--anneal_lr", "--lr_schedule", "adaptive"], "anneal_lr"),
+]
+
+
+@pytest.mark.parametrize("argv,mentions", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
+def test_bad_input_is_one_clear_line(tmp_path, argv, mentions):
+    if "--sim_backend" in argv and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    result = run_script("ppo.py", argv + ["--no-capture_video", "--num_eval_envs", "1"], tmp_path, timeout=300)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and mentions in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("*.pt"))
+
+
+def test_help_lists_every_flag(tmp_path):
+    result = run_script("ppo.py", ["--help"], tmp_path)
+    assert result.returncode == 0
+    for flag in ("--env_id", "--bootstrap_at_done", "--lr_schedule", "--norm_obs", "--resume", "--sim_backend",
+                 "--finite_horizon_gae", "--target_kl"):
+        assert flag in result.stdout, flag

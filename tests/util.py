@@ -1,0 +1,51 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_script(script: str, args: list[str], cwd: Path, timeout: float = 900, **popen_kwargs) -> subprocess.CompletedProcess:
+    """Run a project script as a user would, from cwd, with the repo on PYTHONPATH for tests.envs."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, str(REPO / script), *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout, **popen_kwargs)
+
+
+def start_script(script: str, args: list[str], cwd: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, str(REPO / script), *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """All scalars of a run: tag -> [(step, value)] (every event file in the dir, in step order)."""
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(s.step, s.value) for s in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def fast_args(env_id: str, exp_name: str, **overrides) -> list[str]:
+    """A small, quick configuration: a few iterations, no video."""
+    options = {"env_id": env_id, "exp_name": exp_name, "num_envs": 2, "num_steps": 16, "num_minibatches": 2,
+               "update_epochs": 2, "total_timesteps": 32 * 4, "eval_freq": 2, "num_eval_envs": 1,
+               "gamma": 0.99, "gae_lambda": 0.95, **overrides}
+    argv = []
+    for key, value in options.items():
+        if value is True:
+            argv.append(f"--{key}")
+        elif value is False:
+            argv.append(f"--no-{key}")
+        else:
+            argv += [f"--{key}", str(value)]
+    if "capture_video" not in options:
+        argv.append("--no-capture_video")
+    return argv
