@@ -214,6 +214,9 @@ def build_maniskill_cpu_worker_env(env_id: str, env_kwargs: dict, ignore_termina
 def build_gym_env(env_id: str, video_dir: Optional[str], video_trigger, name_prefix: str) -> gym.Env:
     env = gym.make(env_id, render_mode="rgb_array" if video_dir is not None else None)
     if video_dir is not None:
+        # Rendering dependencies (pygame, a GL context) fail only at the first frame: find out now, not mid-run.
+        env.reset()
+        env.render()
         if video_trigger is None:
             env = gym.wrappers.RecordVideo(env, video_dir, episode_trigger=lambda episode: True,
                                            name_prefix=name_prefix, disable_logger=True)
@@ -334,7 +337,8 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
         env = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         return TorchVecEnv(env, device, torch_native=False, max_episode_steps=env.envs[0].spec.max_episode_steps)
     except gym.error.DependencyNotInstalled as e:
-        raise UserError(f"{args.env_id} needs an optional dependency: {e}") from e
+        hint = "; or pass --no-capture_video" if args.capture_video else ""
+        raise UserError(f"{args.env_id} needs an optional dependency: {e}{hint}") from e
     except (gym.error.Error, ImportError) as e:
         raise UserError(f"cannot make env {args.env_id!r}: {e}") from e
 
@@ -624,6 +628,8 @@ def validate(args: Args, maniskill: bool) -> tuple[int, int, int]:
         raise UserError(f"--save_train_video_freq must be positive, got {args.save_train_video_freq}")
     if args.anneal_lr and args.lr_schedule not in ("constant", "linear"):
         raise UserError(f"--anneal_lr means --lr_schedule=linear and conflicts with --lr_schedule={args.lr_schedule}")
+    if args.anneal_lr:
+        args.lr_schedule = "linear"
     if args.checkpoint is not None and args.resume is not None:
         raise UserError("--checkpoint starts a new run from saved weights and --resume continues a run; give one of them")
     batch_size = args.num_envs * args.num_steps
@@ -642,10 +648,10 @@ def validate(args: Args, maniskill: bool) -> tuple[int, int, int]:
 # Training
 # ---------------------------------------------------------------------------------------------
 
-def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int) -> dict[str, torch.Tensor]:
+def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Optional[int]) -> dict[str, torch.Tensor]:
     """Deterministic actions; only episodes that finish within num_eval_steps count."""
     finished_metrics = defaultdict(list)
-    obs = eval_envs.reset()
+    obs = eval_envs.reset(seed=seed)
     for _ in range(num_eval_steps):
         with torch.no_grad():
             action = agent.get_action(agent.normalize_obs(obs), deterministic=True)
@@ -665,8 +671,6 @@ def log_episode_metrics(writer: SummaryWriter, prefix: str, metrics: dict[str, t
 
 def main(args: Args) -> int:
     maniskill = is_maniskill_id(args.env_id)
-    if args.anneal_lr:
-        args.lr_schedule = "linear"
     batch_size, minibatch_size, num_iterations = validate(args, maniskill)
     bootstrap_rule = args.bootstrap_at_done
     if bootstrap_rule == "auto":
@@ -726,7 +730,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
             raise UserError(f"the checkpoint's model does not fit this Agent (different --norm_obs?): {e}".splitlines()[0]) from e
 
     next_obs = envs.reset(seed=args.seed)
-    eval_envs.reset(seed=args.seed + 1)
+    eval_seed = args.seed + 1  # seeds the first evaluation; later ones continue the eval envs' random streams
     if resume_state is not None:
         optimizer.load_state_dict(resume_state["optimizer"])
         global_step, start_iteration = resume_state["global_step"], resume_state["iteration"]
@@ -758,7 +762,8 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
             raise UserError("--track logs to Weights and Biases: pip install wandb") from None
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
                    config=dataclasses.asdict(args), name=run_name, id=run_name, resume="allow", save_code=True)
-    writer = SummaryWriter(str(run_dir), purge_step=global_step if resume_state is not None else None)
+    # Steps logged after the checkpoint we resume from are replaced by the resumed run's.
+    writer = SummaryWriter(str(run_dir), purge_step=global_step + 1 if resume_state is not None else None)
     derived = {"batch_size": batch_size, "minibatch_size": minibatch_size, "num_iterations": num_iterations,
                "bootstrap_rule": bootstrap_rule, "num_eval_steps": num_eval_steps, "device": str(device)}
     table = {**dataclasses.asdict(args), **derived}
@@ -900,7 +905,8 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
 
             if iteration % args.eval_freq == 0 or iteration == num_iterations:
                 agent.eval()
-                eval_means = log_episode_metrics(writer, "eval", evaluate(agent, eval_envs, num_eval_steps), global_step)
+                eval_means = log_episode_metrics(writer, "eval", evaluate(agent, eval_envs, num_eval_steps, eval_seed), global_step)
+                eval_seed = None
                 if not eval_means:
                     print(f"\nevaluation at iteration {iteration}: no episode finished within {num_eval_steps} steps", file=sys.stderr)
                 postfix.update({f"eval_{k}": round(v, 3) for k, v in eval_means.items() if k in ("return", "success_once")})

@@ -17,8 +17,11 @@ class PointMass(gym.Env):
     observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
     action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
 
-    def __init__(self, nan_reward_after=None):
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
+
+    def __init__(self, nan_reward_after=None, render_mode=None):
         self.nan_reward_after = nan_reward_after
+        self.render_mode = render_mode
         self.total_steps = 0
 
     def _obs(self):
@@ -28,6 +31,13 @@ class PointMass(gym.Env):
         super().reset(seed=seed)
         self.x, self.t = 1.0, 0
         return self._obs(), {}
+
+    def render(self):
+        """A 64x64 frame with a white bar at the point's position: enough for video tests, no pygame needed."""
+        frame = np.zeros((64, 64, 3), dtype=np.uint8)
+        column = int(np.clip((self.x + 2.0) / 4.0 * 63, 0, 63))
+        frame[:, column] = 255
+        return frame
 
     def step(self, action):
         self.x += 0.1 * float(np.clip(action[0], -1.0, 1.0))
