@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import multiprocessing
 import os
 import random
@@ -630,6 +631,8 @@ def validate(args: Args, maniskill: bool) -> tuple[int, int, int]:
         raise UserError(f"--anneal_lr means --lr_schedule=linear and conflicts with --lr_schedule={args.lr_schedule}")
     if args.anneal_lr:
         args.lr_schedule = "linear"
+    if args.track and importlib.util.find_spec("wandb") is None:
+        raise UserError("--track logs to Weights and Biases, which is not installed: pip install wandb")
     if args.checkpoint is not None and args.resume is not None:
         raise UserError("--checkpoint starts a new run from saved weights and --resume continues a run; give one of them")
     batch_size = args.num_envs * args.num_steps
@@ -756,10 +759,8 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
         return path
 
     if args.track:
-        try:
-            import wandb
-        except ImportError:
-            raise UserError("--track logs to Weights and Biases: pip install wandb") from None
+        import wandb
+
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
                    config=dataclasses.asdict(args), name=run_name, id=run_name, resume="allow", save_code=True)
     # Steps logged after the checkpoint we resume from are replaced by the resumed run's.

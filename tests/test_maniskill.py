@@ -86,6 +86,18 @@ def test_final_observation_at_time_limit(tmp_path, num_envs):
         envs.close()
 
 
+def test_dict_action_space_is_flattened(tmp_path):
+    args = ppo.Args(env_id="TwoRobotPickCube-v1", num_envs=1, capture_video=False)
+    envs = ppo.make_envs(args, True, torch.device("cpu"), evaluation=False, run_dir=tmp_path)
+    try:
+        assert envs.single_action_space.shape == (16,)  # two 8-dimensional arms
+        envs.reset(seed=0)
+        next_obs, reward, *_ = envs.step(torch.zeros(1, 16))
+        assert next_obs.shape == (1, envs.obs_dim) and reward.shape == (1,)
+    finally:
+        envs.close()
+
+
 def test_missing_assets_fail_with_one_line(tmp_path):
     result = run_script("ppo.py", ["--env_id", "AnymalC-Reach-v1", "--num_envs", "1", "--num_eval_envs", "1", "--num_minibatches", "1",
                                    "--no-capture_video"], tmp_path, timeout=300)

@@ -1,6 +1,6 @@
 """ppo.py end to end on Gymnasium envs: ratio, determinism, checkpoints, resume, signals, non-finite guard, bad input."""
 
-import math
+import importlib.util
 import signal
 import time
 
@@ -139,6 +139,7 @@ BAD_INPUTS = [
     (["--env_id", "CarRacing-v3"], "CarRacing-v3"),  # needs box2d, and its observations are images
     (["--env_id", "Blackjack-v1"], "observation space"),
     (["--env_id", "CartPole-v1", "--anneal_lr", "--lr_schedule", "adaptive"], "anneal_lr"),
+    (["--env_id", "CartPole-v1", "--track"], "pip install wandb"),
 ]
 
 
@@ -146,6 +147,8 @@ BAD_INPUTS = [
 def test_bad_input_is_one_clear_line(tmp_path, argv, mentions):
     if "--sim_backend" in argv and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
+    if "--track" in argv and importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed")
     result = run_script("ppo.py", argv + ["--no-capture_video", "--num_eval_envs", "1"], tmp_path, timeout=120)
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
