@@ -154,7 +154,8 @@ class NonFiniteError(Exception):
 # ---------------------------------------------------------------------------------------------
 
 def is_maniskill_id(env_id: str) -> bool:
-    if env_id in gym.registry or ":" in env_id:
+    # Importing ManiSkill registers its tasks with Gymnasium too; before that, a registered id is not ManiSkill's.
+    if ":" in env_id or (env_id in gym.registry and "mani_skill" not in sys.modules):
         return False
     try:
         import mani_skill.envs  # noqa: F401  (registers the ManiSkill tasks)
@@ -528,6 +529,7 @@ def parse_args(argv: list[str]) -> Args:
     if args.resume is None:
         return args
     saved = load_checkpoint(find_resume_checkpoint(args.resume))["args"]
+    saved["checkpoint"] = None  # the weights it started from are in the run's own checkpoints by now
     saved_args = Args(**{f.name: saved[f.name] for f in dataclasses.fields(Args) if f.name in saved})
     # Parse again with the run's own arguments as defaults: flags given now override them.
     args = tyro.cli(Args, args=argv, use_underscores=True, default=saved_args, description=__doc__)
@@ -946,6 +948,9 @@ def cli(argv: Optional[list[str]] = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
