@@ -64,6 +64,10 @@ def test_checkpoint_contents(tmp_path):
                                            checkpoint=run / "final_ckpt.pt"), tmp_path)
     assert again.returncode == 0, again.stderr
     assert load(tmp_path / "runs/from_ckpt/final_ckpt.pt")["model"]["obs_normalizer.count"] > ckpt["model"]["obs_normalizer.count"]
+    # ... and that run can be resumed without naming the checkpoint it started from
+    longer = run_script("ppo.py", ["--resume", "runs/from_ckpt", "--total_timesteps", "64"], tmp_path)
+    assert longer.returncode == 0, longer.stderr
+    assert load(tmp_path / "runs/from_ckpt/final_ckpt.pt")["global_step"] == 64
 
 
 def test_video_for_gymnasium_env(tmp_path):
