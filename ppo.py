@@ -178,8 +178,14 @@ def refuse_asset_download(env_id: str):
     download_asset.prompt_yes_no = refuse
 
 
-def every_nth_rollout(elapsed_steps: int, num_steps: int, freq: int) -> bool:
+def in_recorded_rollout(elapsed_steps: int, num_steps: int, freq: int) -> bool:
+    """ManiSkill RecordEpisode's trigger: record every step of every freq-th rollout."""
     return (elapsed_steps // num_steps) % freq == 0
+
+
+def starts_recorded_rollout(step: int, num_steps: int, freq: int) -> bool:
+    """Gymnasium RecordVideo's trigger: start a recording at the first step of every freq-th rollout."""
+    return step % (num_steps * freq) == 0
 
 
 def build_maniskill_env(env_id: str, num_envs: int, env_kwargs: dict, video_dir: Optional[str],
@@ -213,17 +219,30 @@ def build_maniskill_cpu_worker_env(env_id: str, env_kwargs: dict, ignore_termina
     return CPUGymWrapper(env, ignore_terminations=ignore_terminations, record_metrics=True)
 
 
-def build_gym_env(env_id: str, video_dir: Optional[str], video_trigger, name_prefix: str) -> gym.Env:
+class ResetEpisodeTrigger:
+    """Gymnasium eval videos: record the episode that an explicit reset starts, not those that autoresets start,
+    which the end of an evaluation would cut off after a frame or two."""
+
+    def __init__(self):
+        self.armed = False
+
+    def __call__(self, episode_id: int) -> bool:
+        fired, self.armed = self.armed, False
+        return fired
+
+
+def build_gym_env(env_id: str, video_dir: Optional[str], video_trigger, video_length: Optional[int],
+                  name_prefix: str) -> gym.Env:
     env = gym.make(env_id, render_mode="rgb_array" if video_dir is not None else None)
     if video_dir is not None:
         # Rendering dependencies (pygame, a GL context) fail only at the first frame: find out now, not mid-run.
         env.reset()
         env.render()
-        if video_trigger is None:
-            env = gym.wrappers.RecordVideo(env, video_dir, episode_trigger=lambda episode: True,
+        if isinstance(video_trigger, ResetEpisodeTrigger):
+            env = gym.wrappers.RecordVideo(env, video_dir, episode_trigger=video_trigger,
                                            name_prefix=name_prefix, disable_logger=True)
         else:
-            env = gym.wrappers.RecordVideo(env, video_dir, step_trigger=video_trigger,
+            env = gym.wrappers.RecordVideo(env, video_dir, step_trigger=video_trigger, video_length=video_length,
                                            name_prefix=name_prefix, disable_logger=True)
     return env
 
@@ -247,8 +266,10 @@ class TorchVecEnv:
 
     EPISODE_KEYS = ("success_once", "success_at_end", "fail_once", "fail_at_end")
 
-    def __init__(self, env: gym.vector.VectorEnv, device: torch.device, torch_native: bool, max_episode_steps: Optional[int]):
+    def __init__(self, env: gym.vector.VectorEnv, device: torch.device, torch_native: bool, max_episode_steps: Optional[int],
+                 reset_video_trigger: Optional[ResetEpisodeTrigger] = None):
         self.env = env
+        self.reset_video_trigger = reset_video_trigger
         self.device = device
         self.torch_native = torch_native
         self.max_episode_steps = max_episode_steps
@@ -277,6 +298,8 @@ class TorchVecEnv:
         return torch.as_tensor(x, device=self.device).reshape(self.num_envs).to(dtype)
 
     def reset(self, seed: Optional[int] = None) -> torch.Tensor:
+        if self.reset_video_trigger is not None:
+            self.reset_video_trigger.armed = True
         obs, _ = self.env.reset(seed=seed)
         self.episode_return.zero_()
         self.episode_length.zero_()
@@ -328,16 +351,20 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
         video_dir = str(run_dir / "videos")
     elif args.capture_video and args.save_train_video_freq is not None:
         video_dir = str(run_dir / "train_videos")
-        video_trigger = functools.partial(every_nth_rollout, num_steps=args.num_steps, freq=args.save_train_video_freq)
+        video_trigger = functools.partial(in_recorded_rollout if maniskill else starts_recorded_rollout,
+                                          num_steps=args.num_steps, freq=args.save_train_video_freq)
         max_steps_per_video = args.num_steps
     try:
         if maniskill:
             return make_maniskill_envs(args, num_envs, device, evaluation, video_dir, video_trigger, max_steps_per_video)
         prefix = "eval" if evaluation else "train"
-        env_fns = [functools.partial(build_gym_env, args.env_id, video_dir if i == 0 else None, video_trigger, prefix)
-                   for i in range(num_envs)]
+        if evaluation and video_dir is not None:
+            video_trigger = ResetEpisodeTrigger()
+        env_fns = [functools.partial(build_gym_env, args.env_id, video_dir if i == 0 else None, video_trigger,
+                                     max_steps_per_video, prefix) for i in range(num_envs)]
         env = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-        return TorchVecEnv(env, device, torch_native=False, max_episode_steps=env.envs[0].spec.max_episode_steps)
+        return TorchVecEnv(env, device, torch_native=False, max_episode_steps=env.envs[0].spec.max_episode_steps,
+                           reset_video_trigger=video_trigger if evaluation else None)
     except gym.error.DependencyNotInstalled as e:
         hint = "; or pass --no-capture_video" if args.capture_video else ""
         raise UserError(f"{args.env_id} needs an optional dependency: {e}{hint}") from e

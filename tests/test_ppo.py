@@ -71,10 +71,13 @@ def test_checkpoint_contents(tmp_path):
 
 
 def test_video_for_gymnasium_env(tmp_path):
-    result = run_script("ppo.py", fast_args(POINT_MASS, "vid", capture_video=True, total_timesteps=64), tmp_path)
+    result = run_script("ppo.py", fast_args(POINT_MASS, "vid", capture_video=True, total_timesteps=32 * 4,
+                                            save_train_video_freq=2), tmp_path)
     assert result.returncode == 0, result.stderr
     videos = list((tmp_path / "runs/vid/videos").glob("eval-episode-*.mp4"))
     assert len(videos) == 2 and all(v.stat().st_size > 1000 for v in videos)  # one 16-step episode per evaluation
+    train_videos = list((tmp_path / "runs/vid/train_videos").glob("train-step-*.mp4"))
+    assert sorted(v.name for v in train_videos) == ["train-step-0.mp4", "train-step-32.mp4"]  # iterations 1 and 3
 
 
 def test_sigterm_then_resume_equals_uninterrupted_run(tmp_path):
