@@ -17,6 +17,7 @@ import importlib.util
 import multiprocessing
 import os
 import random
+import re
 import signal
 import sys
 import time
@@ -567,15 +568,14 @@ def parse_args(argv: list[str]) -> Args:
 
 
 def find_resume_checkpoint(path: str) -> Path:
+    """A checkpoint file as given, or a run directory's newest ckpt_<iteration>.pt."""
     path = Path(path)
-    if path.is_dir():
-        numbered = sorted(path.glob("ckpt_*.pt"), key=lambda p: int(p.stem.split("_")[1]) if p.stem.split("_")[1].isdigit() else -1)
-        if not numbered:
-            raise UserError(f"no checkpoint ckpt_<iteration>.pt in {path} to resume from")
-        return numbered[-1]
-    if not path.is_file():
-        raise UserError(f"checkpoint {path} does not exist")
-    return path
+    if not path.is_dir():
+        return path
+    numbered = {int(m.group(1)): p for p in path.iterdir() if (m := re.fullmatch(r"ckpt_(\d+)\.pt", p.name))}
+    if not numbered:
+        raise UserError(f"no checkpoint ckpt_<iteration>.pt in {path} to resume from")
+    return numbered[max(numbered)]
 
 
 def load_checkpoint(path) -> dict:
