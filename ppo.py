@@ -717,6 +717,8 @@ def main(args: Args) -> int:
     else:
         run_name = args.exp_name or f"{args.env_id.replace(':', '_')}__{TRAINER}__{args.seed}__{int(time.time())}"
         run_dir = Path("runs") / run_name
+        if any(run_dir.glob("*.pt")) or any(run_dir.glob("events.out.tfevents.*")):
+            raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or pick another --exp_name")
     init_state = load_checkpoint(args.checkpoint) if args.checkpoint is not None else None
 
     random.seed(args.seed)

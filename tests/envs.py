@@ -51,3 +51,12 @@ class PointMass(gym.Env):
 
 gym.register("PointMass-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS)
 gym.register("PointMassNaN-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS, kwargs={"nan_reward_after": 200})
+
+
+class PointMassButtons(PointMass):
+    """PointMass with a MultiBinary action space, which ppo.py does not support."""
+
+    action_space = gym.spaces.MultiBinary(2)
+
+
+gym.register("PointMassButtons-v0", entry_point=PointMassButtons, max_episode_steps=EPISODE_STEPS)

@@ -114,6 +114,10 @@ def test_sigterm_then_resume_equals_uninterrupted_run(tmp_path):
 
 def test_resume_refuses_a_different_experiment(tmp_path):
     assert run_script("ppo.py", fast_args(POINT_MASS, "r"), tmp_path).returncode == 0
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "runs/r").iterdir()}
+    again = run_script("ppo.py", fast_args(POINT_MASS, "r"), tmp_path)
+    assert again.returncode == 2 and "already holds a run" in again.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "runs/r").iterdir()} == before
     result = run_script("ppo.py", ["--resume", "runs/r", "--num_envs", "4"], tmp_path)
     assert result.returncode == 2 and "num_envs" in result.stderr
     finished = run_script("ppo.py", ["--resume", "runs/r"], tmp_path)
@@ -145,6 +149,7 @@ BAD_INPUTS = [
     (["--env_id", "PickCube-v1", "--sim_backend", "gpu"], "CUDA"),
     (["--env_id", "CarRacing-v3"], "CarRacing-v3"),  # needs box2d, and its observations are images
     (["--env_id", "Blackjack-v1"], "observation space"),
+    (["--env_id", "tests.envs:PointMassButtons-v0"], "action space"),
     (["--env_id", "CartPole-v1", "--anneal_lr", "--lr_schedule", "adaptive"], "anneal_lr"),
     (["--env_id", "CartPole-v1", "--track"], "pip install wandb"),
 ]
