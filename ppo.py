@@ -212,8 +212,10 @@ def build_maniskill_cpu_worker_env(env_id: str, env_kwargs: dict, ignore_termina
     from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
 
     if multiprocessing.parent_process() is not None:
-        # Ctrl-C goes to the whole process group; the learner saves a checkpoint, the workers must keep stepping.
+        # Ctrl-C, and SIGTERM from a scheduler, go to the whole process group; the learner saves a checkpoint,
+        # so the workers must keep stepping (they exit when the learner closes their pipes).
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         # One env per worker: more torch threads only fight the other workers for the cores.
         torch.set_num_threads(1)
     env = build_maniskill_env(env_id, 1, env_kwargs, video_dir, video_trigger, max_steps_per_video)
@@ -482,9 +484,9 @@ class Agent(nn.Module):
 
     def distribution(self, obs: torch.Tensor):
         if self.discrete:
-            return Categorical(logits=self.actor(obs))
+            return Categorical(logits=self.actor(obs), validate_args=False)  # validation syncs with the GPU
         mean = self.actor(obs)
-        return Normal(mean, self.actor_logstd.expand_as(mean).exp())
+        return Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
 
     def get_action(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         if not deterministic:
@@ -549,7 +551,8 @@ def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch
 # ---------------------------------------------------------------------------------------------
 
 # A resumed run must be the same experiment; these cannot change on --resume.
-RESUME_FIXED_FIELDS = ("env_id", "num_envs", "num_steps", "norm_obs", "control_mode", "seed", "partial_reset")
+RESUME_FIXED_FIELDS = ("env_id", "num_envs", "num_steps", "norm_obs", "control_mode", "seed", "partial_reset",
+                       "learning_rate", "lr_schedule")
 
 
 def parse_args(argv: list[str]) -> Args:
@@ -668,6 +671,8 @@ def validate(args: Args, maniskill: bool) -> tuple[int, int, int]:
     if batch_size % args.num_minibatches != 0:
         raise UserError(f"batch size num_envs*num_steps = {batch_size} does not split into --num_minibatches={args.num_minibatches} "
                         "equal minibatches; pick num_minibatches dividing it")
+    if args.norm_adv and batch_size // args.num_minibatches < 2:
+        raise UserError("--norm_adv needs minibatches of at least 2 samples; lower --num_minibatches or pass --no-norm_adv")
     num_iterations = args.total_timesteps // batch_size
     if num_iterations < 1:
         raise UserError(f"--total_timesteps={args.total_timesteps} is smaller than one batch (num_envs*num_steps = {batch_size})")
@@ -681,17 +686,28 @@ def validate(args: Args, maniskill: bool) -> tuple[int, int, int]:
 # ---------------------------------------------------------------------------------------------
 
 def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Optional[int]) -> dict[str, torch.Tensor]:
-    """Deterministic actions; only episodes that finish within num_eval_steps count."""
+    """Deterministic actions; each env contributes its first episode, if it finishes within num_eval_steps.
+
+    Counting every finished episode would weigh envs that fail early many times over those that last.
+    """
     finished_metrics = defaultdict(list)
+    counted = torch.zeros(eval_envs.num_envs, dtype=torch.bool, device=eval_envs.device)
     obs = eval_envs.reset(seed=seed)
     for _ in range(num_eval_steps):
         with torch.no_grad():
             action = agent.get_action(agent.normalize_obs(obs), deterministic=True)
-        obs, _, _, _, _, finished = eval_envs.step(action)
+        obs, _, terminated, truncated, _, finished = eval_envs.step(action)
         if finished is not None:
+            done = terminated | truncated
+            first = ~counted[done]
             for key, value in finished.items():
-                finished_metrics[key].append(value)
-    return {key: torch.cat(values) for key, values in finished_metrics.items()}
+                finished_metrics[key].append(value[first])
+            counted |= done
+            if counted.all():
+                break
+    metrics = {key: torch.cat(values) for key, values in finished_metrics.items()}
+    metrics["episodes"] = counted.sum(dtype=torch.float32).reshape(1)
+    return metrics
 
 
 def log_episode_metrics(writer: SummaryWriter, prefix: str, metrics: dict[str, torch.Tensor], global_step: int) -> dict[str, float]:
@@ -763,11 +779,15 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
         except RuntimeError as e:
             raise UserError(f"the checkpoint's model does not fit this Agent (different --norm_obs?): {e}".splitlines()[0]) from e
 
-    next_obs = envs.reset(seed=args.seed)
-    eval_seed = args.seed + 1  # seeds the first evaluation; later ones continue the eval envs' random streams
     if resume_state is not None:
         optimizer.load_state_dict(resume_state["optimizer"])
         global_step, start_iteration = resume_state["global_step"], resume_state["iteration"]
+    # Gymnasium seeds env i with seed + i: training and evaluation envs get disjoint blocks of seeds, and a
+    # resumed run new ones rather than a replay of its first iteration's starts.
+    train_seed = args.seed + start_iteration * (args.num_envs + args.num_eval_envs)
+    next_obs = envs.reset(seed=train_seed)
+    eval_seed = train_seed + args.num_envs  # seeds the next evaluation; later ones continue the envs' streams
+    if resume_state is not None:
         # After the envs are built and reset, so that the learner's random stream continues where it stopped.
         set_rng_states(resume_state["rng"])
         if start_iteration >= num_iterations:
@@ -939,7 +959,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                 agent.eval()
                 eval_means = log_episode_metrics(writer, "eval", evaluate(agent, eval_envs, num_eval_steps, eval_seed), global_step)
                 eval_seed = None
-                if not eval_means:
+                if eval_means["episodes"] == 0:
                     print(f"\nevaluation at iteration {iteration}: no episode finished within {num_eval_steps} steps", file=sys.stderr)
                 postfix.update({f"eval_{k}": round(v, 3) for k, v in eval_means.items() if k in ("return", "success_once")})
                 if args.save_model:

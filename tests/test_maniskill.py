@@ -26,6 +26,7 @@ def check_run(run_dir, num_eval_envs):
                 "charts/SPS"):
         assert tag in tags, tag
     assert all(value == 50 for _, value in tags["eval/episode_len"])  # eval episodes run to the time limit
+    assert all(value == num_eval_envs for _, value in tags["eval/episodes"])
     assert all(0.0 <= value <= 1.0 for _, value in tags["eval/success_once"])
     ckpt = load(run_dir / "ckpt_1.pt")
     assert ckpt["args"]["env_id"] == "PickCube-v1" and ckpt["observation_space"]["shape"] == [42]

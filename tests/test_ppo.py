@@ -58,6 +58,9 @@ def test_checkpoint_contents(tmp_path):
                 "eval/return", "eval/episode_len"):
         assert tag in tags, tag
     assert [step for step, _ in tags["eval/return"]] == [64, 128]
+    # an untrained CartPole policy fails within ~30 of the 500 evaluation steps; only the first episode counts
+    assert [value for _, value in tags["eval/episodes"]] == [1.0, 1.0]
+    assert all(value < 100 for _, value in tags["eval/episode_len"])
 
     # --checkpoint starts a new run from those weights
     again = run_script("ppo.py", fast_args("CartPole-v1", "from_ckpt", norm_obs=True, total_timesteps=32,
@@ -144,6 +147,7 @@ BAD_INPUTS = [
     (["--env_id", "CartPole-v1", "--num_envs", "3", "--num_steps", "5", "--num_minibatches", "4"], "num_minibatches"),
     (["--env_id", "CartPole-v1", "--num_envs", "2", "--num_steps", "8", "--num_minibatches", "2", "--total_timesteps", "10"],
      "--total_timesteps"),
+    (["--env_id", "CartPole-v1", "--num_envs", "2", "--num_steps", "4", "--num_minibatches", "8"], "--norm_adv"),
     (["--env_id", "CartPole-v1", "--checkpoint", "missing.pt"], "missing.pt"),
     (["--resume", "runs/none"], "runs/none"),
     (["--env_id", "PickCube-v1", "--sim_backend", "gpu"], "CUDA"),
