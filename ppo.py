@@ -3,7 +3,7 @@
     python ppo.py --env_id=PickCube-v1                                   # ManiSkill, GPU sim when CUDA is there
     python ppo.py --env_id=PushCube-v1 --num_envs=4 --num_eval_envs=2    # ManiSkill CPU sim in worker processes
     python ppo.py --env_id=CartPole-v1 --num_envs=8 --num_steps=128      # any Gymnasium id, also "my_module:MyEnv-v0"
-    python ppo.py --resume runs/RUN_NAME                                 # continue an interrupted run exactly
+    python ppo.py --resume runs/RUN_NAME                                 # continue an interrupted run
 
 Everything happens on torch tensors on the learner's device: rollout, final-value bootstrapping, GAE, update.
 See README.md for the flags, the bootstrap rules and the checkpoint layout.
@@ -50,8 +50,7 @@ class Args:
     cuda: bool = True
     """if toggled, the learner runs on CUDA when it is available"""
     torch_threads: int = 1
-    """CPU threads for torch (0: torch's default). PPO's small networks gain little from more, and extra threads
-    contend with simulator workers for cores, which slows everything down several times"""
+    """CPU threads for torch (0: torch's default); more gain little for these small networks and slow everything down when they contend with simulator workers for cores"""
     track: bool = False
     """if toggled, also log to Weights and Biases (needs `pip install wandb`)"""
     wandb_project_name: str = "ManiSkill"
@@ -369,7 +368,7 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
         return TorchVecEnv(env, device, torch_native=False, max_episode_steps=env.envs[0].spec.max_episode_steps,
                            reset_video_trigger=video_trigger if evaluation else None)
     except gym.error.DependencyNotInstalled as e:
-        hint = "; or pass --no-capture_video" if args.capture_video else ""
+        hint = "; or pass --no_capture_video" if args.capture_video else ""
         raise UserError(f"{args.env_id} needs an optional dependency: {e}{hint}") from e
     except (gym.error.Error, ImportError) as e:
         raise UserError(f"cannot make env {args.env_id!r}: {e}") from e
@@ -672,7 +671,7 @@ def validate(args: Args, maniskill: bool) -> tuple[int, int, int]:
         raise UserError(f"batch size num_envs*num_steps = {batch_size} does not split into --num_minibatches={args.num_minibatches} "
                         "equal minibatches; pick num_minibatches dividing it")
     if args.norm_adv and batch_size // args.num_minibatches < 2:
-        raise UserError("--norm_adv needs minibatches of at least 2 samples; lower --num_minibatches or pass --no-norm_adv")
+        raise UserError("--norm_adv needs minibatches of at least 2 samples; lower --num_minibatches or pass --no_norm_adv")
     num_iterations = args.total_timesteps // batch_size
     if num_iterations < 1:
         raise UserError(f"--total_timesteps={args.total_timesteps} is smaller than one batch (num_envs*num_steps = {batch_size})")

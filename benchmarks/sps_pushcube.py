@@ -44,7 +44,7 @@ def training_sps(num_envs: int, iterations: int) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as tmp:
         argv = ["--env_id", "PushCube-v1", "--exp_name", "bench", "--num_envs", str(num_envs), "--num_steps", "50",
                 "--num_minibatches", "5", "--total_timesteps", str(num_envs * 50 * iterations),
-                "--eval_freq", str(iterations + 1), "--num_eval_envs", "1", "--no-capture_video"]
+                "--eval_freq", str(iterations + 1), "--num_eval_envs", "1", "--no_capture_video"]
         subprocess.run([sys.executable, str(REPO / "ppo.py"), *argv], cwd=tmp, check=True, capture_output=True)
         tags = scalars(Path(tmp) / "runs" / "bench")
         return tags["charts/SPS"][-1][1], tags["time/rollout_fps"][-1][1]

@@ -47,17 +47,19 @@ def test_one_env_through_maniskill_vector_env(tmp_path):
     assert "bootstrap_rule=always" in result.stdout
 
 
-def test_two_envs_in_workers_and_ctrl_c(tmp_path):
-    """Ctrl-C reaches the whole process group: the workers keep going, the learner checkpoints and exits 130."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_two_envs_in_workers_and_group_signal(tmp_path, signum):
+    """Ctrl-C or a scheduler's SIGTERM reaches the whole process group: the workers keep going, the learner
+    checkpoints and exits 128 + signum."""
     proc = start_script("ppo.py", fast_args("PickCube-v1", "two", num_envs=2, num_eval_envs=2,
                                             total_timesteps=20 * 1000, **PICK_CUBE), tmp_path)
     run = tmp_path / "runs" / "two"
     deadline = time.time() + 600
     while not (run / "ckpt_1.pt").exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, signum)
     _, stderr = proc.communicate(timeout=600)
-    assert proc.returncode == 128 + signal.SIGINT, stderr
+    assert proc.returncode == 128 + signum, stderr
     assert "resume with: python ppo.py --resume runs/two" in stderr
     check_run(run, 2)
 
@@ -101,7 +103,7 @@ def test_dict_action_space_is_flattened(tmp_path):
 
 def test_missing_assets_fail_with_one_line(tmp_path):
     result = run_script("ppo.py", ["--env_id", "AnymalC-Reach-v1", "--num_envs", "1", "--num_eval_envs", "1", "--num_minibatches", "1",
-                                   "--no-capture_video"], tmp_path, timeout=300)
+                                   "--no_capture_video"], tmp_path, timeout=300)
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "python -m mani_skill.utils.download_asset AnymalC-Reach-v1" in errors[0]

@@ -165,7 +165,7 @@ def test_bad_input_is_one_clear_line(tmp_path, argv, mentions):
         pytest.skip("this machine has CUDA")
     if "--track" in argv and importlib.util.find_spec("wandb") is not None:
         pytest.skip("wandb is installed")
-    result = run_script("ppo.py", argv + ["--no-capture_video", "--num_eval_envs", "1"], tmp_path, timeout=120)
+    result = run_script("ppo.py", argv + ["--no_capture_video", "--num_eval_envs", "1"], tmp_path, timeout=120)
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and mentions in lines[0], result.stderr

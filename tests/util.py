@@ -43,9 +43,9 @@ def fast_args(env_id: str, exp_name: str, **overrides) -> list[str]:
         if value is True:
             argv.append(f"--{key}")
         elif value is False:
-            argv.append(f"--no-{key}")
+            argv.append(f"--no_{key}")
         else:
             argv += [f"--{key}", str(value)]
     if "capture_video" not in options:
-        argv.append("--no-capture_video")
+        argv.append("--no_capture_video")
     return argv
