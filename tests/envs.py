@@ -12,6 +12,7 @@ class PointMass(gym.Env):
     Reset ignores the seed, so a re-created env continues exactly where a finished episode left off:
     runs whose rollouts end on episode boundaries can be resumed bit for bit.
     nan_reward_after: from this many steps of this env on, rewards are NaN (to test the non-finite guard).
+    terminate_odd_episodes: the 1st, 3rd, ... episodes terminate after half the time limit; the others are truncated.
     """
 
     observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
@@ -19,10 +20,12 @@ class PointMass(gym.Env):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
 
-    def __init__(self, nan_reward_after=None, render_mode=None):
+    def __init__(self, nan_reward_after=None, render_mode=None, terminate_odd_episodes=False):
         self.nan_reward_after = nan_reward_after
         self.render_mode = render_mode
+        self.terminate_odd_episodes = terminate_odd_episodes
         self.total_steps = 0
+        self.episodes = 0
 
     def _obs(self):
         return np.array([self.x, self.t / EPISODE_STEPS], dtype=np.float32)
@@ -30,6 +33,7 @@ class PointMass(gym.Env):
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         self.x, self.t = 1.0, 0
+        self.episodes += 1
         return self._obs(), {}
 
     def render(self):
@@ -46,10 +50,13 @@ class PointMass(gym.Env):
         reward = -self.x**2
         if self.nan_reward_after is not None and self.total_steps > self.nan_reward_after:
             reward = float("nan")
-        return self._obs(), reward, False, False, {}
+        terminated = self.terminate_odd_episodes and self.episodes % 2 == 1 and self.t == EPISODE_STEPS // 2
+        return self._obs(), reward, terminated, False, {}
 
 
 gym.register("PointMass-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS)
+gym.register("PointMassEnds-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS,
+             kwargs={"terminate_odd_episodes": True})
 gym.register("PointMassNaN-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS, kwargs={"nan_reward_after": 200})
 
 

@@ -1,10 +1,13 @@
 """GAE and final-value bootstrapping against an independent reference written with plain loops."""
 
+import signal
+
 import numpy as np
 import pytest
 import torch
 
 import ppo
+from tests.util import fast_args
 
 GAMMA, LAM = 0.9, 0.8
 
@@ -100,3 +103,39 @@ def test_running_mean_std_matches_numpy():
     np.testing.assert_allclose(rms.var.numpy(), data.var(0), rtol=1e-4)
     normalized = rms(torch.as_tensor(data)).double().numpy()
     np.testing.assert_allclose(normalized, np.clip((data - data.mean(0)) / data.std(0), -10, 10), atol=1e-3)
+
+
+@pytest.mark.parametrize("rule,after_termination,after_truncation",
+                         [("always", 500.0, 1000.0), ("truncated", 0.0, 1000.0), ("never", 0.0, 0.0)])
+def test_rollout_bootstraps_from_the_final_observation(tmp_path, monkeypatch, rule, after_termination, after_truncation):
+    """In a real rollout, a finished episode bootstraps from V(its final observation), as the rule says.
+
+    PointMassEnds episodes alternate: a termination after 8 steps, then a truncation at 16. The critic is replaced
+    by V(obs) = 1000 * (fraction of the time limit elapsed), so the value of a final observation (500 after a
+    termination, 1000 after a truncation) differs from that of the reset observation that replaces it (0).
+    """
+    captured = []
+    compute_advantages = ppo.compute_advantages
+
+    def spy(rewards, values, dones, bootstrap_values, *rest):
+        captured.append((dones.clone(), bootstrap_values.clone()))
+        return compute_advantages(rewards, values, dones, bootstrap_values, *rest)
+
+    monkeypatch.setattr(ppo, "compute_advantages", spy)
+    monkeypatch.setattr(ppo.Agent, "get_value", lambda self, obs: 1000.0 * obs[:, 1])
+    monkeypatch.chdir(tmp_path)
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        argv = fast_args("tests.envs:PointMassEnds-v0", rule, num_steps=24, total_timesteps=2 * 24 * 2,
+                         bootstrap_at_done=rule, save_model=False)
+        assert ppo.cli(argv) == 0
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    assert len(captured) == 2  # two iterations of 24 steps: episodes end after steps 8, 24, 32 and 48
+    for dones, bootstrap_values in captured:
+        ended = dones[:, 0].nonzero().flatten().tolist()
+        assert ended == [7, 23]
+        assert bootstrap_values[7].tolist() == [after_termination] * 2
+        assert bootstrap_values[23].tolist() == [after_truncation] * 2
+        assert not bootstrap_values[dones == 0].any()
