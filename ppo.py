@@ -409,6 +409,11 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
         return TorchVecEnv(vec_env, device, torch_native=False, max_episode_steps=max_steps)
     except (AssertionError, KeyError, ValueError) as e:
         raise UserError(f"cannot make ManiSkill env {args.env_id!r} with {env_kwargs}: {e}") from e
+    except RuntimeError as e:
+        if "vk::" not in str(e) and "vulkan" not in str(e).lower():
+            raise
+        raise UserError(f"SAPIEN, ManiSkill's simulator, needs a Vulkan driver even on CPU and found none ({e}); "
+                        "on a CPU-only Debian/Ubuntu machine: bash scripts/install_cpu_vulkan.sh") from e
 
 
 def resolve_sim_backend(sim_backend: str) -> str:

@@ -108,3 +108,14 @@ def test_missing_assets_fail_with_one_line(tmp_path):
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "python -m mani_skill.utils.download_asset AnymalC-Reach-v1" in errors[0]
     assert "Traceback" not in result.stderr
+
+
+def test_missing_vulkan_driver_fails_with_one_line(tmp_path):
+    no_driver = {"VK_ICD_FILENAMES": str(tmp_path / "none.json"), "VK_DRIVER_FILES": str(tmp_path / "none.json")}
+    result = run_script("ppo.py", ["--env_id", "PickCube-v1", "--num_envs", "1", "--num_eval_envs", "1",
+                                   "--num_minibatches", "1", "--no_capture_video"], tmp_path, timeout=300,
+                        extra_env=no_driver)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "scripts/install_cpu_vulkan.sh" in errors[0]
+    assert "Traceback" not in result.stderr

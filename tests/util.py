@@ -9,11 +9,12 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_script(script: str, args: list[str], cwd: Path, timeout: float = 900, **popen_kwargs) -> subprocess.CompletedProcess:
+def run_script(script: str, args: list[str], cwd: Path, timeout: float = 900, extra_env: dict | None = None
+               ) -> subprocess.CompletedProcess:
     """Run a project script as a user would, from cwd, with the repo on PYTHONPATH for tests.envs."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     return subprocess.run([sys.executable, str(REPO / script), *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=timeout, **popen_kwargs)
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def start_script(script: str, args: list[str], cwd: Path) -> subprocess.Popen:
