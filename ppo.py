@@ -512,6 +512,15 @@ class Agent(nn.Module):
 # Advantages
 # ---------------------------------------------------------------------------------------------
 
+def adapt_learning_rate(lr: float, approx_kl: float, args: Args) -> float:
+    """rsl_rl's adaptive schedule: steer the KL of each minibatch step towards kl_target."""
+    if approx_kl > 2.0 * args.kl_target:
+        return max(args.min_learning_rate, lr / args.lr_factor)
+    if approx_kl < 0.5 * args.kl_target:
+        return min(args.max_learning_rate, lr * args.lr_factor)
+    return lr
+
+
 def bootstrap_mask(rule: str, terminated: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
     """Which finished episodes take V(final obs) as the value after their last step."""
     if rule == "always":
@@ -574,12 +583,17 @@ def parse_args(argv: list[str]) -> Args:
     return args
 
 
+def numbered_checkpoints(run_dir: Path) -> dict[int, Path]:
+    """The run's ckpt_<iteration>.pt files by iteration."""
+    return {int(m.group(1)): p for p in run_dir.iterdir() if (m := re.fullmatch(r"ckpt_(\d+)\.pt", p.name))}
+
+
 def find_resume_checkpoint(path: str) -> Path:
     """A checkpoint file as given, or a run directory's newest ckpt_<iteration>.pt."""
     path = Path(path)
     if not path.is_dir():
         return path
-    numbered = {int(m.group(1)): p for p in path.iterdir() if (m := re.fullmatch(r"ckpt_(\d+)\.pt", p.name))}
+    numbered = numbered_checkpoints(path)
     if not numbered:
         raise UserError(f"no checkpoint ckpt_<iteration>.pt in {path} to resume from")
     return numbered[max(numbered)]
@@ -596,6 +610,22 @@ def load_checkpoint(path) -> dict:
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT or "model" not in ckpt:
         raise UserError(f"{path} is not a checkpoint of these trainers (format {CHECKPOINT_FORMAT})")
     return ckpt
+
+
+def set_aside_later_checkpoints(run_dir: Path, iteration: int):
+    """Resuming from an older checkpoint abandons what came after it. Its checkpoints move to a subdirectory
+    (nothing is deleted), so that `--resume RUN_DIR` and final_ckpt.pt refer to the continued run."""
+    later = [path for number, path in numbered_checkpoints(run_dir).items() if number > iteration]
+    final = run_dir / "final_ckpt.pt"
+    if final.is_file() and load_checkpoint(final)["iteration"] > iteration:
+        later.append(final)
+    if not later:
+        return
+    aside = run_dir / f"abandoned_after_{iteration}_{int(time.time())}"
+    aside.mkdir()
+    for path in later:
+        path.rename(aside / path.name)
+    print(f"resuming from iteration {iteration}: moved the {len(later)} later checkpoints to {aside}", file=sys.stderr)
 
 
 def save_checkpoint(path: Path, state: dict):
@@ -734,6 +764,10 @@ def main(args: Args) -> int:
         resume_state = load_checkpoint(resume_path)
         run_dir = resume_path.parent
         run_name = resume_state["run_name"]
+        if resume_state["iteration"] >= num_iterations:
+            raise UserError(f"the run already finished its {resume_state['iteration']} iterations; "
+                            "raise --total_timesteps to continue it")
+        set_aside_later_checkpoints(run_dir, resume_state["iteration"])
     else:
         run_name = args.exp_name or f"{args.env_id.replace(':', '_')}__{TRAINER}__{args.seed}__{int(time.time())}"
         run_dir = Path("runs") / run_name
@@ -794,8 +828,6 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
     if resume_state is not None:
         # After the envs are built and reset, so that the learner's random stream continues where it stopped.
         set_rng_states(resume_state["rng"])
-        if start_iteration >= num_iterations:
-            raise UserError(f"the run already finished its {start_iteration} iterations; raise --total_timesteps to continue it")
 
     def checkpoint_state(iteration: int) -> dict:
         return {"format": CHECKPOINT_FORMAT, "trainer": TRAINER, "run_name": run_name, "args": dataclasses.asdict(args),
@@ -880,7 +912,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
             b_obs = obs_buf.reshape(batch_size, envs.obs_dim)
             b_actions = actions.reshape((batch_size,) + actions.shape[2:])
             b_logprobs, b_advantages, b_returns, b_values = (x.reshape(-1) for x in (logprobs, advantages, returns, values))
-            clipfracs, first_ratio_error = [], None
+            clipfracs, first_ratio_error, minibatch_steps = [], None, 0
             kl_stop = False
             for epoch in range(args.update_epochs):
                 permutation = torch.randperm(batch_size, device=device)
@@ -919,14 +951,10 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                         raise NonFiniteError(f"non-finite {'loss' if not torch.isfinite(loss) else 'gradient'} "
                                              f"at iteration {iteration} (global step {global_step})")
                     optimizer.step()
+                    minibatch_steps += 1
                     if args.lr_schedule == "adaptive":
-                        kl = approx_kl.item()
-                        lr = optimizer.param_groups[0]["lr"]
-                        if kl > 2.0 * args.kl_target:
-                            lr = max(args.min_learning_rate, lr / args.lr_factor)
-                        elif kl < 0.5 * args.kl_target:
-                            lr = min(args.max_learning_rate, lr * args.lr_factor)
-                        optimizer.param_groups[0]["lr"] = lr
+                        optimizer.param_groups[0]["lr"] = adapt_learning_rate(optimizer.param_groups[0]["lr"],
+                                                                              approx_kl.item(), args)
                 if kl_stop:
                     break
             if not all_finite(agent):
@@ -946,6 +974,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
             writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
             writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
             writer.add_scalar("losses/first_minibatch_ratio_error", first_ratio_error.item(), global_step)
+            writer.add_scalar("losses/minibatch_steps", minibatch_steps, global_step)
             writer.add_scalar("losses/explained_variance", explained_var, global_step)
             sps = int((global_step - start_step) / (time.perf_counter() - start_time))
             writer.add_scalar("charts/SPS", sps, global_step)

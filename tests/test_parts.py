@@ -1,0 +1,39 @@
+"""Pieces of ppo.py with rules of their own: evaluation counting, the adaptive learning rate."""
+
+import gymnasium as gym
+import pytest
+import torch
+
+import ppo
+import tests.envs  # noqa: F401  (registers the test envs)
+
+
+def test_evaluation_counts_the_first_episode_of_each_env():
+    """A 4-step env finishes four episodes while a 16-step env finishes one: each counts once, and the
+    observation statistics stay frozen."""
+    short = gym.make("tests.envs:PointMass-v0", max_episode_steps=4)
+    vector = gym.vector.SyncVectorEnv([lambda: gym.make("tests.envs:PointMass-v0"), lambda: short],
+                                      autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    eval_envs = ppo.TorchVecEnv(vector, torch.device("cpu"), torch_native=False, max_episode_steps=16)
+    agent = ppo.Agent(2, ppo.space_to_dict(vector.single_action_space), norm_obs=True)
+    statistics = {k: v.clone() for k, v in agent.state_dict().items()}
+    metrics = ppo.evaluate(agent, eval_envs, num_eval_steps=16, seed=0)
+    assert metrics["episodes"].tolist() == [2.0]
+    assert sorted(metrics["episode_len"].tolist()) == [4.0, 16.0]
+    assert all(torch.equal(statistics[k], v) for k, v in agent.state_dict().items())
+    # with too few steps for the long env, only the short env's first episode counts
+    metrics = ppo.evaluate(agent, eval_envs, num_eval_steps=10, seed=None)
+    assert metrics["episodes"].tolist() == [1.0] and metrics["episode_len"].tolist() == [4.0]
+    eval_envs.close()
+
+
+@pytest.mark.parametrize("kl,expected", [(0.05, 2e-4), (0.021, 2e-4), (0.01, 3e-4), (0.0049, 4.5e-4), (0.0, 4.5e-4)])
+def test_adaptive_learning_rate(kl, expected):
+    args = ppo.Args(kl_target=0.01, lr_factor=1.5)
+    assert ppo.adapt_learning_rate(3e-4, kl, args) == pytest.approx(expected)
+
+
+def test_adaptive_learning_rate_bounds():
+    args = ppo.Args(kl_target=0.01, lr_factor=1.5, min_learning_rate=1e-4, max_learning_rate=1e-3)
+    assert ppo.adapt_learning_rate(1.2e-4, 1.0, args) == 1e-4
+    assert ppo.adapt_learning_rate(9e-4, 0.0, args) == 1e-3
