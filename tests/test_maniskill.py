@@ -5,6 +5,7 @@ Gymnasium's AsyncVectorEnv of CPUGymWrapper envs in forkserver workers.
 """
 
 import os
+import re
 import signal
 import time
 
@@ -61,6 +62,8 @@ def test_two_envs_in_workers_and_group_signal(tmp_path, signum):
     _, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 128 + signum, stderr
     assert "resume with: python ppo.py --resume runs/two" in stderr
+    saved = re.search(r"saved (\S+) at iteration (\d+)", stderr)
+    assert load(tmp_path / saved.group(1))["iteration"] == int(saved.group(2))
     check_run(run, 2)
 
 

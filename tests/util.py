@@ -9,22 +9,28 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 REPO = Path(__file__).resolve().parent.parent
 
 
+def script_env() -> dict:
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1"}
+
+
 def run_script(script: str, args: list[str], cwd: Path, timeout: float = 900, extra_env: dict | None = None
                ) -> subprocess.CompletedProcess:
     """Run a project script as a user would, from cwd, with the repo on PYTHONPATH for tests.envs."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    env = {**script_env(), **(extra_env or {})}
     return subprocess.run([sys.executable, str(REPO / script), *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=timeout)
 
 
 def start_script(script: str, args: list[str], cwd: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    """Start a project script in a new session, so that a test can signal its whole process group."""
+    env = script_env()
     return subprocess.Popen([sys.executable, str(REPO / script), *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """All scalars of a run: tag -> [(step, value)] (every event file in the dir, in step order)."""
+    """All scalars of a run: tag -> [(step, value)] from every event file in the dir, purged steps left out."""
     acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
     acc.Reload()
     return {tag: [(s.step, s.value) for s in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
