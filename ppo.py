@@ -914,7 +914,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
             b_logprobs, b_advantages, b_returns, b_values = (x.reshape(-1) for x in (logprobs, advantages, returns, values))
             clipfracs, first_ratio_error, minibatch_steps = [], None, 0
             kl_stop = False
-            for epoch in range(args.update_epochs):
+            for _ in range(args.update_epochs):
                 permutation = torch.randperm(batch_size, device=device)
                 for start in range(0, batch_size, minibatch_size):
                     mb = permutation[start:start + minibatch_size]

@@ -73,7 +73,7 @@ def test_final_observation_at_time_limit(tmp_path, num_envs):
     args = ppo.Args(env_id="PickCube-v1", num_envs=num_envs, partial_reset=False, capture_video=False)
     envs = ppo.make_envs(args, True, torch.device("cpu"), evaluation=False, run_dir=tmp_path)
     try:
-        obs = envs.reset(seed=0)
+        envs.reset(seed=0)
         assert envs.max_episode_steps == 50
         action = torch.zeros(num_envs, 8)
         action[:, 0] = 1.0  # keep the arm moving so that the last and the reset observation differ

@@ -5,7 +5,6 @@ import importlib.util
 import signal
 import time
 
-import numpy as np
 import pytest
 import torch
 
