@@ -241,11 +241,10 @@ def build_gym_env(env_id: str, video_dir: Optional[str], video_trigger, video_le
         env.reset()
         env.render()
         if isinstance(video_trigger, ResetEpisodeTrigger):
-            env = gym.wrappers.RecordVideo(env, video_dir, episode_trigger=video_trigger,
-                                           name_prefix=name_prefix, disable_logger=True)
+            trigger = dict(episode_trigger=video_trigger)
         else:
-            env = gym.wrappers.RecordVideo(env, video_dir, step_trigger=video_trigger, video_length=video_length,
-                                           name_prefix=name_prefix, disable_logger=True)
+            trigger = dict(step_trigger=video_trigger, video_length=video_length)
+        env = gym.wrappers.RecordVideo(env, video_dir, name_prefix=name_prefix, disable_logger=True, **trigger)
     return env
 
 
@@ -377,6 +376,7 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
 def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluation: bool,
                         video_dir: Optional[str], video_trigger, max_steps_per_video: Optional[int]) -> TorchVecEnv:
     from mani_skill.utils import gym_utils
+    from mani_skill.utils.registration import REGISTERED_ENVS
     from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
     gpu = resolve_sim_backend(args.sim_backend) == "gpu"
@@ -402,11 +402,10 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
         env_fns = [functools.partial(build_maniskill_cpu_worker_env, args.env_id, env_kwargs, ignore_terminations,
                                      video_dir if i == 0 else None, video_trigger, max_steps_per_video)
                    for i in range(num_envs)]
-        probe = build_maniskill_env(args.env_id, 1, env_kwargs, None, None, None)
-        max_steps = gym_utils.find_max_episode_steps_value(probe)
-        probe.close()
+        # AsyncVectorEnv builds its first env in this process before any worker, so a missing asset or Vulkan
+        # driver fails here; the time limit of a worker's env cannot be asked for, so it comes from the registry.
         vec_env = gym.vector.AsyncVectorEnv(env_fns, context="forkserver", autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-        return TorchVecEnv(vec_env, device, torch_native=False, max_episode_steps=max_steps)
+        return TorchVecEnv(vec_env, device, torch_native=False, max_episode_steps=REGISTERED_ENVS[args.env_id].max_episode_steps)
     except (AssertionError, KeyError, ValueError) as e:
         raise UserError(f"cannot make ManiSkill env {args.env_id!r} with {env_kwargs}: {e}") from e
     except RuntimeError as e:
@@ -897,8 +896,8 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                         with torch.no_grad():
                             final_values = agent.get_value(agent.normalize_obs(final_obs))
                         bootstrap_values[step] = torch.where(bootstrap_mask(bootstrap_rule, terminated, truncated), final_values, 0.0)
-                    for key, value in finished.items():
-                        train_metrics[key].append(value)
+                    for key, episode_values in finished.items():
+                        train_metrics[key].append(episode_values)
             with torch.no_grad():
                 next_value = agent.get_value(agent.normalize_obs(next_obs))
                 advantages = compute_advantages(rewards, values, dones, bootstrap_values, next_value,
