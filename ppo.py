@@ -12,12 +12,15 @@ See README.md for the flags, the bootstrap rules and the checkpoint layout.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import functools
 import importlib.util
+import math
 import multiprocessing
 import os
 import random
 import re
+import shlex
 import signal
 import sys
 import time
@@ -37,6 +40,7 @@ from tqdm import tqdm
 
 CHECKPOINT_FORMAT = 1
 TRAINER = "ppo"
+CPU_WORKERS_PER_CORE = 4
 
 
 @dataclass
@@ -153,16 +157,33 @@ class NonFiniteError(Exception):
 # Environments: one torch interface over ManiSkill's GPU/CPU vector envs and Gymnasium vector envs
 # ---------------------------------------------------------------------------------------------
 
-def is_maniskill_id(env_id: str) -> bool:
-    # Importing ManiSkill registers its tasks with Gymnasium too; before that, a registered id is not ManiSkill's.
-    if ":" in env_id or (env_id in gym.registry and "mani_skill" not in sys.modules):
-        return False
+def find_env(env_id: str) -> tuple[bool, Optional[int]]:
+    """Whether env_id is a ManiSkill task, and its time limit (None: none), from the registries before any env is built.
+
+    "module:EnvId" imports module first, so a task that module registers with ManiSkill's @register_env is
+    ManiSkill's. ManiSkill registers its tasks with Gymnasium too; an id that Gymnasium knows while ManiSkill is not
+    imported is not ManiSkill's, so plain Gymnasium ids are resolved without importing ManiSkill.
+    """
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise UserError(f"cannot import module {module!r} of env id {env_id!r}: {e}") from e
+    if "mani_skill" in sys.modules or (not module and name not in gym.registry):
+        try:
+            import mani_skill.envs  # noqa: F401  (registers the ManiSkill tasks)
+            from mani_skill.utils.registration import REGISTERED_ENVS
+        except ImportError as e:
+            if name not in gym.registry:
+                raise UserError(f"unknown env id {env_id!r}, and ManiSkill is not importable ({e}); pip install mani_skill") from e
+        else:
+            if name in REGISTERED_ENVS:
+                return True, REGISTERED_ENVS[name].max_episode_steps
     try:
-        import mani_skill.envs  # noqa: F401  (registers the ManiSkill tasks)
-        from mani_skill.utils.registration import REGISTERED_ENVS
-    except ImportError as e:
-        raise UserError(f"unknown env id {env_id!r} and ManiSkill is not importable ({e}); pip install mani_skill") from e
-    return env_id in REGISTERED_ENVS
+        return False, gym.spec(name).max_episode_steps
+    except gym.error.Error as e:
+        raise UserError(f"unknown env id {env_id!r}: {e}") from e
 
 
 def refuse_asset_download(env_id: str):
@@ -235,22 +256,22 @@ class ResetEpisodeTrigger:
 
 def build_gym_env(env_id: str, video_dir: Optional[str], video_trigger, video_length: Optional[int],
                   name_prefix: str) -> gym.Env:
-    env = gym.make(env_id, render_mode="rgb_array" if video_dir is not None else None)
-    if video_dir is not None:
-        # Rendering dependencies (pygame, a GL context) fail only at the first frame: find out now, not mid-run.
-        env.reset()
-        env.render()
-        if isinstance(video_trigger, ResetEpisodeTrigger):
-            trigger = dict(episode_trigger=video_trigger)
-        else:
-            trigger = dict(step_trigger=video_trigger, video_length=video_length)
-        env = gym.wrappers.RecordVideo(env, video_dir, name_prefix=name_prefix, disable_logger=True, **trigger)
-    return env
+    if video_dir is None:
+        return gym.make(env_id)  # not every env's constructor takes a render_mode
+    env = gym.make(env_id, render_mode="rgb_array")
+    # Rendering dependencies (pygame, a GL context) fail only at the first frame: find out now, not mid-run.
+    env.reset()
+    env.render()
+    if isinstance(video_trigger, ResetEpisodeTrigger):
+        trigger = dict(episode_trigger=video_trigger)
+    else:
+        trigger = dict(step_trigger=video_trigger, video_length=video_length)
+    return gym.wrappers.RecordVideo(env, video_dir, name_prefix=name_prefix, disable_logger=True, **trigger)
 
 
 def space_to_dict(space: gym.Space) -> dict:
     if isinstance(space, gym.spaces.Discrete):
-        return {"type": "Discrete", "n": int(space.n)}
+        return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
     return {"type": "Box", "shape": list(space.shape), "low": np.asarray(space.low, dtype=np.float64).ravel().tolist(),
             "high": np.asarray(space.high, dtype=np.float64).ravel().tolist()}
 
@@ -267,13 +288,13 @@ class TorchVecEnv:
 
     EPISODE_KEYS = ("success_once", "success_at_end", "fail_once", "fail_at_end")
 
-    def __init__(self, env: gym.vector.VectorEnv, device: torch.device, torch_native: bool, max_episode_steps: Optional[int],
-                 reset_video_trigger: Optional[ResetEpisodeTrigger] = None):
+    def __init__(self, env: gym.vector.VectorEnv, device: torch.device, torch_native: bool,
+                 reset_video_trigger: Optional[ResetEpisodeTrigger] = None, video_recorder: Optional[gym.Wrapper] = None):
         self.env = env
         self.reset_video_trigger = reset_video_trigger
+        self.video_recorder = video_recorder
         self.device = device
         self.torch_native = torch_native
-        self.max_episode_steps = max_episode_steps
         self.num_envs = env.num_envs
         self.single_observation_space = env.single_observation_space
         self.single_action_space = env.single_action_space
@@ -286,7 +307,9 @@ class TorchVecEnv:
                 raise UserError(f"action space {space} is not supported; Box actions must be 1-D")
             self.action_low = torch.as_tensor(space.low, dtype=torch.float32, device=device)
             self.action_high = torch.as_tensor(space.high, dtype=torch.float32, device=device)
-        elif not isinstance(space, gym.spaces.Discrete):
+        elif isinstance(space, gym.spaces.Discrete):
+            self.action_start = int(space.start)  # the agent's actions are 0..n-1, the env's start..start+n-1
+        else:
             raise UserError(f"action space {space} is not supported; ppo.py handles Box and Discrete actions")
         self.obs_dim = int(np.prod(self.single_observation_space.shape))
         self.episode_return = torch.zeros(self.num_envs, dtype=torch.float64, device=device)
@@ -310,6 +333,8 @@ class TorchVecEnv:
         if isinstance(self.single_action_space, gym.spaces.Box):
             # Sampled actions may leave the bounds; the log-prob is kept for the unclipped one.
             action = torch.clamp(action, self.action_low, self.action_high)
+        else:
+            action = action + self.action_start
         if self.torch_native:
             action = action.to(self.env.device)
         else:
@@ -341,15 +366,23 @@ class TorchVecEnv:
             self.episode_length = torch.where(done, 0, self.episode_length)
         return next_obs, reward, terminated, truncated, final_obs, finished
 
+    def flush_video(self):
+        """ManiSkill's RecordEpisode over many envs saves a video every max_steps_per_video steps only; an
+        evaluation that ended early saves the rest of its video now."""
+        if self.video_recorder is not None:
+            self.video_recorder.flush_video()
+
     def close(self):
         self.env.close()
 
 
-def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: bool, run_dir: Path) -> TorchVecEnv:
+def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: bool, run_dir: Path,
+              num_eval_steps: int) -> TorchVecEnv:
     num_envs = args.num_eval_envs if evaluation else args.num_envs
     video_dir, video_trigger, max_steps_per_video = None, None, None
     if args.capture_video and evaluation:
         video_dir = str(run_dir / "videos")
+        max_steps_per_video = num_eval_steps
     elif args.capture_video and args.save_train_video_freq is not None:
         video_dir = str(run_dir / "train_videos")
         video_trigger = functools.partial(in_recorded_rollout if maniskill else starts_recorded_rollout,
@@ -364,8 +397,7 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
         env_fns = [functools.partial(build_gym_env, args.env_id, video_dir if i == 0 else None, video_trigger,
                                      max_steps_per_video, prefix) for i in range(num_envs)]
         env = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-        return TorchVecEnv(env, device, torch_native=False, max_episode_steps=env.envs[0].spec.max_episode_steps,
-                           reset_video_trigger=video_trigger if evaluation else None)
+        return TorchVecEnv(env, device, torch_native=False, reset_video_trigger=video_trigger if evaluation else None)
     except gym.error.DependencyNotInstalled as e:
         hint = "; or pass --no_capture_video" if args.capture_video else ""
         raise UserError(f"{args.env_id} needs an optional dependency: {e}{hint}") from e
@@ -375,12 +407,20 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
 
 def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluation: bool,
                         video_dir: Optional[str], video_trigger, max_steps_per_video: Optional[int]) -> TorchVecEnv:
-    from mani_skill.utils import gym_utils
-    from mani_skill.utils.registration import REGISTERED_ENVS
+    """ManiSkill's GPU simulation runs all envs in one process and has branches of its own for num_envs > 1; each
+    is handled here or refused in validate() (README: "ManiSkill with many envs"):
+    - RecordEpisode needs max_steps_per_video (it cannot flush a video at one env's reset): the evaluation's length
+      or the rollout's; evaluate() flushes the rest of an evaluation that ends early.
+    - Videos tile every env into one frame, so the training video's camera shrinks with the number of envs.
+    - ManiSkillVectorEnv cannot reconfigure on a partial reset: refused in validate().
+    - reset(seed=s) gives env 0 seed s and the others seeds drawn from RandomState(s); autoresets are unseeded.
+    """
     from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
     gpu = resolve_sim_backend(args.sim_backend) == "gpu"
     env_kwargs = dict(obs_mode="state", sim_backend="physx_cuda" if gpu else "physx_cpu",
+                      # the default render backend falls back to the CPU with one warning per env
+                      render_backend="gpu" if torch.cuda.is_available() else "cpu",
                       reconfiguration_freq=args.eval_reconfiguration_freq if evaluation else args.reconfiguration_freq)
     if args.control_mode is not None:
         env_kwargs["control_mode"] = args.control_mode
@@ -388,24 +428,24 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
         env_kwargs["render_mode"] = "rgb_array"
     if evaluation:
         env_kwargs["human_render_camera_configs"] = dict(shader_pack="default")
+    elif video_dir is not None and gpu and num_envs > 1:
+        side = max(64, min(512, 1024 // math.ceil(math.sqrt(num_envs))))  # a tiled frame of about 1024 pixels square
+        env_kwargs["human_render_camera_configs"] = dict(width=side, height=side)
     ignore_terminations = not (args.eval_partial_reset if evaluation else args.partial_reset)
-    if evaluation and video_dir is not None and max_steps_per_video is None:
-        max_steps_per_video = args.num_eval_steps
     try:
         if gpu or num_envs == 1:
             # One CPU env takes the same ManiSkillVectorEnv code path as thousands of GPU envs.
             env = build_maniskill_env(args.env_id, num_envs, env_kwargs, video_dir, video_trigger, max_steps_per_video)
-            max_steps = gym_utils.find_max_episode_steps_value(env)
             vec_env = ManiSkillVectorEnv(env, num_envs, ignore_terminations=ignore_terminations, record_metrics=True)
-            return TorchVecEnv(vec_env, device, torch_native=True, max_episode_steps=max_steps)
+            return TorchVecEnv(vec_env, device, torch_native=True, video_recorder=env if video_dir is not None else None)
         # The fork start method hangs while workers build SAPIEN scenes; forkserver needs module-level builders.
         env_fns = [functools.partial(build_maniskill_cpu_worker_env, args.env_id, env_kwargs, ignore_terminations,
                                      video_dir if i == 0 else None, video_trigger, max_steps_per_video)
                    for i in range(num_envs)]
         # AsyncVectorEnv builds its first env in this process before any worker, so a missing asset or Vulkan
-        # driver fails here; the time limit of a worker's env cannot be asked for, so it comes from the registry.
+        # driver fails here.
         vec_env = gym.vector.AsyncVectorEnv(env_fns, context="forkserver", autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-        return TorchVecEnv(vec_env, device, torch_native=False, max_episode_steps=REGISTERED_ENVS[args.env_id].max_episode_steps)
+        return TorchVecEnv(vec_env, device, torch_native=False)
     except (AssertionError, KeyError, ValueError) as e:
         raise UserError(f"cannot make ManiSkill env {args.env_id!r} with {env_kwargs}: {e}") from e
     except RuntimeError as e:
@@ -562,9 +602,11 @@ def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch
 # Run plumbing: arguments, checkpoints, signals
 # ---------------------------------------------------------------------------------------------
 
-# A resumed run must be the same experiment; these cannot change on --resume.
-RESUME_FIXED_FIELDS = ("env_id", "num_envs", "num_steps", "norm_obs", "control_mode", "seed", "partial_reset",
-                       "learning_rate", "lr_schedule")
+# --resume continues one experiment: only the flags that say how long it runs and how it is run, watched and stored
+# may change. Any other difference (the task, the algorithm, the evaluation) is another experiment: start it from the
+# run's weights with --checkpoint.
+RESUME_CHANGEABLE_FIELDS = ("total_timesteps", "eval_freq", "capture_video", "save_train_video_freq", "save_model",
+                            "track", "wandb_project_name", "wandb_entity", "torch_threads", "cuda", "torch_deterministic")
 
 
 def parse_args(argv: list[str]) -> Args:
@@ -576,9 +618,11 @@ def parse_args(argv: list[str]) -> Args:
     saved_args = Args(**{f.name: saved[f.name] for f in dataclasses.fields(Args) if f.name in saved})
     # Parse again with the run's own arguments as defaults: flags given now override them.
     args = tyro.cli(Args, args=argv, use_underscores=True, default=saved_args, description=__doc__)
-    changed = [name for name in RESUME_FIXED_FIELDS if getattr(args, name) != getattr(saved_args, name)]
+    fixed = [f.name for f in dataclasses.fields(Args) if f.name not in RESUME_CHANGEABLE_FIELDS + ("resume", "checkpoint")]
+    changed = [f"--{name}" for name in fixed if getattr(args, name) != getattr(saved_args, name)]
     if changed:
-        raise UserError(f"--resume continues the same experiment; these flags differ from the run's: {', '.join(changed)}")
+        raise UserError(f"--resume continues the same experiment and only its run-control flags may change, but "
+                        f"{', '.join(changed)} differ from the run's; start a new run from its weights with --checkpoint")
     return args
 
 
@@ -600,6 +644,8 @@ def find_resume_checkpoint(path: str) -> Path:
 
 def load_checkpoint(path) -> dict:
     path = Path(path)
+    if path.is_dir():
+        raise UserError(f"checkpoint {path} is a directory; give a checkpoint file, e.g. {path / 'final_ckpt.pt'}")
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist")
     try:
@@ -627,6 +673,45 @@ def set_aside_later_checkpoints(run_dir: Path, iteration: int):
     print(f"resuming from iteration {iteration}: moved the {len(later)} later checkpoints to {aside}", file=sys.stderr)
 
 
+class RunDirLock:
+    """One process at a time writes a run directory: an exclusive flock on its .lock file, which the kernel releases
+    when the process ends, however it ends."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.new_dirs = [path for path in (run_dir, *run_dir.parents) if not path.exists()]
+        self.entries_before = set(run_dir.iterdir()) if run_dir.is_dir() else set()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.file = open(run_dir / ".lock", "a+")
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.seek(0)
+            holder = self.file.read().strip()
+            self.file.close()
+            raise UserError(f"{run_dir} is in use by another process (pid {holder}); wait for it to finish or stop it") from None
+        self.file.truncate(0)
+        self.file.write(str(os.getpid()))
+        self.file.flush()
+
+    def release(self):
+        self.file.close()
+
+    def undo(self):
+        """A start that failed leaves the disk as it found it: what it created (the lock file, empty video
+        directories, a new run directory) goes, and nothing else is touched."""
+        self.release()
+        for path in set(self.run_dir.iterdir()) - self.entries_before:
+            if path.name == ".lock":
+                path.unlink()
+            elif path.is_dir() and not any(path.iterdir()):
+                path.rmdir()
+        for path in self.new_dirs:
+            if any(path.iterdir()):
+                break
+            path.rmdir()
+
+
 def save_checkpoint(path: Path, state: dict):
     """Write to a temporary file, then rename: a crash mid-write never leaves a truncated checkpoint."""
     tmp = path.with_name(path.name + ".tmp")
@@ -634,21 +719,22 @@ def save_checkpoint(path: Path, state: dict):
     os.replace(tmp, path)
 
 
-def rng_states() -> dict:
+def rng_states(device: torch.device) -> dict:
     np_state = np.random.get_state()
     return {
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        # The learner's GPU alone: a resumed job may land on a node with another number of GPUs.
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.empty(0, dtype=torch.uint8),
         "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
                   "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
         "python": random.getstate(),
     }
 
 
-def set_rng_states(states: dict):
+def set_rng_states(states: dict, device: torch.device):
     torch.set_rng_state(states["torch"])
-    if states["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+    if device.type == "cuda" and len(states["cuda"]) > 0:
+        torch.cuda.set_rng_state(states["cuda"], device)
     np_state = states["numpy"]
     np.random.set_state(("MT19937", np_state["keys"].numpy().astype(np.uint32), np_state["pos"],
                          np_state["has_gauss"], np_state["cached_gaussian"]))
@@ -666,8 +752,12 @@ class StopSignal:
 
     def __init__(self):
         self.signum: Optional[int] = None
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, self.handle)
+        self.previous_handlers = {signum: signal.signal(signum, self.handle) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore(self):
+        """Give the signals back to whoever had them, e.g. a program that called cli() in-process."""
+        for signum, handler in self.previous_handlers.items():
+            signal.signal(signum, handler)
 
     def handle(self, signum, frame):
         if self.signum is not None:
@@ -677,21 +767,36 @@ class StopSignal:
 
 
 def validate(args: Args, maniskill: bool) -> tuple[int, int, int]:
-    """Check the arguments; return (batch_size, minibatch_size, num_iterations)."""
-    if args.torch_threads < 0:
-        raise UserError(f"--torch_threads must be 0 (torch's default) or positive, got {args.torch_threads}")
-    positive = {"num_envs": args.num_envs, "num_eval_envs": args.num_eval_envs, "num_steps": args.num_steps,
-                "num_minibatches": args.num_minibatches, "update_epochs": args.update_epochs,
-                "eval_freq": args.eval_freq, "learning_rate": args.learning_rate, "total_timesteps": args.total_timesteps}
-    for name, value in positive.items():
-        if value < 1 if isinstance(value, int) else value <= 0:
-            raise UserError(f"--{name} must be positive, got {value}")
-    if args.num_eval_steps is not None and args.num_eval_steps < 1:
-        raise UserError(f"--num_eval_steps must be positive, got {args.num_eval_steps}")
-    if not 0.0 < args.gamma <= 1.0 or not 0.0 <= args.gae_lambda <= 1.0:
-        raise UserError(f"--gamma must be in (0, 1] and --gae_lambda in [0, 1], got {args.gamma} and {args.gae_lambda}")
-    if args.save_train_video_freq is not None and args.save_train_video_freq < 1:
-        raise UserError(f"--save_train_video_freq must be positive, got {args.save_train_video_freq}")
+    """Check every flag's range; return (batch_size, minibatch_size, num_iterations)."""
+    def require(ok: bool, flag: str, rule: str):
+        if not ok:
+            raise UserError(f"--{flag} must be {rule}, got {getattr(args, flag)}")
+
+    def finite(value) -> bool:
+        return value is not None and math.isfinite(value)
+
+    if args.exp_name is not None:
+        require(args.exp_name not in ("", ".", "..") and "/" not in args.exp_name and os.sep not in args.exp_name
+                and "\0" not in args.exp_name, "exp_name", "a plain directory name under runs/ (no '/', not '..')")
+    require(bool(args.env_id), "env_id", "a task id")
+    cores = usable_cores()
+    require(0 <= args.torch_threads <= cores, "torch_threads", f"0 (torch's default) to {cores}, this machine's cores")
+    for flag in ("num_envs", "num_eval_envs", "num_steps", "num_minibatches", "update_epochs", "eval_freq", "total_timesteps"):
+        require(getattr(args, flag) >= 1, flag, "positive")
+    for flag in ("num_eval_steps", "save_train_video_freq"):
+        require(getattr(args, flag) is None or getattr(args, flag) >= 1, flag, "positive (or None)")
+    for flag in ("reconfiguration_freq", "eval_reconfiguration_freq"):
+        require(getattr(args, flag) is None or getattr(args, flag) >= 0, flag, "0 (never) or positive (or None)")
+    for flag in ("learning_rate", "kl_target", "min_learning_rate", "max_learning_rate", "clip_coef", "vf_coef", "reward_scale"):
+        require(finite(getattr(args, flag)) and getattr(args, flag) > 0, flag, "a positive finite number")
+    require(finite(args.lr_factor) and args.lr_factor > 1, "lr_factor", "a finite number above 1")
+    if args.min_learning_rate > args.max_learning_rate:
+        raise UserError(f"--min_learning_rate ({args.min_learning_rate}) is above --max_learning_rate ({args.max_learning_rate})")
+    require(finite(args.ent_coef) and args.ent_coef >= 0, "ent_coef", "0 or a positive finite number")
+    require(args.max_grad_norm > 0, "max_grad_norm", "positive (inf: no clipping)")  # nan fails the comparison
+    require(args.target_kl is None or args.target_kl > 0, "target_kl", "positive (or None: never stop early)")
+    require(finite(args.gamma) and 0.0 < args.gamma <= 1.0, "gamma", "in (0, 1]")
+    require(finite(args.gae_lambda) and 0.0 <= args.gae_lambda <= 1.0, "gae_lambda", "in [0, 1]")
     if args.anneal_lr and args.lr_schedule not in ("constant", "linear"):
         raise UserError(f"--anneal_lr means --lr_schedule=linear and conflicts with --lr_schedule={args.lr_schedule}")
     if args.anneal_lr:
@@ -709,9 +814,34 @@ def validate(args: Args, maniskill: bool) -> tuple[int, int, int]:
     num_iterations = args.total_timesteps // batch_size
     if num_iterations < 1:
         raise UserError(f"--total_timesteps={args.total_timesteps} is smaller than one batch (num_envs*num_steps = {batch_size})")
-    if maniskill:
-        resolve_sim_backend(args.sim_backend)
+    # Every env seed the run will use (env i of a block gets seed + i; each resume takes a new block) must be a valid
+    # numpy seed: 0 <= seed < 2**32.
+    largest_seed = args.seed + (num_iterations + 1) * (args.num_envs + args.num_eval_envs)
+    require(0 <= args.seed and largest_seed < 2**32, "seed", f"in [0, {2**32 - 1 - (largest_seed - args.seed)}] for this run's length")
+    if maniskill and resolve_sim_backend(args.sim_backend) == "gpu":
+        for prefix, num_envs, partial_reset, reconfiguration_freq in (
+                ("", args.num_envs, args.partial_reset, args.reconfiguration_freq),
+                ("eval_", args.num_eval_envs, args.eval_partial_reset, args.eval_reconfiguration_freq)):
+            if num_envs > 1 and partial_reset and reconfiguration_freq:
+                raise UserError(f"--{prefix}partial_reset with --{prefix}reconfiguration_freq={reconfiguration_freq}: "
+                                "ManiSkill cannot reconfigure a GPU simulation while it resets only some of its envs; "
+                                f"pass --{prefix}reconfiguration_freq=0 or --no_{prefix}partial_reset")
+    if maniskill and resolve_sim_backend(args.sim_backend) == "cpu":
+        # Each CPU env beyond one is a simulator process of ~0.5 GB that steps on a core of its own: past a few per
+        # core they only cost memory (the defaults, sized for a GPU, would start 520 of them).
+        workers = sum(n for n in (args.num_envs, args.num_eval_envs) if n > 1)
+        if workers > CPU_WORKERS_PER_CORE * cores:
+            num_envs, num_eval_envs = 2 * cores, min(args.num_eval_envs, cores)
+            minibatches = max(d for d in range(1, args.num_minibatches + 1) if num_envs * args.num_steps % d == 0)
+            raise UserError(f"--num_envs={args.num_envs} and --num_eval_envs={args.num_eval_envs} would start {workers} "
+                            f"CPU simulator processes on {cores} cores (at most {CPU_WORKERS_PER_CORE} per core); try "
+                            f"--num_envs={num_envs} --num_eval_envs={num_eval_envs} --num_minibatches={minibatches}, "
+                            "or a machine with CUDA for the GPU simulation")
     return batch_size, batch_size // args.num_minibatches, num_iterations
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -738,6 +868,7 @@ def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Op
             counted |= done
             if counted.all():
                 break
+    eval_envs.flush_video()
     metrics = {key: torch.cat(values) for key, values in finished_metrics.items()}
     metrics["episodes"] = counted.sum(dtype=torch.float32).reshape(1)
     return metrics
@@ -751,11 +882,14 @@ def log_episode_metrics(writer: SummaryWriter, prefix: str, metrics: dict[str, t
 
 
 def main(args: Args) -> int:
-    maniskill = is_maniskill_id(args.env_id)
+    maniskill, time_limit = find_env(args.env_id)
     batch_size, minibatch_size, num_iterations = validate(args, maniskill)
     bootstrap_rule = args.bootstrap_at_done
     if bootstrap_rule == "auto":
         bootstrap_rule = "always" if maniskill else "truncated"
+    num_eval_steps = args.num_eval_steps or time_limit
+    if num_eval_steps is None:
+        raise UserError(f"{args.env_id} has no time limit; give --num_eval_steps")
 
     resume_state = None
     if args.resume is not None:
@@ -766,35 +900,38 @@ def main(args: Args) -> int:
         if resume_state["iteration"] >= num_iterations:
             raise UserError(f"the run already finished its {resume_state['iteration']} iterations; "
                             "raise --total_timesteps to continue it")
-        set_aside_later_checkpoints(run_dir, resume_state["iteration"])
     else:
         run_name = args.exp_name or f"{args.env_id.replace(':', '_')}__{TRAINER}__{args.seed}__{int(time.time())}"
         run_dir = Path("runs") / run_name
-        if any(run_dir.glob("*.pt")) or any(run_dir.glob("events.out.tfevents.*")):
-            raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or pick another --exp_name")
     init_state = load_checkpoint(args.checkpoint) if args.checkpoint is not None else None
 
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    if args.torch_threads > 0:
-        torch.set_num_threads(args.torch_threads)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
-    envs = make_envs(args, maniskill, device, evaluation=False, run_dir=run_dir)
-    eval_envs = None
+    lock = RunDirLock(run_dir)
     try:
-        eval_envs = make_envs(args, maniskill, device, evaluation=True, run_dir=run_dir)
-        num_eval_steps = args.num_eval_steps or eval_envs.max_episode_steps
-        if num_eval_steps is None:
-            raise UserError(f"{args.env_id} has no time limit; give --num_eval_steps")
-        return train(args, run_name, run_dir, envs, eval_envs, device, bootstrap_rule, num_eval_steps,
-                     batch_size, minibatch_size, num_iterations, resume_state, init_state)
+        if resume_state is None and (any(run_dir.glob("*.pt")) or any(run_dir.glob("events.out.tfevents.*"))):
+            raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or pick another --exp_name")
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        if args.torch_threads > 0:
+            torch.set_num_threads(args.torch_threads)
+        device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+        envs = make_envs(args, maniskill, device, evaluation=False, run_dir=run_dir, num_eval_steps=num_eval_steps)
+        eval_envs = None
+        try:
+            eval_envs = make_envs(args, maniskill, device, evaluation=True, run_dir=run_dir, num_eval_steps=num_eval_steps)
+            return train(args, run_name, run_dir, envs, eval_envs, device, bootstrap_rule, num_eval_steps,
+                         batch_size, minibatch_size, num_iterations, resume_state, init_state)
+        finally:
+            envs.close()
+            if eval_envs is not None:
+                eval_envs.close()
+    except UserError:
+        lock.undo()
+        raise
     finally:
-        envs.close()
-        if eval_envs is not None:
-            eval_envs.close()
+        lock.release()
 
 
 def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs: TorchVecEnv, device: torch.device,
@@ -811,28 +948,29 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
         if state["observation_space"] != observation_space or state["action_space"] != action_space:
             raise UserError(f"the checkpoint's spaces ({state['observation_space']['shape']}, {state['action_space']}) "
                             f"do not match {args.env_id}'s ({observation_space['shape']}, {action_space})")
-        try:
-            agent.load_state_dict(state["model"])
-        except RuntimeError as e:
-            raise UserError(f"the checkpoint's model does not fit this Agent (different --norm_obs?): {e}".splitlines()[0]) from e
+        if state["args"]["norm_obs"] != args.norm_obs:
+            flag = "--norm_obs" if state["args"]["norm_obs"] else "--no_norm_obs"
+            raise UserError(f"the checkpoint was trained with {flag}, and its network needs the same: pass {flag}")
+        agent.load_state_dict(state["model"])
 
     if resume_state is not None:
         optimizer.load_state_dict(resume_state["optimizer"])
         global_step, start_iteration = resume_state["global_step"], resume_state["iteration"]
-    # Gymnasium seeds env i with seed + i: training and evaluation envs get disjoint blocks of seeds, and a
-    # resumed run new ones rather than a replay of its first iteration's starts.
+    # Gymnasium seeds env i with seed + i (ManiSkill env 0 with seed, the others with draws from RandomState(seed)):
+    # training and evaluation envs get disjoint blocks of seeds, and a resumed run new ones rather than a replay of
+    # its first iteration's starts.
     train_seed = args.seed + start_iteration * (args.num_envs + args.num_eval_envs)
     next_obs = envs.reset(seed=train_seed)
     eval_seed = train_seed + args.num_envs  # seeds the next evaluation; later ones continue the envs' streams
     if resume_state is not None:
         # After the envs are built and reset, so that the learner's random stream continues where it stopped.
-        set_rng_states(resume_state["rng"])
+        set_rng_states(resume_state["rng"], device)
 
     def checkpoint_state(iteration: int) -> dict:
         return {"format": CHECKPOINT_FORMAT, "trainer": TRAINER, "run_name": run_name, "args": dataclasses.asdict(args),
                 "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
                 "observation_space": observation_space, "action_space": action_space,
-                "global_step": global_step, "iteration": iteration, "rng": rng_states()}
+                "global_step": global_step, "iteration": iteration, "rng": rng_states(device)}
 
     def write_checkpoint(iteration: int, final: bool = False) -> Path:
         if not all_finite(agent):
@@ -849,6 +987,9 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
 
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
                    config=dataclasses.asdict(args), name=run_name, id=run_name, resume="allow", save_code=True)
+    if resume_state is not None:
+        # Only now that the run has started: a resume that fails must leave the run as it was.
+        set_aside_later_checkpoints(run_dir, start_iteration)
     # Steps logged after the checkpoint we resume from are replaced by the resumed run's.
     writer = SummaryWriter(str(run_dir), purge_step=global_step + 1 if resume_state is not None else None)
     derived = {"batch_size": batch_size, "minibatch_size": minibatch_size, "num_iterations": num_iterations,
@@ -865,11 +1006,11 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
         actions = torch.zeros((num_steps, num_envs, action_space["shape"][0]), device=device)
     logprobs, rewards, dones, values, bootstrap_values = (torch.zeros((num_steps, num_envs), device=device) for _ in range(5))
 
-    stop = StopSignal()
     last_checkpoint = None
     progress = tqdm(total=num_iterations, initial=start_iteration, desc=run_name, dynamic_ncols=True, mininterval=1.0)
     start_time, start_step = time.perf_counter(), global_step
     iteration = start_iteration
+    stop = StopSignal()
     try:
         for iteration in range(start_iteration + 1, num_iterations + 1):
             if args.lr_schedule == "linear":
@@ -1005,7 +1146,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                 writer.flush()
                 progress.close()
                 print(f"{signal.Signals(stop.signum).name}: saved {last_checkpoint} at iteration {iteration}; "
-                      f"resume with: python {Path(sys.argv[0]).name} --resume {run_dir}", file=sys.stderr)
+                      f"resume with: python {shlex.quote(sys.argv[0])} --resume {shlex.quote(str(run_dir))}", file=sys.stderr)
                 return 128 + stop.signum
     except NonFiniteError as e:
         progress.close()
@@ -1013,6 +1154,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
         print(f"error: {e}; the run stops and {kept}", file=sys.stderr)
         return 1
     finally:
+        stop.restore()
         writer.close()
         if args.track:
             import wandb

@@ -27,7 +27,7 @@ def random_stepping_sps(num_envs: int, steps: int) -> float:
     torch.set_num_threads(1)
     args = ppo.Args(env_id="PushCube-v1", num_envs=num_envs, capture_video=False)
     with tempfile.TemporaryDirectory() as tmp:
-        envs = ppo.make_envs(args, True, torch.device("cpu"), evaluation=False, run_dir=Path(tmp))
+        envs = ppo.make_envs(args, True, torch.device("cpu"), evaluation=False, run_dir=Path(tmp), num_eval_steps=50)
         try:
             envs.reset(seed=0)
             for _ in range(20):  # warm-up

@@ -67,3 +67,38 @@ class PointMassButtons(PointMass):
 
 
 gym.register("PointMassButtons-v0", entry_point=PointMassButtons, max_episode_steps=EPISODE_STEPS)
+
+
+class PointMassNoVideo(PointMass):
+    """PointMass whose rendering needs a package that is missing, as classic control's needs pygame."""
+
+    def render(self):
+        raise gym.error.DependencyNotInstalled("pretend_renderer is not installed: pip install pretend_renderer")
+
+
+gym.register("PointMassNoVideo-v0", entry_point=PointMassNoVideo, max_episode_steps=EPISODE_STEPS)
+
+
+class Choice(gym.Env):
+    """Three actions numbered -1, 0, 1 (Discrete with start=-1); reward 1 for action 1. Its constructor takes no
+    render_mode, as many third-party envs' do not. A step with an action outside the space raises."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(3, start=-1)
+
+    def __init__(self):
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(1, dtype=np.float32), {}
+
+    def step(self, action):
+        if not self.action_space.contains(action):
+            raise ValueError(f"action {action} is outside {self.action_space}")
+        self.t += 1
+        return np.zeros(1, dtype=np.float32), float(action == 1), False, False, {}
+
+
+gym.register("Choice-v0", entry_point=Choice, max_episode_steps=EPISODE_STEPS)

@@ -2,14 +2,16 @@
 
 import dataclasses
 import importlib.util
+import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 import ppo
-from tests.util import fast_args, load, run_script, scalars, start_script
+from tests.util import REPO, fast_args, load, run_script, scalars, snapshot, start_script
 
 POINT_MASS = "tests.envs:PointMass-v0"
 
@@ -59,7 +61,7 @@ def test_checkpoint_contents(tmp_path):
     ckpt = load(run / "final_ckpt.pt")
     assert ckpt["trainer"] == "ppo" and ckpt["iteration"] == 4 and ckpt["global_step"] == 128
     assert ckpt["args"]["env_id"] == "CartPole-v1" and ckpt["args"]["norm_obs"] is True
-    assert ckpt["action_space"] == {"type": "Discrete", "n": 2} and ckpt["observation_space"]["shape"] == [4]
+    assert ckpt["action_space"] == {"type": "Discrete", "n": 2, "start": 0} and ckpt["observation_space"]["shape"] == [4]
     assert ckpt["model"]["obs_normalizer.count"] > 128 and ckpt["optimizer"]["state"]
     assert {"torch", "numpy", "python"} <= set(ckpt["rng"])
     assert not list(run.glob("*.tmp"))
@@ -80,6 +82,11 @@ def test_checkpoint_contents(tmp_path):
                                            checkpoint=run / "final_ckpt.pt"), tmp_path)
     assert again.returncode == 0, again.stderr
     assert load(tmp_path / "runs/from_ckpt/final_ckpt.pt")["model"]["obs_normalizer.count"] > ckpt["model"]["obs_normalizer.count"]
+    # the network of a --norm_obs run needs --norm_obs
+    mismatch = run_script("ppo.py", fast_args("CartPole-v1", "no_norm", checkpoint=run / "final_ckpt.pt"), tmp_path)
+    assert mismatch.returncode == 2
+    assert mismatch.stderr.strip().splitlines()[-1] == ("error: the checkpoint was trained with --norm_obs, and its "
+                                                        "network needs the same: pass --norm_obs")
     # ... and that run can be resumed without naming the checkpoint it started from
     longer = run_script("ppo.py", ["--resume", "runs/from_ckpt", "--total_timesteps", "64"], tmp_path)
     assert longer.returncode == 0, longer.stderr
@@ -111,7 +118,7 @@ def test_sigterm_then_resume_equals_uninterrupted_run(tmp_path):
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 128 + signal.SIGTERM, stderr
-    assert "resume with: python ppo.py --resume runs/cut" in stderr
+    assert "resume with: python " + str(REPO / "ppo.py") + " --resume runs/cut" in stderr
     assert not (run / "final_ckpt.pt").exists()
     saved = max(int(p.stem.split("_")[1]) for p in run.glob("ckpt_*.pt"))
     assert 25 <= saved < 300
@@ -148,17 +155,80 @@ def test_resume_from_an_older_checkpoint_sets_later_ones_aside(tmp_path):
 
 def test_resume_refuses_a_different_experiment(tmp_path):
     assert run_script("ppo.py", fast_args(POINT_MASS, "r"), tmp_path).returncode == 0
-    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "runs/r").iterdir()}
+    before = snapshot(tmp_path / "runs/r")
     again = run_script("ppo.py", fast_args(POINT_MASS, "r"), tmp_path)
     assert again.returncode == 2 and "already holds a run" in again.stderr
-    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "runs/r").iterdir()} == before
+    assert snapshot(tmp_path / "runs/r") == before
     changed = ["--env_id", "Pendulum-v1", "--num_envs", "4", "--num_steps", "8", "--norm_obs", "--control_mode", "x",
-               "--seed", "7", "--no_partial_reset", "--learning_rate", "0.1", "--lr_schedule", "adaptive"]
+               "--seed", "7", "--no_partial_reset", "--learning_rate", "0.1", "--lr_schedule", "adaptive",
+               "--gamma", "0.5", "--gae_lambda", "0.5", "--reward_scale", "2", "--bootstrap_at_done", "never",
+               "--clip_coef", "0.1", "--target_kl", "0.5", "--ent_coef", "0.1", "--num_minibatches", "4",
+               "--num_eval_envs", "2", "--exp_name", "other"]
     result = run_script("ppo.py", ["--resume", "runs/r", *changed], tmp_path)
     assert result.returncode == 2
-    assert all(field in result.stderr for field in ppo.RESUME_FIXED_FIELDS), result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "--checkpoint" in errors[0]
+    for flag in changed:
+        if flag.startswith("--"):
+            assert flag.replace("--no_", "--") + " " in errors[0] or flag.replace("--no_", "--") + "," in errors[0], flag
+    assert snapshot(tmp_path / "runs/r") == before
     finished = run_script("ppo.py", ["--resume", "runs/r"], tmp_path)
     assert finished.returncode == 2 and "--total_timesteps" in finished.stderr
+    # run-control flags may change
+    longer = run_script("ppo.py", ["--resume", "runs/r", "--total_timesteps", "192", "--eval_freq", "1",
+                                   "--torch_threads", "1", "--no_save_model", "--no_cuda"], tmp_path)
+    assert longer.returncode == 0, longer.stderr
+
+
+def test_a_failed_resume_changes_nothing_on_disk(tmp_path):
+    """Resuming from an older checkpoint sets later ones aside, but only once the run has started: here the
+    evaluation video's renderer is missing, and the run's files stay as they were."""
+    argv = fast_args("tests.envs:PointMassNoVideo-v0", "r", total_timesteps=32 * 8, eval_freq=2)
+    assert run_script("ppo.py", argv, tmp_path).returncode == 0
+    run = tmp_path / "runs" / "r"
+    before = snapshot(run)
+    assert "ckpt_8.pt" in before and "final_ckpt.pt" in before
+    result = run_script("ppo.py", ["--resume", "runs/r/ckpt_4.pt", "--capture_video"], tmp_path)
+    assert result.returncode == 2 and "pip install pretend_renderer" in result.stderr, result.stderr
+    assert snapshot(run) == before
+    assert sorted(p.name for p in run.iterdir() if p.is_dir()) == []
+
+
+def test_a_run_directory_has_one_writer(tmp_path):
+    proc = start_script("ppo.py", fast_args(POINT_MASS, "busy", total_timesteps=32 * 100_000, eval_freq=1), tmp_path)
+    run = tmp_path / "runs" / "busy"
+    try:
+        deadline = time.time() + 120
+        while not (run / "ckpt_1.pt").exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        second = run_script("ppo.py", ["--resume", "runs/busy"], tmp_path)
+        assert second.returncode == 2
+        errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and f"in use by another process (pid {proc.pid})" in errors[0], second.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM
+    # the lock goes with the process that held it
+    resumed = run_script("ppo.py", ["--resume", "runs/busy", "--total_timesteps", str(32 * (load(
+        max(run.glob("ckpt_*.pt"), key=lambda p: int(p.stem.split("_")[1])))["iteration"] + 1))], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+
+
+def test_cli_gives_the_signals_back(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    assert ppo.cli(fast_args(POINT_MASS, "in_process", total_timesteps=32, save_model=False)) == 0
+    assert {signum: signal.getsignal(signum) for signum in handlers} == handlers
+
+
+def test_discrete_actions_with_an_offset_and_no_render_mode(tmp_path):
+    """Choice-v0's actions are -1, 0, 1 and its constructor takes no render_mode; a step outside its space raises."""
+    result = run_script("ppo.py", fast_args("tests.envs:Choice-v0", "choice"), tmp_path)
+    assert result.returncode == 0, result.stderr
+    ckpt = load(tmp_path / "runs/choice/final_ckpt.pt")
+    assert ckpt["action_space"] == {"type": "Discrete", "n": 3, "start": -1}
+    assert 0.0 <= scalars(tmp_path / "runs/choice")["eval/return"][-1][1] <= 16.0
 
 
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path):
@@ -186,10 +256,36 @@ BAD_INPUTS = [
     (["--resume", "runs/none"], "runs/none"),
     (["--env_id", "PickCube-v1", "--sim_backend", "gpu"], "CUDA"),
     (["--env_id", "CartPole-v1", "--gamma", "1.5"], "--gamma"),
-    (["--env_id", "Blackjack-v1"], "observation space"),
+    (["--env_id", "Blackjack-v1", "--num_eval_steps", "10"], "observation space"),
     (["--env_id", "tests.envs:PointMassButtons-v0"], "action space"),
     (["--env_id", "CartPole-v1", "--anneal_lr", "--lr_schedule", "adaptive"], "anneal_lr"),
     (["--env_id", "CartPole-v1", "--track"], "pip install wandb"),
+    (["--env_id", "CartPole-v1", "--learning_rate", "nan"], "--learning_rate"),
+    (["--env_id", "CartPole-v1", "--learning_rate", "inf"], "--learning_rate"),
+    (["--env_id", "CartPole-v1", "--seed", "-1"], "--seed"),
+    (["--env_id", "CartPole-v1", "--seed", str(2**32)], "--seed"),
+    (["--env_id", "CartPole-v1", "--clip_coef", "-1"], "--clip_coef"),
+    (["--env_id", "CartPole-v1", "--max_grad_norm", "0"], "--max_grad_norm"),
+    (["--env_id", "CartPole-v1", "--max_grad_norm", "nan"], "--max_grad_norm"),
+    (["--env_id", "CartPole-v1", "--target_kl", "0"], "--target_kl"),
+    (["--env_id", "CartPole-v1", "--lr_factor", "1"], "--lr_factor"),
+    (["--env_id", "CartPole-v1", "--min_learning_rate", "0.1", "--max_learning_rate", "0.01"], "--min_learning_rate"),
+    (["--env_id", "CartPole-v1", "--kl_target", "-0.01"], "--kl_target"),
+    (["--env_id", "CartPole-v1", "--torch_threads", "100000"], "--torch_threads"),
+    (["--env_id", "CartPole-v1", "--exp_name", "../outside"], "--exp_name"),
+    (["--env_id", "CartPole-v1", "--exp_name", "/tmp/outside"], "--exp_name"),
+    (["--env_id", "CartPole-v1", "--gamma", "nan"], "--gamma"),
+    (["--env_id", "CartPole-v1", "--gae_lambda", "-0.1"], "--gae_lambda"),
+    (["--env_id", "CartPole-v1", "--ent_coef", "inf"], "--ent_coef"),
+    (["--env_id", "CartPole-v1", "--vf_coef", "0"], "--vf_coef"),
+    (["--env_id", "CartPole-v1", "--reward_scale", "0"], "--reward_scale"),
+    (["--env_id", "CartPole-v1", "--num_eval_steps", "0"], "--num_eval_steps"),
+    (["--env_id", "CartPole-v1", "--eval_reconfiguration_freq", "-1"], "--eval_reconfiguration_freq"),
+    (["--env_id", "CartPole-v1", "--save_train_video_freq", "0"], "--save_train_video_freq"),
+    (["--env_id", "CartPole-v1", "--update_epochs", "0"], "--update_epochs"),
+    (["--env_id", "CartPole-v1", "--checkpoint", "."], "is a directory"),
+    # the defaults are sized for a GPU: 512 CPU simulator processes would not fit
+    (["--env_id", "PickCube-v1", "--sim_backend", "cpu"], f"try --num_envs={2 * len(os.sched_getaffinity(0))} "),
 ]
 
 
@@ -204,7 +300,8 @@ def test_bad_input_is_one_clear_line(tmp_path, argv, mentions):
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and mentions in lines[0], result.stderr
     assert "Traceback" not in result.stderr
-    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("*.pt"))
+    assert not (tmp_path / "runs").exists()  # a failed start leaves nothing behind, not even an empty directory
+    assert not (tmp_path / "outside").exists() and not Path("/tmp/outside").exists()
 
 
 def test_help_lists_every_flag(tmp_path):

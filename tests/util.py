@@ -56,3 +56,9 @@ def fast_args(env_id: str, exp_name: str, **overrides) -> list[str]:
     if "capture_video" not in options:
         argv.append("--no_capture_video")
     return argv
+
+
+def snapshot(directory: Path) -> dict[str, tuple[int, int]]:
+    """Every file below directory with its size and modification time, the lock file left out."""
+    return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(directory.rglob("*")) if p.is_file() and p.name != ".lock"}
