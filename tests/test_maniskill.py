@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -46,6 +47,8 @@ def test_one_env_through_maniskill_vector_env(tmp_path):
     check_run(run, 1)
     assert sorted(p.name for p in run.glob("*.pt")) == ["ckpt_1.pt", "ckpt_2.pt", "final_ckpt.pt"]
     assert "bootstrap_rule=always" in result.stdout
+    # the render backend is chosen from what the machine has, so a CPU run starts without warnings
+    assert "Falling back" not in result.stderr and "WARNING" not in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -121,3 +124,87 @@ def test_missing_vulkan_driver_fails_with_one_line(tmp_path):
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "scripts/install_cpu_vulkan.sh" in errors[0]
     assert "Traceback" not in result.stderr
+
+
+def test_custom_maniskill_task_takes_the_maniskill_path(tmp_path):
+    """A task registered with ManiSkill's @register_env in the user's module, in worker processes (training) and
+    through ManiSkillVectorEnv (evaluation): ManiSkill's bootstrap rule, time limit and success metrics."""
+    from tests.maniskill_envs import SHORT_PUSH_CUBE_STEPS
+
+    result = run_script("ppo.py", fast_args("tests.maniskill_envs:ShortPushCube-v1", "custom", num_envs=2, num_steps=10,
+                                            num_minibatches=1, update_epochs=1, eval_freq=1, total_timesteps=20,
+                                            control_mode="pd_ee_delta_pos"), tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "bootstrap_rule=always" in result.stdout and f"num_eval_steps={SHORT_PUSH_CUBE_STEPS}" in result.stdout
+    tags = scalars(tmp_path / "runs/custom")
+    assert [value for _, value in tags["eval/episode_len"]] == [SHORT_PUSH_CUBE_STEPS]
+    assert "eval/success_once" in tags and "eval/success_at_end" in tags
+    # pd_ee_delta_pos reached the env: 3 position deltas and the gripper
+    assert load(tmp_path / "runs/custom/final_ckpt.pt")["action_space"]["shape"] == [4]
+
+
+@pytest.fixture
+def gpu_sized_envs(monkeypatch):
+    """Build ManiSkill envs as the GPU path does, on CPU: ppo.py asks for the GPU simulation and N envs; the env
+    is one CPU env that reports N envs while ManiSkill's wrappers are built around it, so their num_envs > 1
+    branches (RecordEpisode, ManiSkillVectorEnv) run. The envs can be built, not stepped."""
+    import gymnasium as gym
+
+    made = []
+    real_make = gym.make
+
+    def make(env_id, num_envs=1, **kwargs):
+        made.append(dict(num_envs=num_envs, **kwargs))
+        env = real_make(env_id, num_envs=1, **{**kwargs, "sim_backend": "physx_cpu"})
+        env.unwrapped.num_envs = num_envs
+        return env
+
+    monkeypatch.setattr(gym, "make", make)
+    monkeypatch.setattr(ppo, "resolve_sim_backend", lambda sim_backend: "gpu")
+    return made
+
+
+def test_gpu_path_default_flags_build(tmp_path, gpu_sized_envs):
+    """`python ppo.py --env_id=PickCube-v1` on a GPU: 512 training envs, 8 evaluation envs with video."""
+    args = ppo.Args(env_id="PickCube-v1", save_train_video_freq=10)
+    ppo.validate(args, maniskill=True)
+    envs = ppo.make_envs(args, True, torch.device("cpu"), evaluation=False, run_dir=tmp_path, num_eval_steps=50)
+    eval_envs = ppo.make_envs(args, True, torch.device("cpu"), evaluation=True, run_dir=tmp_path, num_eval_steps=50)
+    try:
+        train_kwargs, eval_kwargs = gpu_sized_envs
+        assert train_kwargs["num_envs"] == 512 and eval_kwargs["num_envs"] == 8
+        assert train_kwargs["sim_backend"] == eval_kwargs["sim_backend"] == "physx_cuda"
+        # RecordEpisode cannot flush at one env's reset: videos are cut at the evaluation's and the rollout's length
+        assert eval_envs.video_recorder.max_steps_per_video == 50 and envs.video_recorder.max_steps_per_video == 50
+        assert eval_envs.num_envs == 8 and envs.num_envs == 512
+        # 512 tiled 512x512 frames would be 400 MB each: the training camera shrinks
+        assert train_kwargs["human_render_camera_configs"] == dict(width=64, height=64)
+    finally:
+        envs.close()
+        eval_envs.close()
+
+
+@pytest.mark.parametrize("flags,mention", [
+    (dict(eval_partial_reset=True), "--eval_reconfiguration_freq=0"),
+    (dict(reconfiguration_freq=5), "--reconfiguration_freq=0"),
+])
+def test_gpu_path_refuses_partial_reset_with_reconfiguration(gpu_sized_envs, flags, mention):
+    with pytest.raises(ppo.UserError, match=mention):
+        ppo.validate(ppo.Args(env_id="PickCube-v1", **flags), maniskill=True)
+    # ManiSkill itself refuses the combination only once many envs are built
+    args = ppo.Args(env_id="PickCube-v1", capture_video=False, **flags)
+    evaluation = "eval_partial_reset" in flags
+    with pytest.raises(ppo.UserError, match="cannot be reconfigured"):
+        ppo.make_envs(args, True, torch.device("cpu"), evaluation=evaluation, run_dir=Path("unused"), num_eval_steps=50)
+
+
+def test_an_evaluation_that_ends_early_saves_its_video(tmp_path):
+    args = ppo.Args(env_id="PickCube-v1", num_eval_envs=1)
+    eval_envs = ppo.make_envs(args, True, torch.device("cpu"), evaluation=True, run_dir=tmp_path, num_eval_steps=50)
+    try:
+        agent = ppo.Agent(eval_envs.obs_dim, ppo.space_to_dict(eval_envs.single_action_space), norm_obs=False)
+        ppo.evaluate(agent, eval_envs, num_eval_steps=5, seed=0)
+        videos = list((tmp_path / "videos").glob("*.mp4"))
+        assert len(videos) == 1 and videos[0].stat().st_size > 1000
+    finally:
+        eval_envs.close()

@@ -37,3 +37,35 @@ def test_adaptive_learning_rate_bounds():
     args = ppo.Args(kl_target=0.01, lr_factor=1.5, min_learning_rate=1e-4, max_learning_rate=1e-3)
     assert ppo.adapt_learning_rate(1.2e-4, 1.0, args) == 1e-4
     assert ppo.adapt_learning_rate(9e-4, 0.0, args) == 1e-3
+
+
+def test_cuda_rng_state_is_the_learner_gpus_alone(monkeypatch):
+    """A job moved to a node with another number of GPUs resumes: only the learner's GPU state is saved and
+    restored (faked here: this machine has no GPU)."""
+    gpus = {"count": 4}
+
+    def get_rng_state(device="cuda"):
+        return torch.full((8,), torch.device(device).index or 0, dtype=torch.uint8)
+
+    restored = []
+
+    def set_rng_state(state, device="cuda"):
+        index = torch.device(device).index or 0
+        if index >= gpus["count"]:
+            raise RuntimeError(f"invalid device index {index}")
+        restored.append((index, state.clone()))
+
+    monkeypatch.setattr(torch.cuda, "get_rng_state", get_rng_state)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [get_rng_state(i) for i in range(gpus["count"])])
+    monkeypatch.setattr(torch.cuda, "set_rng_state", set_rng_state)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: [set_rng_state(s, i) for i, s in enumerate(states)])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus["count"])
+    torch_state = torch.get_rng_state()
+    states = ppo.rng_states(torch.device("cuda", 2))
+    gpus["count"] = 1
+    ppo.set_rng_states(states, torch.device("cuda", 0))
+    assert len(restored) == 1 and restored[0][0] == 0 and restored[0][1].tolist() == [2] * 8
+    restored.clear()
+    ppo.set_rng_states(states, torch.device("cpu"))  # a GPU run resumed on a CPU learner
+    assert restored == [] and torch.equal(torch.get_rng_state(), torch_state)
