@@ -1,11 +1,13 @@
 """PPO for GPU-vectorized ManiSkill tasks and any Gymnasium environment, in one file.
 
     python ppo.py --env_id=PickCube-v1                                   # ManiSkill, GPU sim when CUDA is there
-    python ppo.py --env_id=PushCube-v1 --num_envs=4 --num_eval_envs=2    # ManiSkill CPU sim in worker processes
+    python ppo.py --env_id=PushCube-v1 --num_envs=4 --num_eval_envs=2 --num_minibatches=4   # ManiSkill CPU sim, workers
     python ppo.py --env_id=CartPole-v1 --num_envs=8 --num_steps=128      # any Gymnasium id, also "my_module:MyEnv-v0"
     python ppo.py --resume runs/RUN_NAME                                 # continue an interrupted run
 
 Everything happens on torch tensors on the learner's device: rollout, final-value bootstrapping, GAE, update.
+The file reads top to bottom: Args, Agent, advantages, the training loop and evaluation; below the "Plumbing"
+divider, what a researcher rarely changes (startup and validation, env adapters, checkpoints, resume, signals).
 See README.md for the flags, the bootstrap rules and the checkpoint layout.
 """
 
@@ -145,12 +147,562 @@ class Args:
     """with capture_video, record a training video every this many iterations"""
 
 
+# ---------------------------------------------------------------------------------------------
+# Agent
+# ---------------------------------------------------------------------------------------------
+
+def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+def mlp(in_dim: int, out_dim: int, out_std: float) -> nn.Sequential:
+    return nn.Sequential(
+        layer_init(nn.Linear(in_dim, 256)), nn.Tanh(),
+        layer_init(nn.Linear(256, 256)), nn.Tanh(),
+        layer_init(nn.Linear(256, 256)), nn.Tanh(),
+        layer_init(nn.Linear(256, out_dim), std=out_std),
+    )
+
+
+class RunningMeanStd(nn.Module):
+    """Running observation mean and variance in float64 (parallel-variance merge); buffers, so checkpoints carry them."""
+
+    def __init__(self, dim: int, clip: float = 10.0):
+        super().__init__()
+        self.clip = clip
+        self.register_buffer("mean", torch.zeros(dim, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(dim, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor):
+        x = x.double()
+        batch_mean, batch_var, batch_count = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        self.mean += delta * batch_count / total
+        self.var.copy_((self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total) / total)
+        self.count.copy_(total)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x.double() - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-self.clip, self.clip).float()
+
+
+class Agent(nn.Module):
+    def __init__(self, obs_dim: int, action_space: dict, norm_obs: bool):
+        super().__init__()
+        self.discrete = action_space["type"] == "Discrete"
+        self.obs_normalizer = RunningMeanStd(obs_dim) if norm_obs else None
+        self.critic = mlp(obs_dim, 1, out_std=1.0)
+        if self.discrete:
+            self.actor = mlp(obs_dim, action_space["n"], out_std=0.01)
+        else:
+            action_dim = action_space["shape"][0]
+            self.actor = mlp(obs_dim, action_dim, out_std=0.01 * np.sqrt(2))
+            self.actor_logstd = nn.Parameter(torch.ones(1, action_dim) * -0.5)
+
+    def normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
+        return obs if self.obs_normalizer is None else self.obs_normalizer(obs)
+
+    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(obs).flatten()
+
+    def distribution(self, obs: torch.Tensor):
+        if self.discrete:
+            return Categorical(logits=self.actor(obs), validate_args=False)  # validation syncs with the GPU
+        mean = self.actor(obs)
+        return Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
+
+    def get_action(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        if not deterministic:
+            return self.distribution(obs).sample()
+        logits_or_mean = self.actor(obs)
+        return logits_or_mean.argmax(-1) if self.discrete else logits_or_mean
+
+    def get_action_and_value(self, obs: torch.Tensor, action: Optional[torch.Tensor] = None):
+        dist = self.distribution(obs)
+        if action is None:
+            action = dist.sample()
+        logprob, entropy = dist.log_prob(action), dist.entropy()
+        if not self.discrete:
+            logprob, entropy = logprob.sum(-1), entropy.sum(-1)
+        return action, logprob, entropy, self.get_value(obs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Advantages and the learning rate
+# ---------------------------------------------------------------------------------------------
+
+def bootstrap_mask(rule: str, terminated: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+    """Which finished episodes take V(final obs) as the value after their last step."""
+    if rule == "always":
+        return terminated | truncated
+    if rule == "truncated":
+        return truncated & ~terminated
+    return torch.zeros_like(terminated)
+
+
+def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, bootstrap_values: torch.Tensor,
+                       next_value: torch.Tensor, gamma: float, gae_lambda: float, finite_horizon: bool) -> torch.Tensor:
+    """GAE over a (num_steps, num_envs) rollout.
+
+    dones[t] = 1 where the episode ended with step t; bootstrap_values[t] is V(final obs) for the ended episodes
+    that bootstrap, 0 for the others; next_value = V(obs after the last step). Nothing crosses an episode end.
+    finite_horizon: ManiSkill's variant, whose lambda-weights are renormalized over the steps left before the
+    rollout or episode ends, so a short tail is not dominated by its last value.
+    """
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    last_gae = torch.zeros_like(next_value)
+    lam_coef_sum = reward_term_sum = value_term_sum = torch.zeros_like(next_value)
+    for t in reversed(range(num_steps)):
+        next_values = next_value if t == num_steps - 1 else values[t + 1]
+        not_done = 1.0 - dones[t]
+        real_next_values = not_done * next_values + bootstrap_values[t]
+        if finite_horizon:
+            lam_coef_sum = 1.0 + gae_lambda * not_done * lam_coef_sum
+            reward_term_sum = gae_lambda * gamma * not_done * reward_term_sum + lam_coef_sum * rewards[t]
+            value_term_sum = gae_lambda * gamma * not_done * value_term_sum + gamma * real_next_values
+            advantages[t] = (reward_term_sum + value_term_sum) / lam_coef_sum - values[t]
+        else:
+            delta = rewards[t] + gamma * real_next_values - values[t]
+            last_gae = delta + gamma * gae_lambda * not_done * last_gae
+            advantages[t] = last_gae
+    return advantages
+
+
+def adapt_learning_rate(lr: float, approx_kl: float, args: Args) -> float:
+    """rsl_rl's adaptive schedule: steer the KL of each minibatch step towards kl_target."""
+    if approx_kl > 2.0 * args.kl_target:
+        return max(args.min_learning_rate, lr / args.lr_factor)
+    if approx_kl < 0.5 * args.kl_target:
+        return min(args.max_learning_rate, lr * args.lr_factor)
+    return lr
+
+
+# ---------------------------------------------------------------------------------------------
+# Training: rollout with final-value bootstrapping, GAE, update, logging; evaluation
+# ---------------------------------------------------------------------------------------------
+
+def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs: TorchVecEnv, device: torch.device,
+          bootstrap_rule: str, num_eval_steps: int, batch_size: int, minibatch_size: int, num_iterations: int,
+          resume_state: Optional[dict], init_state: Optional[dict]) -> int:
+    observation_space = space_to_dict(envs.single_observation_space)
+    action_space = space_to_dict(envs.single_action_space)
+    agent = Agent(envs.obs_dim, action_space, args.norm_obs).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    global_step, start_iteration = 0, 0
+    for state in (init_state, resume_state):
+        if state is None:
+            continue
+        if state["observation_space"] != observation_space or state["action_space"] != action_space:
+            raise UserError(f"the checkpoint's spaces ({state['observation_space']['shape']}, {state['action_space']}) "
+                            f"do not match {args.env_id}'s ({observation_space['shape']}, {action_space})")
+        if state["args"]["norm_obs"] != args.norm_obs:
+            flag = "--norm_obs" if state["args"]["norm_obs"] else "--no_norm_obs"
+            raise UserError(f"the checkpoint was trained with {flag}, and its network needs the same: pass {flag}")
+        agent.load_state_dict(state["model"])
+
+    if resume_state is not None:
+        optimizer.load_state_dict(resume_state["optimizer"])
+        global_step, start_iteration = resume_state["global_step"], resume_state["iteration"]
+    # Gymnasium seeds env i with seed + i (ManiSkill env 0 with seed, the others with draws from RandomState(seed)):
+    # training and evaluation envs get disjoint blocks of seeds, and a resumed run new ones rather than a replay of
+    # its first iteration's starts.
+    train_seed = args.seed + start_iteration * (args.num_envs + args.num_eval_envs)
+    next_obs = envs.reset(seed=train_seed)
+    eval_seed = train_seed + args.num_envs  # seeds the next evaluation; later ones continue the envs' streams
+    if resume_state is not None:
+        # After the envs are built and reset, so that the learner's random stream continues where it stopped.
+        set_rng_states(resume_state["rng"], device)
+
+    def checkpoint_state(iteration: int) -> dict:
+        return {"format": CHECKPOINT_FORMAT, "trainer": TRAINER, "run_name": run_name, "args": dataclasses.asdict(args),
+                "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
+                "observation_space": observation_space, "action_space": action_space,
+                "global_step": global_step, "iteration": iteration, "rng": rng_states(device)}
+
+    def write_checkpoint(iteration: int, final: bool = False) -> Path:
+        if not all_finite(agent):
+            raise NonFiniteError(f"non-finite parameters at iteration {iteration}")
+        state = checkpoint_state(iteration)
+        path = run_dir / f"ckpt_{iteration}.pt"
+        save_checkpoint(path, state)
+        if final:
+            save_checkpoint(run_dir / "final_ckpt.pt", state)
+        return path
+
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=dataclasses.asdict(args), name=run_name, id=run_name, resume="allow", save_code=True)
+    if resume_state is not None:
+        # Only now that the run has started: a resume that fails must leave the run as it was.
+        set_aside_later_checkpoints(run_dir, start_iteration)
+    # Steps logged after the checkpoint we resume from are replaced by the resumed run's.
+    writer = SummaryWriter(str(run_dir), purge_step=global_step + 1 if resume_state is not None else None)
+    derived = {"batch_size": batch_size, "minibatch_size": minibatch_size, "num_iterations": num_iterations,
+               "bootstrap_rule": bootstrap_rule, "num_eval_steps": num_eval_steps, "device": str(device)}
+    table = {**dataclasses.asdict(args), **derived}
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in table.items()))
+    print(f"run {run_name}: {run_dir}  " + "  ".join(f"{k}={v}" for k, v in derived.items()), flush=True)
+
+    num_envs, num_steps = args.num_envs, args.num_steps
+    obs_buf = torch.zeros((num_steps, num_envs, envs.obs_dim), device=device)
+    if agent.discrete:
+        actions = torch.zeros((num_steps, num_envs), dtype=torch.long, device=device)
+    else:
+        actions = torch.zeros((num_steps, num_envs, action_space["shape"][0]), device=device)
+    logprobs, rewards, dones, values, bootstrap_values = (torch.zeros((num_steps, num_envs), device=device) for _ in range(5))
+
+    last_checkpoint = None
+    progress = tqdm(total=num_iterations, initial=start_iteration, desc=run_name, dynamic_ncols=True, mininterval=1.0)
+    start_time, start_step = time.perf_counter(), global_step
+    iteration = start_iteration
+    stop = StopSignal()
+    try:
+        for iteration in range(start_iteration + 1, num_iterations + 1):
+            if args.lr_schedule == "linear":
+                optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
+
+            # Rollout
+            rollout_start = time.perf_counter()
+            agent.eval()
+            train_metrics = defaultdict(list)
+            bootstrap_values.zero_()
+            for step in range(num_steps):
+                global_step += num_envs
+                with torch.no_grad():
+                    if agent.obs_normalizer is not None:
+                        agent.obs_normalizer.update(next_obs)
+                    obs = agent.normalize_obs(next_obs)
+                    action, logprob, _, value = agent.get_action_and_value(obs)
+                obs_buf[step], actions[step], logprobs[step], values[step] = obs, action, logprob, value
+                next_obs, reward, terminated, truncated, final_obs, finished = envs.step(action)
+                rewards[step] = reward * args.reward_scale
+                dones[step] = (terminated | truncated).float()
+                if finished is not None:
+                    if bootstrap_rule != "never":
+                        with torch.no_grad():
+                            final_values = agent.get_value(agent.normalize_obs(final_obs))
+                        bootstrap_values[step] = torch.where(bootstrap_mask(bootstrap_rule, terminated, truncated), final_values, 0.0)
+                    for key, episode_values in finished.items():
+                        train_metrics[key].append(episode_values)
+            with torch.no_grad():
+                next_value = agent.get_value(agent.normalize_obs(next_obs))
+                advantages = compute_advantages(rewards, values, dones, bootstrap_values, next_value,
+                                                args.gamma, args.gae_lambda, args.finite_horizon_gae)
+                returns = advantages + values
+            rollout_time = time.perf_counter() - rollout_start
+
+            # Update
+            update_start = time.perf_counter()
+            agent.train()
+            b_obs = obs_buf.reshape(batch_size, envs.obs_dim)
+            b_actions = actions.reshape((batch_size,) + actions.shape[2:])
+            b_logprobs, b_advantages, b_returns, b_values = (x.reshape(-1) for x in (logprobs, advantages, returns, values))
+            clipfracs, first_ratio_error, minibatch_steps = [], None, 0
+            kl_stop = False
+            for _ in range(args.update_epochs):
+                permutation = torch.randperm(batch_size, device=device)
+                for start in range(0, batch_size, minibatch_size):
+                    mb = permutation[start:start + minibatch_size]
+                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb], b_actions[mb])
+                    logratio = newlogprob - b_logprobs[mb]
+                    ratio = logratio.exp()
+                    with torch.no_grad():
+                        old_approx_kl = (-logratio).mean()
+                        approx_kl = ((ratio - 1) - logratio).mean()
+                        if first_ratio_error is None:
+                            first_ratio_error = (ratio - 1.0).abs().max()
+                    if args.target_kl is not None and approx_kl > args.target_kl:
+                        kl_stop = True
+                        break
+                    clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean().detach())
+
+                    mb_advantages = b_advantages[mb]
+                    if args.norm_adv:
+                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                    pg_loss = torch.max(-mb_advantages * ratio,
+                                        -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)).mean()
+                    if args.clip_vloss:
+                        v_clipped = b_values[mb] + torch.clamp(newvalue - b_values[mb], -args.clip_coef, args.clip_coef)
+                        v_loss = 0.5 * torch.max((newvalue - b_returns[mb]) ** 2, (v_clipped - b_returns[mb]) ** 2).mean()
+                    else:
+                        v_loss = 0.5 * ((newvalue - b_returns[mb]) ** 2).mean()
+                    entropy_loss = entropy.mean()
+                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+                    optimizer.zero_grad()
+                    loss.backward()
+                    grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    if not torch.isfinite(loss) or not torch.isfinite(grad_norm):
+                        raise NonFiniteError(f"non-finite {'loss' if not torch.isfinite(loss) else 'gradient'} "
+                                             f"at iteration {iteration} (global step {global_step})")
+                    optimizer.step()
+                    minibatch_steps += 1
+                    if args.lr_schedule == "adaptive":
+                        optimizer.param_groups[0]["lr"] = adapt_learning_rate(optimizer.param_groups[0]["lr"],
+                                                                              approx_kl.item(), args)
+                if kl_stop:
+                    break
+            if not all_finite(agent):
+                raise NonFiniteError(f"non-finite parameters after the update of iteration {iteration}")
+            update_time = time.perf_counter() - update_start
+
+            # Logging
+            y_pred, y_true = b_values, b_returns
+            var_y = y_true.var()
+            explained_var = float("nan") if var_y == 0 else (1 - (y_true - y_pred).var() / var_y).item()
+            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            if clipfracs:  # empty when the first minibatch already exceeded target_kl
+                writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
+                writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
+                writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
+                writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
+            writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
+            writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
+            writer.add_scalar("losses/first_minibatch_ratio_error", first_ratio_error.item(), global_step)
+            writer.add_scalar("losses/minibatch_steps", minibatch_steps, global_step)
+            writer.add_scalar("losses/explained_variance", explained_var, global_step)
+            sps = int((global_step - start_step) / (time.perf_counter() - start_time))
+            writer.add_scalar("charts/SPS", sps, global_step)
+            writer.add_scalar("time/rollout_time", rollout_time, global_step)
+            writer.add_scalar("time/update_time", update_time, global_step)
+            writer.add_scalar("time/rollout_fps", num_envs * num_steps / rollout_time, global_step)
+            train_means = log_episode_metrics(writer, "train", {k: torch.cat(v) for k, v in train_metrics.items()}, global_step)
+            if "return" in train_means:
+                writer.add_scalar("charts/episodic_return", train_means["return"], global_step)
+                writer.add_scalar("charts/episodic_length", train_means["episode_len"], global_step)
+            postfix = {"step": global_step, "SPS": sps}
+            postfix.update({f"train_{k}": round(v, 3) for k, v in train_means.items() if k in ("return", "success_once")})
+
+            if iteration % args.eval_freq == 0 or iteration == num_iterations:
+                agent.eval()
+                eval_means = log_episode_metrics(writer, "eval", evaluate(agent, eval_envs, num_eval_steps, eval_seed), global_step)
+                eval_seed = None
+                if eval_means["episodes"] == 0:
+                    print(f"\nevaluation at iteration {iteration}: no episode finished within {num_eval_steps} steps", file=sys.stderr)
+                postfix.update({f"eval_{k}": round(v, 3) for k, v in eval_means.items() if k in ("return", "success_once")})
+                if args.save_model:
+                    last_checkpoint = write_checkpoint(iteration, final=iteration == num_iterations)
+                writer.flush()
+            progress.set_postfix(postfix, refresh=False)
+            progress.update(1)
+
+            if stop.signum is not None and iteration < num_iterations:
+                last_checkpoint = write_checkpoint(iteration)
+                writer.flush()
+                progress.close()
+                print(f"{signal.Signals(stop.signum).name}: saved {last_checkpoint} at iteration {iteration}; "
+                      f"resume with: python {shlex.quote(sys.argv[0])} --resume {shlex.quote(str(run_dir))}", file=sys.stderr)
+                return 128 + stop.signum
+    except NonFiniteError as e:
+        progress.close()
+        kept = f"the last checkpoint {last_checkpoint} is untouched" if last_checkpoint else "no checkpoint was written"
+        print(f"error: {e}; the run stops and {kept}", file=sys.stderr)
+        return 1
+    finally:
+        stop.restore()
+        writer.close()
+        if args.track:
+            import wandb
+            wandb.finish()
+    progress.close()
+    print(f"done: {num_iterations} iterations, {global_step} steps; run in {run_dir}", flush=True)
+    return 0
+
+
+def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Optional[int]) -> dict[str, torch.Tensor]:
+    """Deterministic actions; each env contributes its first episode, if it finishes within num_eval_steps.
+
+    Counting every finished episode would weigh envs that fail early many times over those that last.
+    """
+    finished_metrics = defaultdict(list)
+    counted = torch.zeros(eval_envs.num_envs, dtype=torch.bool, device=eval_envs.device)
+    obs = eval_envs.reset(seed=seed)
+    for _ in range(num_eval_steps):
+        with torch.no_grad():
+            action = agent.get_action(agent.normalize_obs(obs), deterministic=True)
+        obs, _, terminated, truncated, _, finished = eval_envs.step(action)
+        if finished is not None:
+            done = terminated | truncated
+            first = ~counted[done]
+            for key, value in finished.items():
+                finished_metrics[key].append(value[first])
+            counted |= done
+            if counted.all():
+                break
+    eval_envs.flush_video()
+    metrics = {key: torch.cat(values) for key, values in finished_metrics.items()}
+    metrics["episodes"] = counted.sum(dtype=torch.float32).reshape(1)
+    return metrics
+
+
+def log_episode_metrics(writer: SummaryWriter, prefix: str, metrics: dict[str, torch.Tensor], global_step: int) -> dict[str, float]:
+    means = {key: values.float().mean().item() for key, values in metrics.items() if values.numel() > 0}
+    for key, value in means.items():
+        writer.add_scalar(f"{prefix}/{key}", value, global_step)
+    return means
+
+
+# =============================================================================================
+# Plumbing: what a researcher rarely changes.
+# Env adapters, startup and validation, checkpoints and resume, signals.
+# =============================================================================================
+
+# ---------------------------------------------------------------------------------------------
+# Startup: errors, arguments, the run
+# ---------------------------------------------------------------------------------------------
+
 class UserError(Exception):
     """A mistake the user can fix: reported as one line and exit status 2."""
 
 
 class NonFiniteError(Exception):
     """A non-finite loss, gradient or parameter: the run stops before anything is saved."""
+
+
+def main(args: Args) -> int:
+    maniskill, time_limit = find_env(args.env_id)
+    batch_size, minibatch_size, num_iterations = validate(args, maniskill)
+    bootstrap_rule = args.bootstrap_at_done
+    if bootstrap_rule == "auto":
+        bootstrap_rule = "always" if maniskill else "truncated"
+    num_eval_steps = args.num_eval_steps or time_limit
+    if num_eval_steps is None:
+        raise UserError(f"{args.env_id} has no time limit; give --num_eval_steps")
+
+    resume_state = None
+    if args.resume is not None:
+        resume_path = find_resume_checkpoint(args.resume)
+        resume_state = load_checkpoint(resume_path)
+        run_dir = resume_path.parent
+        run_name = resume_state["run_name"]
+        if resume_state["iteration"] >= num_iterations:
+            raise UserError(f"the run already finished its {resume_state['iteration']} iterations; "
+                            "raise --total_timesteps to continue it")
+    else:
+        run_name = args.exp_name or f"{args.env_id.replace(':', '_')}__{TRAINER}__{args.seed}__{int(time.time())}"
+        run_dir = Path("runs") / run_name
+    init_state = load_checkpoint(args.checkpoint) if args.checkpoint is not None else None
+
+    lock = RunDirLock(run_dir)
+    try:
+        if resume_state is None and (any(run_dir.glob("*.pt")) or any(run_dir.glob("events.out.tfevents.*"))):
+            raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or pick another --exp_name")
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        if args.torch_threads > 0:
+            torch.set_num_threads(args.torch_threads)
+        device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+        envs = make_envs(args, maniskill, device, evaluation=False, run_dir=run_dir, num_eval_steps=num_eval_steps)
+        eval_envs = None
+        try:
+            eval_envs = make_envs(args, maniskill, device, evaluation=True, run_dir=run_dir, num_eval_steps=num_eval_steps)
+            return train(args, run_name, run_dir, envs, eval_envs, device, bootstrap_rule, num_eval_steps,
+                         batch_size, minibatch_size, num_iterations, resume_state, init_state)
+        finally:
+            envs.close()
+            if eval_envs is not None:
+                eval_envs.close()
+    except UserError:
+        lock.undo()
+        raise
+    finally:
+        lock.release()
+
+
+def validate(args: Args, maniskill: bool) -> tuple[int, int, int]:
+    """Check every flag's range; return (batch_size, minibatch_size, num_iterations)."""
+    def require(ok: bool, flag: str, rule: str):
+        if not ok:
+            raise UserError(f"--{flag} must be {rule}, got {getattr(args, flag)}")
+
+    def finite(value) -> bool:
+        return value is not None and math.isfinite(value)
+
+    if args.exp_name is not None:
+        require(args.exp_name not in ("", ".", "..") and "/" not in args.exp_name and os.sep not in args.exp_name
+                and "\0" not in args.exp_name, "exp_name", "a plain directory name under runs/ (no '/', not '..')")
+    require(bool(args.env_id), "env_id", "a task id")
+    cores = usable_cores()
+    require(0 <= args.torch_threads <= cores, "torch_threads", f"0 (torch's default) to {cores}, this machine's cores")
+    for flag in ("num_envs", "num_eval_envs", "num_steps", "num_minibatches", "update_epochs", "eval_freq", "total_timesteps"):
+        require(getattr(args, flag) >= 1, flag, "positive")
+    for flag in ("num_eval_steps", "save_train_video_freq"):
+        require(getattr(args, flag) is None or getattr(args, flag) >= 1, flag, "positive (or None)")
+    for flag in ("reconfiguration_freq", "eval_reconfiguration_freq"):
+        require(getattr(args, flag) is None or getattr(args, flag) >= 0, flag, "0 (never) or positive (or None)")
+    for flag in ("learning_rate", "kl_target", "min_learning_rate", "max_learning_rate", "clip_coef", "vf_coef", "reward_scale"):
+        require(finite(getattr(args, flag)) and getattr(args, flag) > 0, flag, "a positive finite number")
+    require(finite(args.lr_factor) and args.lr_factor > 1, "lr_factor", "a finite number above 1")
+    if args.min_learning_rate > args.max_learning_rate:
+        raise UserError(f"--min_learning_rate ({args.min_learning_rate}) is above --max_learning_rate ({args.max_learning_rate})")
+    require(finite(args.ent_coef) and args.ent_coef >= 0, "ent_coef", "0 or a positive finite number")
+    require(args.max_grad_norm > 0, "max_grad_norm", "positive (inf: no clipping)")  # nan fails the comparison
+    require(args.target_kl is None or args.target_kl > 0, "target_kl", "positive (or None: never stop early)")
+    require(finite(args.gamma) and 0.0 < args.gamma <= 1.0, "gamma", "in (0, 1]")
+    require(finite(args.gae_lambda) and 0.0 <= args.gae_lambda <= 1.0, "gae_lambda", "in [0, 1]")
+    if args.anneal_lr and args.lr_schedule not in ("constant", "linear"):
+        raise UserError(f"--anneal_lr means --lr_schedule=linear and conflicts with --lr_schedule={args.lr_schedule}")
+    if args.anneal_lr:
+        args.lr_schedule = "linear"
+    if args.track and importlib.util.find_spec("wandb") is None:
+        raise UserError("--track logs to Weights and Biases, which is not installed: pip install wandb")
+    if args.checkpoint is not None and args.resume is not None:
+        raise UserError("--checkpoint starts a new run from saved weights and --resume continues a run; give one of them")
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches != 0:
+        raise UserError(f"batch size num_envs*num_steps = {batch_size} does not split into --num_minibatches={args.num_minibatches} "
+                        "equal minibatches; pick num_minibatches dividing it")
+    if args.norm_adv and batch_size // args.num_minibatches < 2:
+        raise UserError("--norm_adv needs minibatches of at least 2 samples; lower --num_minibatches or pass --no_norm_adv")
+    num_iterations = args.total_timesteps // batch_size
+    if num_iterations < 1:
+        raise UserError(f"--total_timesteps={args.total_timesteps} is smaller than one batch (num_envs*num_steps = {batch_size})")
+    # Every env seed the run will use (env i of a block gets seed + i; each resume takes a new block) must be a valid
+    # numpy seed: 0 <= seed < 2**32.
+    largest_seed = args.seed + (num_iterations + 1) * (args.num_envs + args.num_eval_envs)
+    require(0 <= args.seed and largest_seed < 2**32, "seed", f"in [0, {2**32 - 1 - (largest_seed - args.seed)}] for this run's length")
+    if maniskill and resolve_sim_backend(args.sim_backend) == "gpu":
+        for prefix, num_envs, partial_reset, reconfiguration_freq in (
+                ("", args.num_envs, args.partial_reset, args.reconfiguration_freq),
+                ("eval_", args.num_eval_envs, args.eval_partial_reset, args.eval_reconfiguration_freq)):
+            if num_envs > 1 and partial_reset and reconfiguration_freq:
+                raise UserError(f"--{prefix}partial_reset with --{prefix}reconfiguration_freq={reconfiguration_freq}: "
+                                "ManiSkill cannot reconfigure a GPU simulation while it resets only some of its envs; "
+                                f"pass --{prefix}reconfiguration_freq=0 or --no_{prefix}partial_reset")
+    if maniskill and resolve_sim_backend(args.sim_backend) == "cpu":
+        # Each CPU env beyond one is a simulator process of ~0.5 GB that steps on a core of its own: past a few per
+        # core they only cost memory (the defaults, sized for a GPU, would start 520 of them).
+        workers = sum(n for n in (args.num_envs, args.num_eval_envs) if n > 1)
+        if workers > CPU_WORKERS_PER_CORE * cores:
+            num_envs, num_eval_envs = 2 * cores, min(args.num_eval_envs, cores)
+            minibatches = max(d for d in range(1, args.num_minibatches + 1) if num_envs * args.num_steps % d == 0)
+            raise UserError(f"--num_envs={args.num_envs} and --num_eval_envs={args.num_eval_envs} would start {workers} "
+                            f"CPU simulator processes on {cores} cores (at most {CPU_WORKERS_PER_CORE} per core); try "
+                            f"--num_envs={num_envs} --num_eval_envs={num_eval_envs} --num_minibatches={minibatches}, "
+                            "or a machine with CUDA for the GPU simulation")
+    return batch_size, batch_size // args.num_minibatches, num_iterations
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def resolve_sim_backend(sim_backend: str) -> str:
+    if sim_backend == "auto":
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    if sim_backend == "gpu" and not torch.cuda.is_available():
+        raise UserError("--sim_backend=gpu needs CUDA, which this machine does not have; use --sim_backend=cpu")
+    return sim_backend
 
 
 # ---------------------------------------------------------------------------------------------
@@ -455,151 +1007,8 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
                         "on a CPU-only Debian/Ubuntu machine: bash scripts/install_cpu_vulkan.sh") from e
 
 
-def resolve_sim_backend(sim_backend: str) -> str:
-    if sim_backend == "auto":
-        return "gpu" if torch.cuda.is_available() else "cpu"
-    if sim_backend == "gpu" and not torch.cuda.is_available():
-        raise UserError("--sim_backend=gpu needs CUDA, which this machine does not have; use --sim_backend=cpu")
-    return sim_backend
-
-
 # ---------------------------------------------------------------------------------------------
-# Agent
-# ---------------------------------------------------------------------------------------------
-
-def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
-    torch.nn.init.orthogonal_(layer.weight, std)
-    torch.nn.init.constant_(layer.bias, bias_const)
-    return layer
-
-
-def mlp(in_dim: int, out_dim: int, out_std: float) -> nn.Sequential:
-    return nn.Sequential(
-        layer_init(nn.Linear(in_dim, 256)), nn.Tanh(),
-        layer_init(nn.Linear(256, 256)), nn.Tanh(),
-        layer_init(nn.Linear(256, 256)), nn.Tanh(),
-        layer_init(nn.Linear(256, out_dim), std=out_std),
-    )
-
-
-class RunningMeanStd(nn.Module):
-    """Running observation mean and variance in float64 (parallel-variance merge); buffers, so checkpoints carry them."""
-
-    def __init__(self, dim: int, clip: float = 10.0):
-        super().__init__()
-        self.clip = clip
-        self.register_buffer("mean", torch.zeros(dim, dtype=torch.float64))
-        self.register_buffer("var", torch.ones(dim, dtype=torch.float64))
-        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
-
-    @torch.no_grad()
-    def update(self, x: torch.Tensor):
-        x = x.double()
-        batch_mean, batch_var, batch_count = x.mean(0), x.var(0, unbiased=False), x.shape[0]
-        delta = batch_mean - self.mean
-        total = self.count + batch_count
-        self.mean += delta * batch_count / total
-        self.var.copy_((self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total) / total)
-        self.count.copy_(total)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ((x.double() - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-self.clip, self.clip).float()
-
-
-class Agent(nn.Module):
-    def __init__(self, obs_dim: int, action_space: dict, norm_obs: bool):
-        super().__init__()
-        self.discrete = action_space["type"] == "Discrete"
-        self.obs_normalizer = RunningMeanStd(obs_dim) if norm_obs else None
-        self.critic = mlp(obs_dim, 1, out_std=1.0)
-        if self.discrete:
-            self.actor = mlp(obs_dim, action_space["n"], out_std=0.01)
-        else:
-            action_dim = action_space["shape"][0]
-            self.actor = mlp(obs_dim, action_dim, out_std=0.01 * np.sqrt(2))
-            self.actor_logstd = nn.Parameter(torch.ones(1, action_dim) * -0.5)
-
-    def normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
-        return obs if self.obs_normalizer is None else self.obs_normalizer(obs)
-
-    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(obs).flatten()
-
-    def distribution(self, obs: torch.Tensor):
-        if self.discrete:
-            return Categorical(logits=self.actor(obs), validate_args=False)  # validation syncs with the GPU
-        mean = self.actor(obs)
-        return Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
-
-    def get_action(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
-        if not deterministic:
-            return self.distribution(obs).sample()
-        logits_or_mean = self.actor(obs)
-        return logits_or_mean.argmax(-1) if self.discrete else logits_or_mean
-
-    def get_action_and_value(self, obs: torch.Tensor, action: Optional[torch.Tensor] = None):
-        dist = self.distribution(obs)
-        if action is None:
-            action = dist.sample()
-        logprob, entropy = dist.log_prob(action), dist.entropy()
-        if not self.discrete:
-            logprob, entropy = logprob.sum(-1), entropy.sum(-1)
-        return action, logprob, entropy, self.get_value(obs)
-
-
-# ---------------------------------------------------------------------------------------------
-# Advantages
-# ---------------------------------------------------------------------------------------------
-
-def adapt_learning_rate(lr: float, approx_kl: float, args: Args) -> float:
-    """rsl_rl's adaptive schedule: steer the KL of each minibatch step towards kl_target."""
-    if approx_kl > 2.0 * args.kl_target:
-        return max(args.min_learning_rate, lr / args.lr_factor)
-    if approx_kl < 0.5 * args.kl_target:
-        return min(args.max_learning_rate, lr * args.lr_factor)
-    return lr
-
-
-def bootstrap_mask(rule: str, terminated: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
-    """Which finished episodes take V(final obs) as the value after their last step."""
-    if rule == "always":
-        return terminated | truncated
-    if rule == "truncated":
-        return truncated & ~terminated
-    return torch.zeros_like(terminated)
-
-
-def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, bootstrap_values: torch.Tensor,
-                       next_value: torch.Tensor, gamma: float, gae_lambda: float, finite_horizon: bool) -> torch.Tensor:
-    """GAE over a (num_steps, num_envs) rollout.
-
-    dones[t] = 1 where the episode ended with step t; bootstrap_values[t] is V(final obs) for the ended episodes
-    that bootstrap, 0 for the others; next_value = V(obs after the last step). Nothing crosses an episode end.
-    finite_horizon: ManiSkill's variant, whose lambda-weights are renormalized over the steps left before the
-    rollout or episode ends, so a short tail is not dominated by its last value.
-    """
-    num_steps = rewards.shape[0]
-    advantages = torch.zeros_like(rewards)
-    last_gae = torch.zeros_like(next_value)
-    lam_coef_sum = reward_term_sum = value_term_sum = torch.zeros_like(next_value)
-    for t in reversed(range(num_steps)):
-        next_values = next_value if t == num_steps - 1 else values[t + 1]
-        not_done = 1.0 - dones[t]
-        real_next_values = not_done * next_values + bootstrap_values[t]
-        if finite_horizon:
-            lam_coef_sum = 1.0 + gae_lambda * not_done * lam_coef_sum
-            reward_term_sum = gae_lambda * gamma * not_done * reward_term_sum + lam_coef_sum * rewards[t]
-            value_term_sum = gae_lambda * gamma * not_done * value_term_sum + gamma * real_next_values
-            advantages[t] = (reward_term_sum + value_term_sum) / lam_coef_sum - values[t]
-        else:
-            delta = rewards[t] + gamma * real_next_values - values[t]
-            last_gae = delta + gamma * gae_lambda * not_done * last_gae
-            advantages[t] = last_gae
-    return advantages
-
-
-# ---------------------------------------------------------------------------------------------
-# Run plumbing: arguments, checkpoints, signals
+# Checkpoints, resume, signals
 # ---------------------------------------------------------------------------------------------
 
 # --resume continues one experiment: only the flags that say how long it runs and how it is run, watched and stored
@@ -764,404 +1173,6 @@ class StopSignal:
             raise KeyboardInterrupt
         self.signum = signum
         print(f"\n{signal.Signals(signum).name} received: stopping after this iteration and saving a checkpoint", file=sys.stderr)
-
-
-def validate(args: Args, maniskill: bool) -> tuple[int, int, int]:
-    """Check every flag's range; return (batch_size, minibatch_size, num_iterations)."""
-    def require(ok: bool, flag: str, rule: str):
-        if not ok:
-            raise UserError(f"--{flag} must be {rule}, got {getattr(args, flag)}")
-
-    def finite(value) -> bool:
-        return value is not None and math.isfinite(value)
-
-    if args.exp_name is not None:
-        require(args.exp_name not in ("", ".", "..") and "/" not in args.exp_name and os.sep not in args.exp_name
-                and "\0" not in args.exp_name, "exp_name", "a plain directory name under runs/ (no '/', not '..')")
-    require(bool(args.env_id), "env_id", "a task id")
-    cores = usable_cores()
-    require(0 <= args.torch_threads <= cores, "torch_threads", f"0 (torch's default) to {cores}, this machine's cores")
-    for flag in ("num_envs", "num_eval_envs", "num_steps", "num_minibatches", "update_epochs", "eval_freq", "total_timesteps"):
-        require(getattr(args, flag) >= 1, flag, "positive")
-    for flag in ("num_eval_steps", "save_train_video_freq"):
-        require(getattr(args, flag) is None or getattr(args, flag) >= 1, flag, "positive (or None)")
-    for flag in ("reconfiguration_freq", "eval_reconfiguration_freq"):
-        require(getattr(args, flag) is None or getattr(args, flag) >= 0, flag, "0 (never) or positive (or None)")
-    for flag in ("learning_rate", "kl_target", "min_learning_rate", "max_learning_rate", "clip_coef", "vf_coef", "reward_scale"):
-        require(finite(getattr(args, flag)) and getattr(args, flag) > 0, flag, "a positive finite number")
-    require(finite(args.lr_factor) and args.lr_factor > 1, "lr_factor", "a finite number above 1")
-    if args.min_learning_rate > args.max_learning_rate:
-        raise UserError(f"--min_learning_rate ({args.min_learning_rate}) is above --max_learning_rate ({args.max_learning_rate})")
-    require(finite(args.ent_coef) and args.ent_coef >= 0, "ent_coef", "0 or a positive finite number")
-    require(args.max_grad_norm > 0, "max_grad_norm", "positive (inf: no clipping)")  # nan fails the comparison
-    require(args.target_kl is None or args.target_kl > 0, "target_kl", "positive (or None: never stop early)")
-    require(finite(args.gamma) and 0.0 < args.gamma <= 1.0, "gamma", "in (0, 1]")
-    require(finite(args.gae_lambda) and 0.0 <= args.gae_lambda <= 1.0, "gae_lambda", "in [0, 1]")
-    if args.anneal_lr and args.lr_schedule not in ("constant", "linear"):
-        raise UserError(f"--anneal_lr means --lr_schedule=linear and conflicts with --lr_schedule={args.lr_schedule}")
-    if args.anneal_lr:
-        args.lr_schedule = "linear"
-    if args.track and importlib.util.find_spec("wandb") is None:
-        raise UserError("--track logs to Weights and Biases, which is not installed: pip install wandb")
-    if args.checkpoint is not None and args.resume is not None:
-        raise UserError("--checkpoint starts a new run from saved weights and --resume continues a run; give one of them")
-    batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches != 0:
-        raise UserError(f"batch size num_envs*num_steps = {batch_size} does not split into --num_minibatches={args.num_minibatches} "
-                        "equal minibatches; pick num_minibatches dividing it")
-    if args.norm_adv and batch_size // args.num_minibatches < 2:
-        raise UserError("--norm_adv needs minibatches of at least 2 samples; lower --num_minibatches or pass --no_norm_adv")
-    num_iterations = args.total_timesteps // batch_size
-    if num_iterations < 1:
-        raise UserError(f"--total_timesteps={args.total_timesteps} is smaller than one batch (num_envs*num_steps = {batch_size})")
-    # Every env seed the run will use (env i of a block gets seed + i; each resume takes a new block) must be a valid
-    # numpy seed: 0 <= seed < 2**32.
-    largest_seed = args.seed + (num_iterations + 1) * (args.num_envs + args.num_eval_envs)
-    require(0 <= args.seed and largest_seed < 2**32, "seed", f"in [0, {2**32 - 1 - (largest_seed - args.seed)}] for this run's length")
-    if maniskill and resolve_sim_backend(args.sim_backend) == "gpu":
-        for prefix, num_envs, partial_reset, reconfiguration_freq in (
-                ("", args.num_envs, args.partial_reset, args.reconfiguration_freq),
-                ("eval_", args.num_eval_envs, args.eval_partial_reset, args.eval_reconfiguration_freq)):
-            if num_envs > 1 and partial_reset and reconfiguration_freq:
-                raise UserError(f"--{prefix}partial_reset with --{prefix}reconfiguration_freq={reconfiguration_freq}: "
-                                "ManiSkill cannot reconfigure a GPU simulation while it resets only some of its envs; "
-                                f"pass --{prefix}reconfiguration_freq=0 or --no_{prefix}partial_reset")
-    if maniskill and resolve_sim_backend(args.sim_backend) == "cpu":
-        # Each CPU env beyond one is a simulator process of ~0.5 GB that steps on a core of its own: past a few per
-        # core they only cost memory (the defaults, sized for a GPU, would start 520 of them).
-        workers = sum(n for n in (args.num_envs, args.num_eval_envs) if n > 1)
-        if workers > CPU_WORKERS_PER_CORE * cores:
-            num_envs, num_eval_envs = 2 * cores, min(args.num_eval_envs, cores)
-            minibatches = max(d for d in range(1, args.num_minibatches + 1) if num_envs * args.num_steps % d == 0)
-            raise UserError(f"--num_envs={args.num_envs} and --num_eval_envs={args.num_eval_envs} would start {workers} "
-                            f"CPU simulator processes on {cores} cores (at most {CPU_WORKERS_PER_CORE} per core); try "
-                            f"--num_envs={num_envs} --num_eval_envs={num_eval_envs} --num_minibatches={minibatches}, "
-                            "or a machine with CUDA for the GPU simulation")
-    return batch_size, batch_size // args.num_minibatches, num_iterations
-
-
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-# ---------------------------------------------------------------------------------------------
-# Training
-# ---------------------------------------------------------------------------------------------
-
-def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Optional[int]) -> dict[str, torch.Tensor]:
-    """Deterministic actions; each env contributes its first episode, if it finishes within num_eval_steps.
-
-    Counting every finished episode would weigh envs that fail early many times over those that last.
-    """
-    finished_metrics = defaultdict(list)
-    counted = torch.zeros(eval_envs.num_envs, dtype=torch.bool, device=eval_envs.device)
-    obs = eval_envs.reset(seed=seed)
-    for _ in range(num_eval_steps):
-        with torch.no_grad():
-            action = agent.get_action(agent.normalize_obs(obs), deterministic=True)
-        obs, _, terminated, truncated, _, finished = eval_envs.step(action)
-        if finished is not None:
-            done = terminated | truncated
-            first = ~counted[done]
-            for key, value in finished.items():
-                finished_metrics[key].append(value[first])
-            counted |= done
-            if counted.all():
-                break
-    eval_envs.flush_video()
-    metrics = {key: torch.cat(values) for key, values in finished_metrics.items()}
-    metrics["episodes"] = counted.sum(dtype=torch.float32).reshape(1)
-    return metrics
-
-
-def log_episode_metrics(writer: SummaryWriter, prefix: str, metrics: dict[str, torch.Tensor], global_step: int) -> dict[str, float]:
-    means = {key: values.float().mean().item() for key, values in metrics.items() if values.numel() > 0}
-    for key, value in means.items():
-        writer.add_scalar(f"{prefix}/{key}", value, global_step)
-    return means
-
-
-def main(args: Args) -> int:
-    maniskill, time_limit = find_env(args.env_id)
-    batch_size, minibatch_size, num_iterations = validate(args, maniskill)
-    bootstrap_rule = args.bootstrap_at_done
-    if bootstrap_rule == "auto":
-        bootstrap_rule = "always" if maniskill else "truncated"
-    num_eval_steps = args.num_eval_steps or time_limit
-    if num_eval_steps is None:
-        raise UserError(f"{args.env_id} has no time limit; give --num_eval_steps")
-
-    resume_state = None
-    if args.resume is not None:
-        resume_path = find_resume_checkpoint(args.resume)
-        resume_state = load_checkpoint(resume_path)
-        run_dir = resume_path.parent
-        run_name = resume_state["run_name"]
-        if resume_state["iteration"] >= num_iterations:
-            raise UserError(f"the run already finished its {resume_state['iteration']} iterations; "
-                            "raise --total_timesteps to continue it")
-    else:
-        run_name = args.exp_name or f"{args.env_id.replace(':', '_')}__{TRAINER}__{args.seed}__{int(time.time())}"
-        run_dir = Path("runs") / run_name
-    init_state = load_checkpoint(args.checkpoint) if args.checkpoint is not None else None
-
-    lock = RunDirLock(run_dir)
-    try:
-        if resume_state is None and (any(run_dir.glob("*.pt")) or any(run_dir.glob("events.out.tfevents.*"))):
-            raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or pick another --exp_name")
-        random.seed(args.seed)
-        np.random.seed(args.seed)
-        torch.manual_seed(args.seed)
-        torch.backends.cudnn.deterministic = args.torch_deterministic
-        if args.torch_threads > 0:
-            torch.set_num_threads(args.torch_threads)
-        device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-
-        envs = make_envs(args, maniskill, device, evaluation=False, run_dir=run_dir, num_eval_steps=num_eval_steps)
-        eval_envs = None
-        try:
-            eval_envs = make_envs(args, maniskill, device, evaluation=True, run_dir=run_dir, num_eval_steps=num_eval_steps)
-            return train(args, run_name, run_dir, envs, eval_envs, device, bootstrap_rule, num_eval_steps,
-                         batch_size, minibatch_size, num_iterations, resume_state, init_state)
-        finally:
-            envs.close()
-            if eval_envs is not None:
-                eval_envs.close()
-    except UserError:
-        lock.undo()
-        raise
-    finally:
-        lock.release()
-
-
-def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs: TorchVecEnv, device: torch.device,
-          bootstrap_rule: str, num_eval_steps: int, batch_size: int, minibatch_size: int, num_iterations: int,
-          resume_state: Optional[dict], init_state: Optional[dict]) -> int:
-    observation_space = space_to_dict(envs.single_observation_space)
-    action_space = space_to_dict(envs.single_action_space)
-    agent = Agent(envs.obs_dim, action_space, args.norm_obs).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    global_step, start_iteration = 0, 0
-    for state in (init_state, resume_state):
-        if state is None:
-            continue
-        if state["observation_space"] != observation_space or state["action_space"] != action_space:
-            raise UserError(f"the checkpoint's spaces ({state['observation_space']['shape']}, {state['action_space']}) "
-                            f"do not match {args.env_id}'s ({observation_space['shape']}, {action_space})")
-        if state["args"]["norm_obs"] != args.norm_obs:
-            flag = "--norm_obs" if state["args"]["norm_obs"] else "--no_norm_obs"
-            raise UserError(f"the checkpoint was trained with {flag}, and its network needs the same: pass {flag}")
-        agent.load_state_dict(state["model"])
-
-    if resume_state is not None:
-        optimizer.load_state_dict(resume_state["optimizer"])
-        global_step, start_iteration = resume_state["global_step"], resume_state["iteration"]
-    # Gymnasium seeds env i with seed + i (ManiSkill env 0 with seed, the others with draws from RandomState(seed)):
-    # training and evaluation envs get disjoint blocks of seeds, and a resumed run new ones rather than a replay of
-    # its first iteration's starts.
-    train_seed = args.seed + start_iteration * (args.num_envs + args.num_eval_envs)
-    next_obs = envs.reset(seed=train_seed)
-    eval_seed = train_seed + args.num_envs  # seeds the next evaluation; later ones continue the envs' streams
-    if resume_state is not None:
-        # After the envs are built and reset, so that the learner's random stream continues where it stopped.
-        set_rng_states(resume_state["rng"], device)
-
-    def checkpoint_state(iteration: int) -> dict:
-        return {"format": CHECKPOINT_FORMAT, "trainer": TRAINER, "run_name": run_name, "args": dataclasses.asdict(args),
-                "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
-                "observation_space": observation_space, "action_space": action_space,
-                "global_step": global_step, "iteration": iteration, "rng": rng_states(device)}
-
-    def write_checkpoint(iteration: int, final: bool = False) -> Path:
-        if not all_finite(agent):
-            raise NonFiniteError(f"non-finite parameters at iteration {iteration}")
-        state = checkpoint_state(iteration)
-        path = run_dir / f"ckpt_{iteration}.pt"
-        save_checkpoint(path, state)
-        if final:
-            save_checkpoint(run_dir / "final_ckpt.pt", state)
-        return path
-
-    if args.track:
-        import wandb
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=dataclasses.asdict(args), name=run_name, id=run_name, resume="allow", save_code=True)
-    if resume_state is not None:
-        # Only now that the run has started: a resume that fails must leave the run as it was.
-        set_aside_later_checkpoints(run_dir, start_iteration)
-    # Steps logged after the checkpoint we resume from are replaced by the resumed run's.
-    writer = SummaryWriter(str(run_dir), purge_step=global_step + 1 if resume_state is not None else None)
-    derived = {"batch_size": batch_size, "minibatch_size": minibatch_size, "num_iterations": num_iterations,
-               "bootstrap_rule": bootstrap_rule, "num_eval_steps": num_eval_steps, "device": str(device)}
-    table = {**dataclasses.asdict(args), **derived}
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in table.items()))
-    print(f"run {run_name}: {run_dir}  " + "  ".join(f"{k}={v}" for k, v in derived.items()), flush=True)
-
-    num_envs, num_steps = args.num_envs, args.num_steps
-    obs_buf = torch.zeros((num_steps, num_envs, envs.obs_dim), device=device)
-    if agent.discrete:
-        actions = torch.zeros((num_steps, num_envs), dtype=torch.long, device=device)
-    else:
-        actions = torch.zeros((num_steps, num_envs, action_space["shape"][0]), device=device)
-    logprobs, rewards, dones, values, bootstrap_values = (torch.zeros((num_steps, num_envs), device=device) for _ in range(5))
-
-    last_checkpoint = None
-    progress = tqdm(total=num_iterations, initial=start_iteration, desc=run_name, dynamic_ncols=True, mininterval=1.0)
-    start_time, start_step = time.perf_counter(), global_step
-    iteration = start_iteration
-    stop = StopSignal()
-    try:
-        for iteration in range(start_iteration + 1, num_iterations + 1):
-            if args.lr_schedule == "linear":
-                optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
-
-            # Rollout
-            rollout_start = time.perf_counter()
-            agent.eval()
-            train_metrics = defaultdict(list)
-            bootstrap_values.zero_()
-            for step in range(num_steps):
-                global_step += num_envs
-                with torch.no_grad():
-                    if agent.obs_normalizer is not None:
-                        agent.obs_normalizer.update(next_obs)
-                    obs = agent.normalize_obs(next_obs)
-                    action, logprob, _, value = agent.get_action_and_value(obs)
-                obs_buf[step], actions[step], logprobs[step], values[step] = obs, action, logprob, value
-                next_obs, reward, terminated, truncated, final_obs, finished = envs.step(action)
-                rewards[step] = reward * args.reward_scale
-                dones[step] = (terminated | truncated).float()
-                if finished is not None:
-                    if bootstrap_rule != "never":
-                        with torch.no_grad():
-                            final_values = agent.get_value(agent.normalize_obs(final_obs))
-                        bootstrap_values[step] = torch.where(bootstrap_mask(bootstrap_rule, terminated, truncated), final_values, 0.0)
-                    for key, episode_values in finished.items():
-                        train_metrics[key].append(episode_values)
-            with torch.no_grad():
-                next_value = agent.get_value(agent.normalize_obs(next_obs))
-                advantages = compute_advantages(rewards, values, dones, bootstrap_values, next_value,
-                                                args.gamma, args.gae_lambda, args.finite_horizon_gae)
-                returns = advantages + values
-            rollout_time = time.perf_counter() - rollout_start
-
-            # Update
-            update_start = time.perf_counter()
-            agent.train()
-            b_obs = obs_buf.reshape(batch_size, envs.obs_dim)
-            b_actions = actions.reshape((batch_size,) + actions.shape[2:])
-            b_logprobs, b_advantages, b_returns, b_values = (x.reshape(-1) for x in (logprobs, advantages, returns, values))
-            clipfracs, first_ratio_error, minibatch_steps = [], None, 0
-            kl_stop = False
-            for _ in range(args.update_epochs):
-                permutation = torch.randperm(batch_size, device=device)
-                for start in range(0, batch_size, minibatch_size):
-                    mb = permutation[start:start + minibatch_size]
-                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb], b_actions[mb])
-                    logratio = newlogprob - b_logprobs[mb]
-                    ratio = logratio.exp()
-                    with torch.no_grad():
-                        old_approx_kl = (-logratio).mean()
-                        approx_kl = ((ratio - 1) - logratio).mean()
-                        if first_ratio_error is None:
-                            first_ratio_error = (ratio - 1.0).abs().max()
-                    if args.target_kl is not None and approx_kl > args.target_kl:
-                        kl_stop = True
-                        break
-                    clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean().detach())
-
-                    mb_advantages = b_advantages[mb]
-                    if args.norm_adv:
-                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-                    pg_loss = torch.max(-mb_advantages * ratio,
-                                        -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)).mean()
-                    if args.clip_vloss:
-                        v_clipped = b_values[mb] + torch.clamp(newvalue - b_values[mb], -args.clip_coef, args.clip_coef)
-                        v_loss = 0.5 * torch.max((newvalue - b_returns[mb]) ** 2, (v_clipped - b_returns[mb]) ** 2).mean()
-                    else:
-                        v_loss = 0.5 * ((newvalue - b_returns[mb]) ** 2).mean()
-                    entropy_loss = entropy.mean()
-                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-
-                    optimizer.zero_grad()
-                    loss.backward()
-                    grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                    if not torch.isfinite(loss) or not torch.isfinite(grad_norm):
-                        raise NonFiniteError(f"non-finite {'loss' if not torch.isfinite(loss) else 'gradient'} "
-                                             f"at iteration {iteration} (global step {global_step})")
-                    optimizer.step()
-                    minibatch_steps += 1
-                    if args.lr_schedule == "adaptive":
-                        optimizer.param_groups[0]["lr"] = adapt_learning_rate(optimizer.param_groups[0]["lr"],
-                                                                              approx_kl.item(), args)
-                if kl_stop:
-                    break
-            if not all_finite(agent):
-                raise NonFiniteError(f"non-finite parameters after the update of iteration {iteration}")
-            update_time = time.perf_counter() - update_start
-
-            # Logging
-            y_pred, y_true = b_values, b_returns
-            var_y = y_true.var()
-            explained_var = float("nan") if var_y == 0 else (1 - (y_true - y_pred).var() / var_y).item()
-            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            if clipfracs:  # empty when the first minibatch already exceeded target_kl
-                writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
-                writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
-                writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
-                writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
-            writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
-            writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
-            writer.add_scalar("losses/first_minibatch_ratio_error", first_ratio_error.item(), global_step)
-            writer.add_scalar("losses/minibatch_steps", minibatch_steps, global_step)
-            writer.add_scalar("losses/explained_variance", explained_var, global_step)
-            sps = int((global_step - start_step) / (time.perf_counter() - start_time))
-            writer.add_scalar("charts/SPS", sps, global_step)
-            writer.add_scalar("time/rollout_time", rollout_time, global_step)
-            writer.add_scalar("time/update_time", update_time, global_step)
-            writer.add_scalar("time/rollout_fps", num_envs * num_steps / rollout_time, global_step)
-            train_means = log_episode_metrics(writer, "train", {k: torch.cat(v) for k, v in train_metrics.items()}, global_step)
-            if "return" in train_means:
-                writer.add_scalar("charts/episodic_return", train_means["return"], global_step)
-                writer.add_scalar("charts/episodic_length", train_means["episode_len"], global_step)
-            postfix = {"step": global_step, "SPS": sps}
-            postfix.update({f"train_{k}": round(v, 3) for k, v in train_means.items() if k in ("return", "success_once")})
-
-            if iteration % args.eval_freq == 0 or iteration == num_iterations:
-                agent.eval()
-                eval_means = log_episode_metrics(writer, "eval", evaluate(agent, eval_envs, num_eval_steps, eval_seed), global_step)
-                eval_seed = None
-                if eval_means["episodes"] == 0:
-                    print(f"\nevaluation at iteration {iteration}: no episode finished within {num_eval_steps} steps", file=sys.stderr)
-                postfix.update({f"eval_{k}": round(v, 3) for k, v in eval_means.items() if k in ("return", "success_once")})
-                if args.save_model:
-                    last_checkpoint = write_checkpoint(iteration, final=iteration == num_iterations)
-                writer.flush()
-            progress.set_postfix(postfix, refresh=False)
-            progress.update(1)
-
-            if stop.signum is not None and iteration < num_iterations:
-                last_checkpoint = write_checkpoint(iteration)
-                writer.flush()
-                progress.close()
-                print(f"{signal.Signals(stop.signum).name}: saved {last_checkpoint} at iteration {iteration}; "
-                      f"resume with: python {shlex.quote(sys.argv[0])} --resume {shlex.quote(str(run_dir))}", file=sys.stderr)
-                return 128 + stop.signum
-    except NonFiniteError as e:
-        progress.close()
-        kept = f"the last checkpoint {last_checkpoint} is untouched" if last_checkpoint else "no checkpoint was written"
-        print(f"error: {e}; the run stops and {kept}", file=sys.stderr)
-        return 1
-    finally:
-        stop.restore()
-        writer.close()
-        if args.track:
-            import wandb
-            wandb.finish()
-    progress.close()
-    print(f"done: {num_iterations} iterations, {global_step} steps; run in {run_dir}", flush=True)
-    return 0
 
 
 def cli(argv: Optional[list[str]] = None) -> int:
