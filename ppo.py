@@ -14,6 +14,7 @@ See README.md for the flags, the bootstrap rules and the checkpoint layout.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import fcntl
 import functools
 import importlib.util
@@ -40,7 +41,7 @@ from torch.distributions import Categorical, Normal
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2
 TRAINER = "ppo"
 CPU_WORKERS_PER_CORE = 4
 
@@ -612,7 +613,8 @@ def main(args: Args) -> int:
             envs.close()
             if eval_envs is not None:
                 eval_envs.close()
-    except UserError:
+    except BaseException:
+        # Nothing but the lock file and empty directories goes, so this is safe at any point of the run too.
         lock.undo()
         raise
     finally:
@@ -669,8 +671,10 @@ def validate(args: Args, maniskill: bool) -> tuple[int, int, int]:
         raise UserError(f"--total_timesteps={args.total_timesteps} is smaller than one batch (num_envs*num_steps = {batch_size})")
     # Every env seed the run will use (env i of a block gets seed + i; each resume takes a new block) must be a valid
     # numpy seed: 0 <= seed < 2**32.
-    largest_seed = args.seed + (num_iterations + 1) * (args.num_envs + args.num_eval_envs)
-    require(0 <= args.seed and largest_seed < 2**32, "seed", f"in [0, {2**32 - 1 - (largest_seed - args.seed)}] for this run's length")
+    seeds_per_run = (num_iterations + 1) * (args.num_envs + args.num_eval_envs)
+    if seeds_per_run >= 2**32:
+        raise UserError(f"--total_timesteps={args.total_timesteps} would need more env seeds than numpy has (2**32)")
+    require(0 <= args.seed < 2**32 - seeds_per_run, "seed", f"in [0, {2**32 - 1 - seeds_per_run}] for this run's length")
     if maniskill and resolve_sim_backend(args.sim_backend) == "gpu":
         for prefix, num_envs, partial_reset, reconfiguration_freq in (
                 ("", args.num_envs, args.partial_reset, args.reconfiguration_freq),
@@ -688,8 +692,8 @@ def validate(args: Args, maniskill: bool) -> tuple[int, int, int]:
             minibatches = max(d for d in range(1, args.num_minibatches + 1) if num_envs * args.num_steps % d == 0)
             raise UserError(f"--num_envs={args.num_envs} and --num_eval_envs={args.num_eval_envs} would start {workers} "
                             f"CPU simulator processes on {cores} cores (at most {CPU_WORKERS_PER_CORE} per core); try "
-                            f"--num_envs={num_envs} --num_eval_envs={num_eval_envs} --num_minibatches={minibatches}, "
-                            "or a machine with CUDA for the GPU simulation")
+                            f"--num_envs={num_envs} --num_eval_envs={num_eval_envs} --num_minibatches={minibatches} "
+                            "(with --resume: a new run with --checkpoint), or a machine with CUDA for the GPU simulation")
     return batch_size, batch_size // args.num_minibatches, num_iterations
 
 
@@ -774,7 +778,8 @@ def build_maniskill_env(env_id: str, num_envs: int, env_kwargs: dict, video_dir:
     if video_dir is not None:
         # info_on_video crashes under numpy 2
         env = RecordEpisode(env, output_dir=video_dir, save_trajectory=False, save_video_trigger=video_trigger,
-                            max_steps_per_video=max_steps_per_video, video_fps=30, info_on_video=False)
+                            max_steps_per_video=max_steps_per_video, video_fps=30, info_on_video=False,
+                            avoid_overwriting_video=True)  # a resumed run numbers its videos from 0 again
     return env
 
 
@@ -810,7 +815,12 @@ def build_gym_env(env_id: str, video_dir: Optional[str], video_trigger, video_le
                   name_prefix: str) -> gym.Env:
     if video_dir is None:
         return gym.make(env_id)  # not every env's constructor takes a render_mode
-    env = gym.make(env_id, render_mode="rgb_array")
+    try:
+        env = gym.make(env_id, render_mode="rgb_array")
+    except TypeError as e:
+        if "render_mode" not in str(e):
+            raise
+        raise UserError(f"{env_id} takes no render_mode, so it cannot record videos; pass --no_capture_video") from e
     # Rendering dependencies (pygame, a GL context) fail only at the first frame: find out now, not mid-run.
     env.reset()
     env.render()
@@ -1061,8 +1071,12 @@ def load_checkpoint(path) -> dict:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise UserError(f"checkpoint {path} cannot be read ({type(e).__name__}: {e})") from e
-    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT or "model" not in ckpt:
-        raise UserError(f"{path} is not a checkpoint of these trainers (format {CHECKPOINT_FORMAT})")
+    if not isinstance(ckpt, dict) or "format" not in ckpt or "model" not in ckpt:
+        raise UserError(f"{path} is not a checkpoint of these trainers")
+    if ckpt["format"] != CHECKPOINT_FORMAT:
+        raise UserError(f"{path} has checkpoint format {ckpt['format']}; this {TRAINER}.py reads format {CHECKPOINT_FORMAT}")
+    if ckpt.get("trainer") != TRAINER:
+        raise UserError(f"{path} was written by {ckpt.get('trainer')}.py; {TRAINER}.py cannot continue or start from it")
     return ckpt
 
 
@@ -1091,14 +1105,25 @@ class RunDirLock:
         self.new_dirs = [path for path in (run_dir, *run_dir.parents) if not path.exists()]
         self.entries_before = set(run_dir.iterdir()) if run_dir.is_dir() else set()
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.file = open(run_dir / ".lock", "a+")
+        path = run_dir / ".lock"
+        self.file = open(path, "a+")
         try:
             fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # a lock file that a failing start unlinked after we opened it locks nothing
+            held = path.exists() and os.stat(path).st_ino == os.fstat(self.file.fileno()).st_ino
         except BlockingIOError:
+            held = False
+        except OSError as e:
+            if e.errno not in (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK):
+                raise
+            print(f"warning: {run_dir} cannot be locked on this file system ({e.strerror}); "
+                  "make sure no other process writes this run", file=sys.stderr)
+            held = True
+        if not held:
             self.file.seek(0)
             holder = self.file.read().strip()
             self.file.close()
-            raise UserError(f"{run_dir} is in use by another process (pid {holder}); wait for it to finish or stop it") from None
+            raise UserError(f"{run_dir} is in use by another process (pid {holder}); wait for it to finish or stop it")
         self.file.truncate(0)
         self.file.write(str(os.getpid()))
         self.file.flush()
@@ -1109,16 +1134,21 @@ class RunDirLock:
     def undo(self):
         """A start that failed leaves the disk as it found it: what it created (the lock file, empty video
         directories, a new run directory) goes, and nothing else is touched."""
-        self.release()
-        for path in set(self.run_dir.iterdir()) - self.entries_before:
-            if path.name == ".lock":
-                path.unlink()
-            elif path.is_dir() and not any(path.iterdir()):
+        new_entries = set(self.run_dir.iterdir()) - self.entries_before
+        try:
+            if self.run_dir / ".lock" in new_entries:
+                (self.run_dir / ".lock").unlink()  # while still locked: no other start can take it meanwhile
+            for path in new_entries:
+                if path.is_dir() and not any(path.iterdir()):
+                    path.rmdir()
+            for path in self.new_dirs:
+                if any(path.iterdir()):
+                    break
                 path.rmdir()
-        for path in self.new_dirs:
-            if any(path.iterdir()):
-                break
-            path.rmdir()
+        except OSError:
+            pass  # another start is creating entries here at the same time: leave them
+        finally:
+            self.release()
 
 
 def save_checkpoint(path: Path, state: dict):

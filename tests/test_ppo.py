@@ -87,6 +87,11 @@ def test_checkpoint_contents(tmp_path):
     assert mismatch.returncode == 2
     assert mismatch.stderr.strip().splitlines()[-1] == ("error: the checkpoint was trained with --norm_obs, and its "
                                                         "network needs the same: pass --norm_obs")
+    # a checkpoint of another trainer or checkpoint format is refused in words
+    for key, value, mention in (("trainer", "ppo_rnn", "written by ppo_rnn.py"), ("format", 1, "has checkpoint format 1")):
+        torch.save({**ckpt, key: value}, tmp_path / "other.pt")
+        other = run_script("ppo.py", fast_args("CartPole-v1", "other", norm_obs=True, checkpoint="other.pt"), tmp_path)
+        assert other.returncode == 2 and mention in other.stderr.strip().splitlines()[-1], other.stderr
     # ... and that run can be resumed without naming the checkpoint it started from
     longer = run_script("ppo.py", ["--resume", "runs/from_ckpt", "--total_timesteps", "64"], tmp_path)
     assert longer.returncode == 0, longer.stderr
@@ -229,6 +234,12 @@ def test_discrete_actions_with_an_offset_and_no_render_mode(tmp_path):
     ckpt = load(tmp_path / "runs/choice/final_ckpt.pt")
     assert ckpt["action_space"] == {"type": "Discrete", "n": 3, "start": -1}
     assert 0.0 <= scalars(tmp_path / "runs/choice")["eval/return"][-1][1] <= 16.0
+    # videos need a render_mode: one line, and nothing left on disk
+    video = run_script("ppo.py", fast_args("tests.envs:Choice-v0", "choice_video", capture_video=True), tmp_path)
+    assert video.returncode == 2
+    assert video.stderr.strip().splitlines()[-1] == ("error: tests.envs:Choice-v0 takes no render_mode, so it cannot "
+                                                     "record videos; pass --no_capture_video")
+    assert not (tmp_path / "runs/choice_video").exists()
 
 
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path):
