@@ -44,6 +44,8 @@ from tqdm import tqdm
 CHECKPOINT_FORMAT = 2
 TRAINER = "ppo"
 CPU_WORKERS_PER_CORE = 4
+# The flags that shape the network: a checkpoint's weights fit only a network built with the same.
+NETWORK_FIELDS = ("norm_obs",)
 
 
 @dataclass
@@ -301,9 +303,10 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
         if state["observation_space"] != observation_space or state["action_space"] != action_space:
             raise UserError(f"the checkpoint's spaces ({state['observation_space']['shape']}, {state['action_space']}) "
                             f"do not match {args.env_id}'s ({observation_space['shape']}, {action_space})")
-        if state["args"]["norm_obs"] != args.norm_obs:
-            flag = "--norm_obs" if state["args"]["norm_obs"] else "--no_norm_obs"
-            raise UserError(f"the checkpoint was trained with {flag}, and its network needs the same: pass {flag}")
+        for name in NETWORK_FIELDS:
+            if state["args"][name] != getattr(args, name):
+                flag = cli_flag(name, state["args"][name])
+                raise UserError(f"the checkpoint was trained with {flag}, and its network needs the same: pass {flag}")
         agent.load_state_dict(state["model"])
 
     if resume_state is not None:
@@ -861,7 +864,7 @@ class TorchVecEnv:
         self.single_observation_space = env.single_observation_space
         self.single_action_space = env.single_action_space
         if not isinstance(self.single_observation_space, gym.spaces.Box):
-            raise UserError(f"observation space {self.single_observation_space} is not supported; ppo.py needs a Box "
+            raise UserError(f"observation space {self.single_observation_space} is not supported; {TRAINER}.py needs a Box "
                             "observation (flatten Dict observations with a wrapper)")
         space = self.single_action_space
         if isinstance(space, gym.spaces.Box):
@@ -872,7 +875,7 @@ class TorchVecEnv:
         elif isinstance(space, gym.spaces.Discrete):
             self.action_start = int(space.start)  # the agent's actions are 0..n-1, the env's start..start+n-1
         else:
-            raise UserError(f"action space {space} is not supported; ppo.py handles Box and Discrete actions")
+            raise UserError(f"action space {space} is not supported; {TRAINER}.py handles Box and Discrete actions")
         self.obs_dim = int(np.prod(self.single_observation_space.shape))
         self.episode_return = torch.zeros(self.num_envs, dtype=torch.float64, device=device)
         self.episode_length = torch.zeros(self.num_envs, dtype=torch.long, device=device)
@@ -1043,6 +1046,13 @@ def parse_args(argv: list[str]) -> Args:
         raise UserError(f"--resume continues the same experiment and only its run-control flags may change, but "
                         f"{', '.join(changed)} differ from the run's; start a new run from its weights with --checkpoint")
     return args
+
+
+def cli_flag(name: str, value) -> str:
+    """How a user writes name=value on the command line."""
+    if isinstance(value, bool):
+        return f"--{name}" if value else f"--no_{name}"
+    return f"--{name}={value}"
 
 
 def numbered_checkpoints(run_dir: Path) -> dict[int, Path]:

@@ -1,0 +1,1340 @@
+"""Recurrent PPO (LSTM or GRU) for GPU-vectorized ManiSkill tasks and any Gymnasium environment, in one file.
+
+    python ppo_rnn.py --env_id=PickCube-v1                               # ManiSkill, GPU sim when CUDA is there
+    python ppo_rnn.py --env_id=pomdp:CartPoleNoVel-v1 --num_envs=8 --num_steps=64 --rnn_hidden_size=64   # any Gymnasium id
+    python ppo_rnn.py --resume runs/RUN_NAME                             # continue an interrupted run
+
+ppo.py with a recurrent policy: `diff ppo.py ppo_rnn.py` shows what recurrence changes. The recurrent state is
+carried from step to step (and across rollouts), zeroed where an episode starts, and stored at the start of each
+sequence of --seq_len steps; the update replays whole sequences from their stored states, resetting where the
+rollout reset. A finished episode's V(final obs) comes from that episode's own state.
+The file reads top to bottom: Args, Agent, advantages, the training loop and evaluation; below the "Plumbing"
+divider, what a researcher rarely changes (startup and validation, env adapters, checkpoints, resume, signals).
+See README.md for the flags, the bootstrap rules and the checkpoint layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import fcntl
+import functools
+import importlib.util
+import math
+import multiprocessing
+import os
+import random
+import re
+import shlex
+import signal
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Optional
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.distributions import Categorical, Normal
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+CHECKPOINT_FORMAT = 2
+TRAINER = "ppo_rnn"
+CPU_WORKERS_PER_CORE = 4
+# The flags that shape the network: a checkpoint's weights fit only a network built with the same.
+NETWORK_FIELDS = ("norm_obs", "rnn_type", "rnn_hidden_size", "rnn_num_layers", "shared_rnn")
+
+
+@dataclass
+class Args:
+    exp_name: Optional[str] = None
+    """name of the run; runs/{exp_name} (default: {env_id}__ppo_rnn__{seed}__{unix time})"""
+    seed: int = 1
+    """seed of the experiment (torch, numpy, python and the environments)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, the learner runs on CUDA when it is available"""
+    torch_threads: int = 1
+    """CPU threads for torch (0: torch's default); more gain little for these small networks and slow everything down when they contend with simulator workers for cores"""
+    track: bool = False
+    """if toggled, also log to Weights and Biases (needs `pip install wandb`)"""
+    wandb_project_name: str = "ManiSkill"
+    """the wandb project name"""
+    wandb_entity: Optional[str] = None
+    """the wandb entity (team) name"""
+    capture_video: bool = True
+    """if toggled, record videos of evaluation episodes under runs/{run_name}/videos"""
+    save_model: bool = True
+    """if toggled, save checkpoints under runs/{run_name} at every evaluation and at the end"""
+    checkpoint: Optional[str] = None
+    """start training from the weights (and observation statistics) of this checkpoint; a new run"""
+    resume: Optional[str] = None
+    """continue a run exactly from a checkpoint file or a run directory (its newest checkpoint)"""
+
+    env_id: str = "PickCube-v1"
+    """ManiSkill task id, Gymnasium id, or "module:EnvId" for an env registered on import of module"""
+    sim_backend: Literal["auto", "gpu", "cpu"] = "auto"
+    """ManiSkill simulation backend; auto = gpu when CUDA is available. Ignored for other Gymnasium envs"""
+    control_mode: Optional[str] = "pd_joint_delta_pos"
+    """ManiSkill control mode (None: the task's default)"""
+    num_envs: int = 512
+    """number of parallel training environments"""
+    num_eval_envs: int = 8
+    """number of parallel evaluation environments"""
+    partial_reset: bool = True
+    """ManiSkill: reset an env as soon as its episode terminates (else episodes run to the time limit)"""
+    eval_partial_reset: bool = False
+    """ManiSkill: partial_reset for the evaluation environments"""
+    num_steps: int = 50
+    """steps per environment per rollout"""
+    num_eval_steps: Optional[int] = None
+    """steps per evaluation (default: the task's max episode steps, so every eval env finishes an episode)"""
+    reconfiguration_freq: Optional[int] = None
+    """ManiSkill: reconfigure the training scenes every this many resets (None: the task's default)"""
+    eval_reconfiguration_freq: Optional[int] = 1
+    """ManiSkill: reconfigure the evaluation scenes every this many resets"""
+    norm_obs: bool = False
+    """normalize observations with running mean/std (float64 statistics, saved in checkpoints)"""
+    bootstrap_at_done: Literal["auto", "always", "truncated", "never"] = "auto"
+    """which finished episodes bootstrap from V(final obs): always (ManiSkill's rule), truncated (terminations are terminal), never. auto = always for ManiSkill tasks, truncated otherwise"""
+
+    rnn_type: str = "lstm"
+    """the recurrent layer: lstm or gru"""
+    rnn_hidden_size: int = 256
+    """width of the encoder's two layers and of each recurrent layer"""
+    rnn_num_layers: int = 1
+    """number of stacked recurrent layers"""
+    shared_rnn: bool = False
+    """if toggled, actor and critic share one encoder and RNN (half the compute); else each has its own, as ppo.py's actor and critic share nothing"""
+
+    total_timesteps: int = 10_000_000
+    """total environment steps of the run"""
+    learning_rate: float = 3e-4
+    """the (initial) learning rate of the optimizer"""
+    lr_schedule: Literal["constant", "linear", "adaptive"] = "constant"
+    """constant; linear decay to 0; adaptive: multiply/divide the lr by lr_factor when the KL leaves [kl_target/2, 2*kl_target]"""
+    anneal_lr: bool = False
+    """ManiSkill/CleanRL's name for --lr_schedule=linear"""
+    kl_target: float = 0.01
+    """adaptive schedule: the KL divergence the learning rate steers towards"""
+    lr_factor: float = 1.5
+    """adaptive schedule: factor by which the learning rate moves"""
+    min_learning_rate: float = 1e-5
+    """adaptive schedule: lower bound of the learning rate"""
+    max_learning_rate: float = 1e-2
+    """adaptive schedule: upper bound of the learning rate"""
+    gamma: float = 0.8
+    """the discount factor"""
+    gae_lambda: float = 0.9
+    """the lambda of generalized advantage estimation"""
+    finite_horizon_gae: bool = False
+    """use ManiSkill's finite-horizon GAE (lambda-weights renormalized over the steps left in the rollout)"""
+    seq_len: Optional[int] = None
+    """training sequence length: each env's rollout is cut into sequences of this many steps, replayed from the recurrent state stored at their start (None: num_steps, whole rollouts)"""
+    num_minibatches: int = 32
+    """number of minibatches per epoch; each holds whole sequences, so it must divide num_envs * num_steps / seq_len"""
+    update_epochs: int = 4
+    """number of epochs over each rollout"""
+    norm_adv: bool = True
+    """normalize advantages per minibatch"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = False
+    """clip the value loss like the policy ratio"""
+    ent_coef: float = 0.0
+    """coefficient of the entropy bonus"""
+    vf_coef: float = 0.5
+    """coefficient of the value loss"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for gradient clipping"""
+    target_kl: Optional[float] = 0.1
+    """stop the update of a rollout once a minibatch's approximate KL exceeds this (None: never)"""
+    reward_scale: float = 1.0
+    """multiply rewards by this before computing advantages"""
+    eval_freq: int = 25
+    """evaluate (and checkpoint) every this many iterations, and at the end"""
+    save_train_video_freq: Optional[int] = None
+    """with capture_video, record a training video every this many iterations"""
+
+
+# ---------------------------------------------------------------------------------------------
+# Agent
+# ---------------------------------------------------------------------------------------------
+
+def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class RecurrentCore(nn.Module):
+    """A two-layer tanh MLP encoder, then stacked LSTM or GRU layers whose state is zeroed where an episode starts,
+    all hidden_size wide (256: ppo.py's width).
+
+    The state is one tensor (num_layers, batch, state_size); an LSTM's holds h and c side by side.
+    """
+
+    def __init__(self, obs_dim: int, rnn_type: str, hidden_size: int, num_layers: int):
+        super().__init__()
+        self.encoder = nn.Sequential(layer_init(nn.Linear(obs_dim, hidden_size)), nn.Tanh(),
+                                     layer_init(nn.Linear(hidden_size, hidden_size)), nn.Tanh())
+        self.lstm = rnn_type == "lstm"
+        self.rnn = (nn.LSTM if self.lstm else nn.GRU)(hidden_size, hidden_size, num_layers)
+        for name, param in self.rnn.named_parameters():
+            if name.startswith("weight"):
+                nn.init.orthogonal_(param, 1.0)
+            else:
+                nn.init.constant_(param, 0.0)
+        self.state_size = 2 * hidden_size if self.lstm else hidden_size
+
+    def forward(self, obs: torch.Tensor, state: torch.Tensor, episode_starts: torch.Tensor):
+        """obs (T, B, obs_dim); state (num_layers, B, state_size) from before obs[0]; episode_starts (T, B), True
+        where obs[t] is an episode's first observation. Returns the outputs (T, B, hidden_size) and the state after
+        obs[-1]."""
+        features = self.encoder(obs)
+        num_steps = obs.shape[0]
+        # Between two steps where some env starts an episode, the RNN runs the whole stretch in one call.
+        cuts = (episode_starts[1:].any(dim=1).nonzero().flatten() + 1).tolist() if num_steps > 1 else []
+        outputs = []
+        for begin, end in zip([0] + cuts, cuts + [num_steps]):
+            state = torch.where(episode_starts[begin][None, :, None], 0.0, state)
+            if self.lstm:
+                h, c = state.chunk(2, dim=-1)
+                output, (h, c) = self.rnn(features[begin:end], (h.contiguous(), c.contiguous()))
+                state = torch.cat((h, c), dim=-1)
+            else:
+                output, state = self.rnn(features[begin:end], state.contiguous())
+            outputs.append(output)
+        return torch.cat(outputs), state
+
+
+class RunningMeanStd(nn.Module):
+    """Running observation mean and variance in float64 (parallel-variance merge); buffers, so checkpoints carry them."""
+
+    def __init__(self, dim: int, clip: float = 10.0):
+        super().__init__()
+        self.clip = clip
+        self.register_buffer("mean", torch.zeros(dim, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(dim, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor):
+        x = x.double()
+        batch_mean, batch_var, batch_count = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        self.mean += delta * batch_count / total
+        self.var.copy_((self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total) / total)
+        self.count.copy_(total)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x.double() - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-self.clip, self.clip).float()
+
+
+class Agent(nn.Module):
+    """Actor and critic heads on recurrent cores: one core each, or one shared core (--shared_rnn).
+
+    Every method takes (T, B, ...) sequences with the state from before their first step and the episode starts;
+    the rollout steps with T = 1, the update replays sequences of seq_len steps.
+    """
+
+    def __init__(self, obs_dim: int, action_space: dict, norm_obs: bool, rnn_type: str, rnn_hidden_size: int,
+                 rnn_num_layers: int, shared_rnn: bool):
+        super().__init__()
+        self.discrete = action_space["type"] == "Discrete"
+        self.obs_normalizer = RunningMeanStd(obs_dim) if norm_obs else None
+        self.actor_core = RecurrentCore(obs_dim, rnn_type, rnn_hidden_size, rnn_num_layers)
+        self.critic_core = None if shared_rnn else RecurrentCore(obs_dim, rnn_type, rnn_hidden_size, rnn_num_layers)
+        self.critic = layer_init(nn.Linear(rnn_hidden_size, 1), std=1.0)
+        if self.discrete:
+            self.actor = layer_init(nn.Linear(rnn_hidden_size, action_space["n"]), std=0.01)
+        else:
+            action_dim = action_space["shape"][0]
+            self.actor = layer_init(nn.Linear(rnn_hidden_size, action_dim), std=0.01 * np.sqrt(2))
+            self.actor_logstd = nn.Parameter(torch.ones(1, action_dim) * -0.5)
+        self.state_shape = (rnn_num_layers, self.actor_core.state_size * (1 if shared_rnn else 2))
+
+    def initial_state(self, num_envs: int, device: torch.device) -> torch.Tensor:
+        return torch.zeros(self.state_shape[0], num_envs, self.state_shape[1], device=device)
+
+    def normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
+        return obs if self.obs_normalizer is None else self.obs_normalizer(obs)
+
+    def cores(self, obs: torch.Tensor, state: torch.Tensor, episode_starts: torch.Tensor):
+        """The actor's and the critic's features, and the state after the last step."""
+        if self.critic_core is None:
+            features, state = self.actor_core(obs, state, episode_starts)
+            return features, features, state
+        actor_state, critic_state = state.chunk(2, dim=-1)
+        actor_features, actor_state = self.actor_core(obs, actor_state, episode_starts)
+        critic_features, critic_state = self.critic_core(obs, critic_state, episode_starts)
+        return actor_features, critic_features, torch.cat((actor_state, critic_state), dim=-1)
+
+    def get_value(self, obs: torch.Tensor, state: torch.Tensor, episode_starts: torch.Tensor) -> torch.Tensor:
+        if self.critic_core is None:
+            features, _ = self.actor_core(obs, state, episode_starts)
+        else:
+            features, _ = self.critic_core(obs, state.chunk(2, dim=-1)[1], episode_starts)
+        return self.critic(features).squeeze(-1)
+
+    def distribution(self, features: torch.Tensor):
+        if self.discrete:
+            return Categorical(logits=self.actor(features), validate_args=False)  # validation syncs with the GPU
+        mean = self.actor(features)
+        return Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
+
+    def get_action(self, obs: torch.Tensor, state: torch.Tensor, episode_starts: torch.Tensor,
+                   deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        features, _, state = self.cores(obs, state, episode_starts)
+        if not deterministic:
+            return self.distribution(features).sample(), state
+        logits_or_mean = self.actor(features)
+        return (logits_or_mean.argmax(-1) if self.discrete else logits_or_mean), state
+
+    def get_action_and_value(self, obs: torch.Tensor, state: torch.Tensor, episode_starts: torch.Tensor,
+                             action: Optional[torch.Tensor] = None):
+        actor_features, critic_features, state = self.cores(obs, state, episode_starts)
+        dist = self.distribution(actor_features)
+        if action is None:
+            action = dist.sample()
+        logprob, entropy = dist.log_prob(action), dist.entropy()
+        if not self.discrete:
+            logprob, entropy = logprob.sum(-1), entropy.sum(-1)
+        return action, logprob, entropy, self.critic(critic_features).squeeze(-1), state
+
+
+# ---------------------------------------------------------------------------------------------
+# Advantages and the learning rate
+# ---------------------------------------------------------------------------------------------
+
+def bootstrap_mask(rule: str, terminated: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+    """Which finished episodes take V(final obs) as the value after their last step."""
+    if rule == "always":
+        return terminated | truncated
+    if rule == "truncated":
+        return truncated & ~terminated
+    return torch.zeros_like(terminated)
+
+
+def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, bootstrap_values: torch.Tensor,
+                       next_value: torch.Tensor, gamma: float, gae_lambda: float, finite_horizon: bool) -> torch.Tensor:
+    """GAE over a (num_steps, num_envs) rollout.
+
+    dones[t] = 1 where the episode ended with step t; bootstrap_values[t] is V(final obs) for the ended episodes
+    that bootstrap, 0 for the others; next_value = V(obs after the last step). Nothing crosses an episode end.
+    finite_horizon: ManiSkill's variant, whose lambda-weights are renormalized over the steps left before the
+    rollout or episode ends, so a short tail is not dominated by its last value.
+    """
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    last_gae = torch.zeros_like(next_value)
+    lam_coef_sum = reward_term_sum = value_term_sum = torch.zeros_like(next_value)
+    for t in reversed(range(num_steps)):
+        next_values = next_value if t == num_steps - 1 else values[t + 1]
+        not_done = 1.0 - dones[t]
+        real_next_values = not_done * next_values + bootstrap_values[t]
+        if finite_horizon:
+            lam_coef_sum = 1.0 + gae_lambda * not_done * lam_coef_sum
+            reward_term_sum = gae_lambda * gamma * not_done * reward_term_sum + lam_coef_sum * rewards[t]
+            value_term_sum = gae_lambda * gamma * not_done * value_term_sum + gamma * real_next_values
+            advantages[t] = (reward_term_sum + value_term_sum) / lam_coef_sum - values[t]
+        else:
+            delta = rewards[t] + gamma * real_next_values - values[t]
+            last_gae = delta + gamma * gae_lambda * not_done * last_gae
+            advantages[t] = last_gae
+    return advantages
+
+
+def adapt_learning_rate(lr: float, approx_kl: float, args: Args) -> float:
+    """rsl_rl's adaptive schedule: steer the KL of each minibatch step towards kl_target."""
+    if approx_kl > 2.0 * args.kl_target:
+        return max(args.min_learning_rate, lr / args.lr_factor)
+    if approx_kl < 0.5 * args.kl_target:
+        return min(args.max_learning_rate, lr * args.lr_factor)
+    return lr
+
+
+# ---------------------------------------------------------------------------------------------
+# Training: rollout with final-value bootstrapping, GAE, update, logging; evaluation
+# ---------------------------------------------------------------------------------------------
+
+def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs: TorchVecEnv, device: torch.device,
+          bootstrap_rule: str, num_eval_steps: int, batch_size: int, minibatch_size: int, num_iterations: int,
+          resume_state: Optional[dict], init_state: Optional[dict]) -> int:
+    observation_space = space_to_dict(envs.single_observation_space)
+    action_space = space_to_dict(envs.single_action_space)
+    agent = Agent(envs.obs_dim, action_space, args.norm_obs, args.rnn_type, args.rnn_hidden_size, args.rnn_num_layers,
+                  args.shared_rnn).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    global_step, start_iteration = 0, 0
+    for state in (init_state, resume_state):
+        if state is None:
+            continue
+        if state["observation_space"] != observation_space or state["action_space"] != action_space:
+            raise UserError(f"the checkpoint's spaces ({state['observation_space']['shape']}, {state['action_space']}) "
+                            f"do not match {args.env_id}'s ({observation_space['shape']}, {action_space})")
+        for name in NETWORK_FIELDS:
+            if state["args"][name] != getattr(args, name):
+                flag = cli_flag(name, state["args"][name])
+                raise UserError(f"the checkpoint was trained with {flag}, and its network needs the same: pass {flag}")
+        agent.load_state_dict(state["model"])
+
+    if resume_state is not None:
+        optimizer.load_state_dict(resume_state["optimizer"])
+        global_step, start_iteration = resume_state["global_step"], resume_state["iteration"]
+    # Gymnasium seeds env i with seed + i (ManiSkill env 0 with seed, the others with draws from RandomState(seed)):
+    # training and evaluation envs get disjoint blocks of seeds, and a resumed run new ones rather than a replay of
+    # its first iteration's starts.
+    train_seed = args.seed + start_iteration * (args.num_envs + args.num_eval_envs)
+    next_obs = envs.reset(seed=train_seed)
+    eval_seed = train_seed + args.num_envs  # seeds the next evaluation; later ones continue the envs' streams
+    if resume_state is not None:
+        # After the envs are built and reset, so that the learner's random stream continues where it stopped.
+        set_rng_states(resume_state["rng"], device)
+
+    def checkpoint_state(iteration: int) -> dict:
+        return {"format": CHECKPOINT_FORMAT, "trainer": TRAINER, "run_name": run_name, "args": dataclasses.asdict(args),
+                "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
+                "observation_space": observation_space, "action_space": action_space,
+                "global_step": global_step, "iteration": iteration, "rng": rng_states(device)}
+
+    def write_checkpoint(iteration: int, final: bool = False) -> Path:
+        if not all_finite(agent):
+            raise NonFiniteError(f"non-finite parameters at iteration {iteration}")
+        state = checkpoint_state(iteration)
+        path = run_dir / f"ckpt_{iteration}.pt"
+        save_checkpoint(path, state)
+        if final:
+            save_checkpoint(run_dir / "final_ckpt.pt", state)
+        return path
+
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=dataclasses.asdict(args), name=run_name, id=run_name, resume="allow", save_code=True)
+    if resume_state is not None:
+        # Only now that the run has started: a resume that fails must leave the run as it was.
+        set_aside_later_checkpoints(run_dir, start_iteration)
+    # Steps logged after the checkpoint we resume from are replaced by the resumed run's.
+    writer = SummaryWriter(str(run_dir), purge_step=global_step + 1 if resume_state is not None else None)
+    derived = {"batch_size": batch_size, "minibatch_size": minibatch_size, "num_iterations": num_iterations,
+               "bootstrap_rule": bootstrap_rule, "num_eval_steps": num_eval_steps, "device": str(device)}
+    table = {**dataclasses.asdict(args), **derived}
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in table.items()))
+    print(f"run {run_name}: {run_dir}  " + "  ".join(f"{k}={v}" for k, v in derived.items()), flush=True)
+
+    num_envs, num_steps = args.num_envs, args.num_steps
+    obs_buf = torch.zeros((num_steps, num_envs, envs.obs_dim), device=device)
+    if agent.discrete:
+        actions = torch.zeros((num_steps, num_envs), dtype=torch.long, device=device)
+    else:
+        actions = torch.zeros((num_steps, num_envs, action_space["shape"][0]), device=device)
+    logprobs, rewards, dones, values, bootstrap_values = (torch.zeros((num_steps, num_envs), device=device) for _ in range(5))
+    episode_starts = torch.zeros((num_steps, num_envs), dtype=torch.bool, device=device)
+    seq_len, num_sequences = args.seq_len, batch_size // args.seq_len
+    sequence_states = torch.zeros((num_steps // seq_len, *agent.initial_state(num_envs, device).shape), device=device)
+    # Episodes run on across rollouts, and so does their memory; the envs' first observations start episodes.
+    state = agent.initial_state(num_envs, device)
+    next_start = torch.ones(num_envs, dtype=torch.bool, device=device)
+    continuing = torch.zeros((1, num_envs), dtype=torch.bool, device=device)
+
+    last_checkpoint = None
+    progress = tqdm(total=num_iterations, initial=start_iteration, desc=run_name, dynamic_ncols=True, mininterval=1.0)
+    start_time, start_step = time.perf_counter(), global_step
+    iteration = start_iteration
+    stop = StopSignal()
+    try:
+        for iteration in range(start_iteration + 1, num_iterations + 1):
+            if args.lr_schedule == "linear":
+                optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
+
+            # Rollout
+            rollout_start = time.perf_counter()
+            agent.eval()
+            train_metrics = defaultdict(list)
+            bootstrap_values.zero_()
+            for step in range(num_steps):
+                global_step += num_envs
+                if step % seq_len == 0:
+                    sequence_states[step // seq_len] = state  # the update replays each sequence from here
+                with torch.no_grad():
+                    if agent.obs_normalizer is not None:
+                        agent.obs_normalizer.update(next_obs)
+                    obs = agent.normalize_obs(next_obs)
+                    action, logprob, _, value, state = agent.get_action_and_value(obs[None], state, next_start[None])
+                obs_buf[step], actions[step], logprobs[step], values[step] = obs, action[0], logprob[0], value[0]
+                episode_starts[step] = next_start
+                next_obs, reward, terminated, truncated, final_obs, finished = envs.step(action[0])
+                rewards[step] = reward * args.reward_scale
+                next_start = terminated | truncated
+                dones[step] = next_start.float()
+                if finished is not None:
+                    bootstraps = bootstrap_mask(bootstrap_rule, terminated, truncated)
+                    if bootstraps.any():
+                        with torch.no_grad():
+                            # The ended episodes' own memory: their state after this step, before the reset.
+                            final_values = agent.get_value(agent.normalize_obs(final_obs[bootstraps])[None],
+                                                           state[:, bootstraps], continuing[:, bootstraps])
+                        bootstrap_values[step, bootstraps] = final_values[0]
+                    for key, episode_values in finished.items():
+                        train_metrics[key].append(episode_values)
+            with torch.no_grad():
+                next_value = agent.get_value(agent.normalize_obs(next_obs)[None], state, next_start[None])[0]
+                advantages = compute_advantages(rewards, values, dones, bootstrap_values, next_value,
+                                                args.gamma, args.gae_lambda, args.finite_horizon_gae)
+                returns = advantages + values
+            rollout_time = time.perf_counter() - rollout_start
+
+            # Update
+            update_start = time.perf_counter()
+            agent.train()
+            # Sequence k * num_envs + i is env i's k-th stretch of seq_len steps: b_* are (seq_len, num_sequences, ...).
+            b_obs, b_actions, b_starts, b_logprobs, b_advantages, b_returns, b_values = (
+                x.reshape(num_steps // seq_len, seq_len, num_envs, *x.shape[2:]).transpose(0, 1)
+                .reshape(seq_len, num_sequences, *x.shape[2:])
+                for x in (obs_buf, actions, episode_starts, logprobs, advantages, returns, values))
+            b_states = sequence_states.transpose(0, 1).reshape(agent.state_shape[0], num_sequences, agent.state_shape[1])
+            clipfracs, first_ratio_error, minibatch_steps = [], None, 0
+            kl_stop = False
+            for _ in range(args.update_epochs):
+                permutation = torch.randperm(num_sequences, device=device)
+                for start in range(0, num_sequences, minibatch_size // seq_len):
+                    mb = permutation[start:start + minibatch_size // seq_len]
+                    _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(
+                        b_obs[:, mb], b_states[:, mb], b_starts[:, mb], b_actions[:, mb])
+                    logratio = newlogprob - b_logprobs[:, mb]
+                    ratio = logratio.exp()
+                    with torch.no_grad():
+                        old_approx_kl = (-logratio).mean()
+                        approx_kl = ((ratio - 1) - logratio).mean()
+                        if first_ratio_error is None:
+                            first_ratio_error = (ratio - 1.0).abs().max()
+                    if args.target_kl is not None and approx_kl > args.target_kl:
+                        kl_stop = True
+                        break
+                    clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean().detach())
+
+                    mb_advantages = b_advantages[:, mb]
+                    if args.norm_adv:
+                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                    pg_loss = torch.max(-mb_advantages * ratio,
+                                        -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)).mean()
+                    if args.clip_vloss:
+                        v_clipped = b_values[:, mb] + torch.clamp(newvalue - b_values[:, mb], -args.clip_coef, args.clip_coef)
+                        v_loss = 0.5 * torch.max((newvalue - b_returns[:, mb]) ** 2, (v_clipped - b_returns[:, mb]) ** 2).mean()
+                    else:
+                        v_loss = 0.5 * ((newvalue - b_returns[:, mb]) ** 2).mean()
+                    entropy_loss = entropy.mean()
+                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+                    optimizer.zero_grad()
+                    loss.backward()
+                    grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    if not torch.isfinite(loss) or not torch.isfinite(grad_norm):
+                        raise NonFiniteError(f"non-finite {'loss' if not torch.isfinite(loss) else 'gradient'} "
+                                             f"at iteration {iteration} (global step {global_step})")
+                    optimizer.step()
+                    minibatch_steps += 1
+                    if args.lr_schedule == "adaptive":
+                        optimizer.param_groups[0]["lr"] = adapt_learning_rate(optimizer.param_groups[0]["lr"],
+                                                                              approx_kl.item(), args)
+                if kl_stop:
+                    break
+            if not all_finite(agent):
+                raise NonFiniteError(f"non-finite parameters after the update of iteration {iteration}")
+            update_time = time.perf_counter() - update_start
+
+            # Logging
+            y_pred, y_true = b_values, b_returns
+            var_y = y_true.var()
+            explained_var = float("nan") if var_y == 0 else (1 - (y_true - y_pred).var() / var_y).item()
+            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            if clipfracs:  # empty when the first minibatch already exceeded target_kl
+                writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
+                writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
+                writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
+                writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
+            writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
+            writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
+            writer.add_scalar("losses/first_minibatch_ratio_error", first_ratio_error.item(), global_step)
+            writer.add_scalar("losses/minibatch_steps", minibatch_steps, global_step)
+            writer.add_scalar("losses/explained_variance", explained_var, global_step)
+            sps = int((global_step - start_step) / (time.perf_counter() - start_time))
+            writer.add_scalar("charts/SPS", sps, global_step)
+            writer.add_scalar("time/rollout_time", rollout_time, global_step)
+            writer.add_scalar("time/update_time", update_time, global_step)
+            writer.add_scalar("time/rollout_fps", num_envs * num_steps / rollout_time, global_step)
+            train_means = log_episode_metrics(writer, "train", {k: torch.cat(v) for k, v in train_metrics.items()}, global_step)
+            if "return" in train_means:
+                writer.add_scalar("charts/episodic_return", train_means["return"], global_step)
+                writer.add_scalar("charts/episodic_length", train_means["episode_len"], global_step)
+            postfix = {"step": global_step, "SPS": sps}
+            postfix.update({f"train_{k}": round(v, 3) for k, v in train_means.items() if k in ("return", "success_once")})
+
+            if iteration % args.eval_freq == 0 or iteration == num_iterations:
+                agent.eval()
+                eval_means = log_episode_metrics(writer, "eval", evaluate(agent, eval_envs, num_eval_steps, eval_seed), global_step)
+                eval_seed = None
+                if eval_means["episodes"] == 0:
+                    print(f"\nevaluation at iteration {iteration}: no episode finished within {num_eval_steps} steps", file=sys.stderr)
+                postfix.update({f"eval_{k}": round(v, 3) for k, v in eval_means.items() if k in ("return", "success_once")})
+                if args.save_model:
+                    last_checkpoint = write_checkpoint(iteration, final=iteration == num_iterations)
+                writer.flush()
+            progress.set_postfix(postfix, refresh=False)
+            progress.update(1)
+
+            if stop.signum is not None and iteration < num_iterations:
+                last_checkpoint = write_checkpoint(iteration)
+                writer.flush()
+                progress.close()
+                print(f"{signal.Signals(stop.signum).name}: saved {last_checkpoint} at iteration {iteration}; "
+                      f"resume with: python {shlex.quote(sys.argv[0])} --resume {shlex.quote(str(run_dir))}", file=sys.stderr)
+                return 128 + stop.signum
+    except NonFiniteError as e:
+        progress.close()
+        kept = f"the last checkpoint {last_checkpoint} is untouched" if last_checkpoint else "no checkpoint was written"
+        print(f"error: {e}; the run stops and {kept}", file=sys.stderr)
+        return 1
+    finally:
+        stop.restore()
+        writer.close()
+        if args.track:
+            import wandb
+            wandb.finish()
+    progress.close()
+    print(f"done: {num_iterations} iterations, {global_step} steps; run in {run_dir}", flush=True)
+    return 0
+
+
+def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Optional[int]) -> dict[str, torch.Tensor]:
+    """Deterministic actions; each env contributes its first episode, if it finishes within num_eval_steps.
+
+    Counting every finished episode would weigh envs that fail early many times over those that last. Each eval env
+    carries its own recurrent state, zeroed where its episodes start; the training envs' state is not touched.
+    """
+    finished_metrics = defaultdict(list)
+    counted = torch.zeros(eval_envs.num_envs, dtype=torch.bool, device=eval_envs.device)
+    obs = eval_envs.reset(seed=seed)
+    state = agent.initial_state(eval_envs.num_envs, eval_envs.device)
+    episode_start = torch.ones(eval_envs.num_envs, dtype=torch.bool, device=eval_envs.device)
+    for _ in range(num_eval_steps):
+        with torch.no_grad():
+            action, state = agent.get_action(agent.normalize_obs(obs)[None], state, episode_start[None], deterministic=True)
+        obs, _, terminated, truncated, _, finished = eval_envs.step(action[0])
+        episode_start = terminated | truncated
+        if finished is not None:
+            done = terminated | truncated
+            first = ~counted[done]
+            for key, value in finished.items():
+                finished_metrics[key].append(value[first])
+            counted |= done
+            if counted.all():
+                break
+    eval_envs.flush_video()
+    metrics = {key: torch.cat(values) for key, values in finished_metrics.items()}
+    metrics["episodes"] = counted.sum(dtype=torch.float32).reshape(1)
+    return metrics
+
+
+def log_episode_metrics(writer: SummaryWriter, prefix: str, metrics: dict[str, torch.Tensor], global_step: int) -> dict[str, float]:
+    means = {key: values.float().mean().item() for key, values in metrics.items() if values.numel() > 0}
+    for key, value in means.items():
+        writer.add_scalar(f"{prefix}/{key}", value, global_step)
+    return means
+
+
+# =============================================================================================
+# Plumbing: what a researcher rarely changes.
+# Env adapters, startup and validation, checkpoints and resume, signals.
+# =============================================================================================
+
+# ---------------------------------------------------------------------------------------------
+# Startup: errors, arguments, the run
+# ---------------------------------------------------------------------------------------------
+
+class UserError(Exception):
+    """A mistake the user can fix: reported as one line and exit status 2."""
+
+
+class NonFiniteError(Exception):
+    """A non-finite loss, gradient or parameter: the run stops before anything is saved."""
+
+
+def main(args: Args) -> int:
+    maniskill, time_limit = find_env(args.env_id)
+    batch_size, minibatch_size, num_iterations = validate(args, maniskill)
+    bootstrap_rule = args.bootstrap_at_done
+    if bootstrap_rule == "auto":
+        bootstrap_rule = "always" if maniskill else "truncated"
+    num_eval_steps = args.num_eval_steps or time_limit
+    if num_eval_steps is None:
+        raise UserError(f"{args.env_id} has no time limit; give --num_eval_steps")
+
+    resume_state = None
+    if args.resume is not None:
+        resume_path = find_resume_checkpoint(args.resume)
+        resume_state = load_checkpoint(resume_path)
+        run_dir = resume_path.parent
+        run_name = resume_state["run_name"]
+        if resume_state["iteration"] >= num_iterations:
+            raise UserError(f"the run already finished its {resume_state['iteration']} iterations; "
+                            "raise --total_timesteps to continue it")
+    else:
+        run_name = args.exp_name or f"{args.env_id.replace(':', '_')}__{TRAINER}__{args.seed}__{int(time.time())}"
+        run_dir = Path("runs") / run_name
+    init_state = load_checkpoint(args.checkpoint) if args.checkpoint is not None else None
+
+    lock = RunDirLock(run_dir)
+    try:
+        if resume_state is None and (any(run_dir.glob("*.pt")) or any(run_dir.glob("events.out.tfevents.*"))):
+            raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or pick another --exp_name")
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        if args.torch_threads > 0:
+            torch.set_num_threads(args.torch_threads)
+        device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+        envs = make_envs(args, maniskill, device, evaluation=False, run_dir=run_dir, num_eval_steps=num_eval_steps)
+        eval_envs = None
+        try:
+            eval_envs = make_envs(args, maniskill, device, evaluation=True, run_dir=run_dir, num_eval_steps=num_eval_steps)
+            return train(args, run_name, run_dir, envs, eval_envs, device, bootstrap_rule, num_eval_steps,
+                         batch_size, minibatch_size, num_iterations, resume_state, init_state)
+        finally:
+            envs.close()
+            if eval_envs is not None:
+                eval_envs.close()
+    except BaseException:
+        # Nothing but the lock file and empty directories goes, so this is safe at any point of the run too.
+        lock.undo()
+        raise
+    finally:
+        lock.release()
+
+
+def validate(args: Args, maniskill: bool) -> tuple[int, int, int]:
+    """Check every flag's range; return (batch_size, minibatch_size, num_iterations)."""
+    def require(ok: bool, flag: str, rule: str):
+        if not ok:
+            raise UserError(f"--{flag} must be {rule}, got {getattr(args, flag)}")
+
+    def finite(value) -> bool:
+        return value is not None and math.isfinite(value)
+
+    if args.exp_name is not None:
+        require(args.exp_name not in ("", ".", "..") and "/" not in args.exp_name and os.sep not in args.exp_name
+                and "\0" not in args.exp_name, "exp_name", "a plain directory name under runs/ (no '/', not '..')")
+    require(bool(args.env_id), "env_id", "a task id")
+    cores = usable_cores()
+    require(0 <= args.torch_threads <= cores, "torch_threads", f"0 (torch's default) to {cores}, this machine's cores")
+    for flag in ("num_envs", "num_eval_envs", "num_steps", "num_minibatches", "update_epochs", "eval_freq", "total_timesteps",
+                 "rnn_hidden_size", "rnn_num_layers"):
+        require(getattr(args, flag) >= 1, flag, "positive")
+    require(args.rnn_type in ("lstm", "gru"), "rnn_type", "lstm or gru")
+    for flag in ("num_eval_steps", "save_train_video_freq"):
+        require(getattr(args, flag) is None or getattr(args, flag) >= 1, flag, "positive (or None)")
+    for flag in ("reconfiguration_freq", "eval_reconfiguration_freq"):
+        require(getattr(args, flag) is None or getattr(args, flag) >= 0, flag, "0 (never) or positive (or None)")
+    for flag in ("learning_rate", "kl_target", "min_learning_rate", "max_learning_rate", "clip_coef", "vf_coef", "reward_scale"):
+        require(finite(getattr(args, flag)) and getattr(args, flag) > 0, flag, "a positive finite number")
+    require(finite(args.lr_factor) and args.lr_factor > 1, "lr_factor", "a finite number above 1")
+    if args.min_learning_rate > args.max_learning_rate:
+        raise UserError(f"--min_learning_rate ({args.min_learning_rate}) is above --max_learning_rate ({args.max_learning_rate})")
+    require(finite(args.ent_coef) and args.ent_coef >= 0, "ent_coef", "0 or a positive finite number")
+    require(args.max_grad_norm > 0, "max_grad_norm", "positive (inf: no clipping)")  # nan fails the comparison
+    require(args.target_kl is None or args.target_kl > 0, "target_kl", "positive (or None: never stop early)")
+    require(finite(args.gamma) and 0.0 < args.gamma <= 1.0, "gamma", "in (0, 1]")
+    require(finite(args.gae_lambda) and 0.0 <= args.gae_lambda <= 1.0, "gae_lambda", "in [0, 1]")
+    if args.anneal_lr and args.lr_schedule not in ("constant", "linear"):
+        raise UserError(f"--anneal_lr means --lr_schedule=linear and conflicts with --lr_schedule={args.lr_schedule}")
+    if args.anneal_lr:
+        args.lr_schedule = "linear"
+    if args.track and importlib.util.find_spec("wandb") is None:
+        raise UserError("--track logs to Weights and Biases, which is not installed: pip install wandb")
+    if args.checkpoint is not None and args.resume is not None:
+        raise UserError("--checkpoint starts a new run from saved weights and --resume continues a run; give one of them")
+    require(args.seq_len is None or args.seq_len >= 1, "seq_len", "positive (or None: num_steps)")
+    if args.seq_len is None:
+        args.seq_len = args.num_steps
+    if args.num_steps % args.seq_len != 0:
+        raise UserError(f"--seq_len={args.seq_len} does not divide --num_steps={args.num_steps}; sequences are cut from "
+                        "each env's rollout, so pick a divisor of num_steps")
+    batch_size = args.num_envs * args.num_steps
+    num_sequences = batch_size // args.seq_len
+    if num_sequences % args.num_minibatches != 0:
+        raise UserError(f"the rollout's {num_sequences} sequences (num_envs*num_steps/seq_len) do not split into "
+                        f"--num_minibatches={args.num_minibatches} minibatches of whole sequences; pick num_minibatches "
+                        "dividing it, or a shorter --seq_len")
+    if args.norm_adv and batch_size // args.num_minibatches < 2:
+        raise UserError("--norm_adv needs minibatches of at least 2 samples; lower --num_minibatches or pass --no_norm_adv")
+    num_iterations = args.total_timesteps // batch_size
+    if num_iterations < 1:
+        raise UserError(f"--total_timesteps={args.total_timesteps} is smaller than one batch (num_envs*num_steps = {batch_size})")
+    # Every env seed the run will use (env i of a block gets seed + i; each resume takes a new block) must be a valid
+    # numpy seed: 0 <= seed < 2**32.
+    seeds_per_run = (num_iterations + 1) * (args.num_envs + args.num_eval_envs)
+    if seeds_per_run >= 2**32:
+        raise UserError(f"--total_timesteps={args.total_timesteps} would need more env seeds than numpy has (2**32)")
+    require(0 <= args.seed < 2**32 - seeds_per_run, "seed", f"in [0, {2**32 - 1 - seeds_per_run}] for this run's length")
+    if maniskill and resolve_sim_backend(args.sim_backend) == "gpu":
+        for prefix, num_envs, partial_reset, reconfiguration_freq in (
+                ("", args.num_envs, args.partial_reset, args.reconfiguration_freq),
+                ("eval_", args.num_eval_envs, args.eval_partial_reset, args.eval_reconfiguration_freq)):
+            if num_envs > 1 and partial_reset and reconfiguration_freq:
+                raise UserError(f"--{prefix}partial_reset with --{prefix}reconfiguration_freq={reconfiguration_freq}: "
+                                "ManiSkill cannot reconfigure a GPU simulation while it resets only some of its envs; "
+                                f"pass --{prefix}reconfiguration_freq=0 or --no_{prefix}partial_reset")
+    if maniskill and resolve_sim_backend(args.sim_backend) == "cpu":
+        # Each CPU env beyond one is a simulator process of ~0.5 GB that steps on a core of its own: past a few per
+        # core they only cost memory (the defaults, sized for a GPU, would start 520 of them).
+        workers = sum(n for n in (args.num_envs, args.num_eval_envs) if n > 1)
+        if workers > CPU_WORKERS_PER_CORE * cores:
+            num_envs, num_eval_envs = 2 * cores, min(args.num_eval_envs, cores)
+            minibatches = max(d for d in range(1, args.num_minibatches + 1) if num_envs * args.num_steps % d == 0)
+            raise UserError(f"--num_envs={args.num_envs} and --num_eval_envs={args.num_eval_envs} would start {workers} "
+                            f"CPU simulator processes on {cores} cores (at most {CPU_WORKERS_PER_CORE} per core); try "
+                            f"--num_envs={num_envs} --num_eval_envs={num_eval_envs} --num_minibatches={minibatches} "
+                            "(with --resume: a new run with --checkpoint), or a machine with CUDA for the GPU simulation")
+    return batch_size, batch_size // args.num_minibatches, num_iterations
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def resolve_sim_backend(sim_backend: str) -> str:
+    if sim_backend == "auto":
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    if sim_backend == "gpu" and not torch.cuda.is_available():
+        raise UserError("--sim_backend=gpu needs CUDA, which this machine does not have; use --sim_backend=cpu")
+    return sim_backend
+
+
+# ---------------------------------------------------------------------------------------------
+# Environments: one torch interface over ManiSkill's GPU/CPU vector envs and Gymnasium vector envs
+# ---------------------------------------------------------------------------------------------
+
+def find_env(env_id: str) -> tuple[bool, Optional[int]]:
+    """Whether env_id is a ManiSkill task, and its time limit (None: none), from the registries before any env is built.
+
+    "module:EnvId" imports module first, so a task that module registers with ManiSkill's @register_env is
+    ManiSkill's. ManiSkill registers its tasks with Gymnasium too; an id that Gymnasium knows while ManiSkill is not
+    imported is not ManiSkill's, so plain Gymnasium ids are resolved without importing ManiSkill.
+    """
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise UserError(f"cannot import module {module!r} of env id {env_id!r}: {e}") from e
+    if "mani_skill" in sys.modules or (not module and name not in gym.registry):
+        try:
+            import mani_skill.envs  # noqa: F401  (registers the ManiSkill tasks)
+            from mani_skill.utils.registration import REGISTERED_ENVS
+        except ImportError as e:
+            if name not in gym.registry:
+                raise UserError(f"unknown env id {env_id!r}, and ManiSkill is not importable ({e}); pip install mani_skill") from e
+        else:
+            if name in REGISTERED_ENVS:
+                return True, REGISTERED_ENVS[name].max_episode_steps
+    try:
+        return False, gym.spec(name).max_episode_steps
+    except gym.error.Error as e:
+        raise UserError(f"unknown env id {env_id!r}: {e}") from e
+
+
+def refuse_asset_download(env_id: str):
+    """ManiSkill asks with input() to download missing assets; a training run must never block or download."""
+    from mani_skill.utils import download_asset
+
+    def refuse(message: str):
+        raise UserError(
+            f"{env_id} needs ManiSkill assets that are not on this machine ({message.strip()}); "
+            f"download them first: python -m mani_skill.utils.download_asset {env_id}"
+        )
+
+    download_asset.prompt_yes_no = refuse
+
+
+def in_recorded_rollout(elapsed_steps: int, num_steps: int, freq: int) -> bool:
+    """ManiSkill RecordEpisode's trigger: record every step of every freq-th rollout."""
+    return (elapsed_steps // num_steps) % freq == 0
+
+
+def starts_recorded_rollout(step: int, num_steps: int, freq: int) -> bool:
+    """Gymnasium RecordVideo's trigger: start a recording at the first step of every freq-th rollout."""
+    return step % (num_steps * freq) == 0
+
+
+def build_maniskill_env(env_id: str, num_envs: int, env_kwargs: dict, video_dir: Optional[str],
+                        video_trigger, max_steps_per_video: Optional[int]) -> gym.Env:
+    import mani_skill.envs  # noqa: F401
+    from mani_skill.utils.wrappers.flatten import FlattenActionSpaceWrapper
+    from mani_skill.utils.wrappers.record import RecordEpisode
+
+    refuse_asset_download(env_id)
+    env = gym.make(env_id, num_envs=num_envs, **env_kwargs)
+    if isinstance(env.action_space, gym.spaces.Dict):
+        env = FlattenActionSpaceWrapper(env)
+    if video_dir is not None:
+        # info_on_video crashes under numpy 2
+        env = RecordEpisode(env, output_dir=video_dir, save_trajectory=False, save_video_trigger=video_trigger,
+                            max_steps_per_video=max_steps_per_video, video_fps=30, info_on_video=False,
+                            avoid_overwriting_video=True)  # a resumed run numbers its videos from 0 again
+    return env
+
+
+def build_maniskill_cpu_worker_env(env_id: str, env_kwargs: dict, ignore_terminations: bool,
+                                   video_dir: Optional[str], video_trigger, max_steps_per_video: Optional[int]) -> gym.Env:
+    """Module-level so that AsyncVectorEnv can pickle it into forkserver workers."""
+    from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
+
+    if multiprocessing.parent_process() is not None:
+        # Ctrl-C, and SIGTERM from a scheduler, go to the whole process group; the learner saves a checkpoint,
+        # so the workers must keep stepping (they exit when the learner closes their pipes).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # One env per worker: more torch threads only fight the other workers for the cores.
+        torch.set_num_threads(1)
+    env = build_maniskill_env(env_id, 1, env_kwargs, video_dir, video_trigger, max_steps_per_video)
+    return CPUGymWrapper(env, ignore_terminations=ignore_terminations, record_metrics=True)
+
+
+class ResetEpisodeTrigger:
+    """Gymnasium eval videos: record the episode that an explicit reset starts, not those that autoresets start,
+    which the end of an evaluation would cut off after a frame or two."""
+
+    def __init__(self):
+        self.armed = False
+
+    def __call__(self, episode_id: int) -> bool:
+        fired, self.armed = self.armed, False
+        return fired
+
+
+def build_gym_env(env_id: str, video_dir: Optional[str], video_trigger, video_length: Optional[int],
+                  name_prefix: str) -> gym.Env:
+    if video_dir is None:
+        return gym.make(env_id)  # not every env's constructor takes a render_mode
+    try:
+        env = gym.make(env_id, render_mode="rgb_array")
+    except TypeError as e:
+        if "render_mode" not in str(e):
+            raise
+        raise UserError(f"{env_id} takes no render_mode, so it cannot record videos; pass --no_capture_video") from e
+    # Rendering dependencies (pygame, a GL context) fail only at the first frame: find out now, not mid-run.
+    env.reset()
+    env.render()
+    if isinstance(video_trigger, ResetEpisodeTrigger):
+        trigger = dict(episode_trigger=video_trigger)
+    else:
+        trigger = dict(step_trigger=video_trigger, video_length=video_length)
+    return gym.wrappers.RecordVideo(env, video_dir, name_prefix=name_prefix, disable_logger=True, **trigger)
+
+
+def space_to_dict(space: gym.Space) -> dict:
+    if isinstance(space, gym.spaces.Discrete):
+        return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
+    return {"type": "Box", "shape": list(space.shape), "low": np.asarray(space.low, dtype=np.float64).ravel().tolist(),
+            "high": np.asarray(space.high, dtype=np.float64).ravel().tolist()}
+
+
+class TorchVecEnv:
+    """Tensors in, tensors out, on the learner's device, whatever runs the simulation.
+
+    step(action) returns (next_obs, reward, terminated, truncated, final_obs, finished):
+    next_obs is already reset where an episode ended; final_obs is the true last observation of those
+    episodes (next_obs elsewhere); finished maps metric names (return, episode_len, and ManiSkill's
+    success_once, success_at_end, fail_once, fail_at_end) to one value per episode that ended in this
+    step, or is None when none ended.
+    """
+
+    EPISODE_KEYS = ("success_once", "success_at_end", "fail_once", "fail_at_end")
+
+    def __init__(self, env: gym.vector.VectorEnv, device: torch.device, torch_native: bool,
+                 reset_video_trigger: Optional[ResetEpisodeTrigger] = None, video_recorder: Optional[gym.Wrapper] = None):
+        self.env = env
+        self.reset_video_trigger = reset_video_trigger
+        self.video_recorder = video_recorder
+        self.device = device
+        self.torch_native = torch_native
+        self.num_envs = env.num_envs
+        self.single_observation_space = env.single_observation_space
+        self.single_action_space = env.single_action_space
+        if not isinstance(self.single_observation_space, gym.spaces.Box):
+            raise UserError(f"observation space {self.single_observation_space} is not supported; {TRAINER}.py needs a Box "
+                            "observation (flatten Dict observations with a wrapper)")
+        space = self.single_action_space
+        if isinstance(space, gym.spaces.Box):
+            if len(space.shape) != 1:
+                raise UserError(f"action space {space} is not supported; Box actions must be 1-D")
+            self.action_low = torch.as_tensor(space.low, dtype=torch.float32, device=device)
+            self.action_high = torch.as_tensor(space.high, dtype=torch.float32, device=device)
+        elif isinstance(space, gym.spaces.Discrete):
+            self.action_start = int(space.start)  # the agent's actions are 0..n-1, the env's start..start+n-1
+        else:
+            raise UserError(f"action space {space} is not supported; {TRAINER}.py handles Box and Discrete actions")
+        self.obs_dim = int(np.prod(self.single_observation_space.shape))
+        self.episode_return = torch.zeros(self.num_envs, dtype=torch.float64, device=device)
+        self.episode_length = torch.zeros(self.num_envs, dtype=torch.long, device=device)
+
+    def _obs(self, obs) -> torch.Tensor:
+        return torch.as_tensor(obs, device=self.device).reshape(self.num_envs, self.obs_dim).float()
+
+    def _to_device(self, x, dtype) -> torch.Tensor:
+        return torch.as_tensor(x, device=self.device).reshape(self.num_envs).to(dtype)
+
+    def reset(self, seed: Optional[int] = None) -> torch.Tensor:
+        if self.reset_video_trigger is not None:
+            self.reset_video_trigger.armed = True
+        obs, _ = self.env.reset(seed=seed)
+        self.episode_return.zero_()
+        self.episode_length.zero_()
+        return self._obs(obs)
+
+    def step(self, action: torch.Tensor):
+        if isinstance(self.single_action_space, gym.spaces.Box):
+            # Sampled actions may leave the bounds; the log-prob is kept for the unclipped one.
+            action = torch.clamp(action, self.action_low, self.action_high)
+        else:
+            action = action + self.action_start
+        if self.torch_native:
+            action = action.to(self.env.device)
+        else:
+            action = action.cpu().numpy()
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        next_obs = self._obs(obs)
+        reward = self._to_device(reward, torch.float32)
+        terminated = self._to_device(terminated, torch.bool)
+        truncated = self._to_device(truncated, torch.bool)
+        done = terminated | truncated
+        self.episode_return += reward
+        self.episode_length += 1
+
+        final_obs, finished = next_obs, None
+        if "final_info" in info:  # present only when some episode ended
+            if self.torch_native:
+                final_obs = torch.where(done[:, None], self._obs(info["final_observation"]), next_obs)
+            else:
+                ended = info["_final_obs"]
+                final_obs = next_obs.clone()
+                final_obs[torch.as_tensor(ended, device=self.device)] = torch.as_tensor(
+                    np.stack(info["final_obs"][ended]), device=self.device).reshape(-1, self.obs_dim).float()
+            finished = {"return": self.episode_return[done].float(), "episode_len": self.episode_length[done].float()}
+            episode = info["final_info"].get("episode", {})
+            for key in self.EPISODE_KEYS:
+                if key in episode:
+                    finished[key] = self._to_device(episode[key], torch.float32)[done]
+            self.episode_return = torch.where(done, 0.0, self.episode_return)
+            self.episode_length = torch.where(done, 0, self.episode_length)
+        return next_obs, reward, terminated, truncated, final_obs, finished
+
+    def flush_video(self):
+        """ManiSkill's RecordEpisode over many envs saves a video every max_steps_per_video steps only; an
+        evaluation that ended early saves the rest of its video now."""
+        if self.video_recorder is not None:
+            self.video_recorder.flush_video()
+
+    def close(self):
+        self.env.close()
+
+
+def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: bool, run_dir: Path,
+              num_eval_steps: int) -> TorchVecEnv:
+    num_envs = args.num_eval_envs if evaluation else args.num_envs
+    video_dir, video_trigger, max_steps_per_video = None, None, None
+    if args.capture_video and evaluation:
+        video_dir = str(run_dir / "videos")
+        max_steps_per_video = num_eval_steps
+    elif args.capture_video and args.save_train_video_freq is not None:
+        video_dir = str(run_dir / "train_videos")
+        video_trigger = functools.partial(in_recorded_rollout if maniskill else starts_recorded_rollout,
+                                          num_steps=args.num_steps, freq=args.save_train_video_freq)
+        max_steps_per_video = args.num_steps
+    try:
+        if maniskill:
+            return make_maniskill_envs(args, num_envs, device, evaluation, video_dir, video_trigger, max_steps_per_video)
+        prefix = "eval" if evaluation else "train"
+        if evaluation and video_dir is not None:
+            video_trigger = ResetEpisodeTrigger()
+        env_fns = [functools.partial(build_gym_env, args.env_id, video_dir if i == 0 else None, video_trigger,
+                                     max_steps_per_video, prefix) for i in range(num_envs)]
+        env = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        return TorchVecEnv(env, device, torch_native=False, reset_video_trigger=video_trigger if evaluation else None)
+    except gym.error.DependencyNotInstalled as e:
+        hint = "; or pass --no_capture_video" if args.capture_video else ""
+        raise UserError(f"{args.env_id} needs an optional dependency: {e}{hint}") from e
+    except (gym.error.Error, ImportError) as e:
+        raise UserError(f"cannot make env {args.env_id!r}: {e}") from e
+
+
+def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluation: bool,
+                        video_dir: Optional[str], video_trigger, max_steps_per_video: Optional[int]) -> TorchVecEnv:
+    """ManiSkill's GPU simulation runs all envs in one process and has branches of its own for num_envs > 1; each
+    is handled here or refused in validate() (README: "ManiSkill with many envs"):
+    - RecordEpisode needs max_steps_per_video (it cannot flush a video at one env's reset): the evaluation's length
+      or the rollout's; evaluate() flushes the rest of an evaluation that ends early.
+    - Videos tile every env into one frame, so the training video's camera shrinks with the number of envs.
+    - ManiSkillVectorEnv cannot reconfigure on a partial reset: refused in validate().
+    - reset(seed=s) gives env 0 seed s and the others seeds drawn from RandomState(s); autoresets are unseeded.
+    """
+    from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
+
+    gpu = resolve_sim_backend(args.sim_backend) == "gpu"
+    env_kwargs = dict(obs_mode="state", sim_backend="physx_cuda" if gpu else "physx_cpu",
+                      # the default render backend falls back to the CPU with one warning per env
+                      render_backend="gpu" if torch.cuda.is_available() else "cpu",
+                      reconfiguration_freq=args.eval_reconfiguration_freq if evaluation else args.reconfiguration_freq)
+    if args.control_mode is not None:
+        env_kwargs["control_mode"] = args.control_mode
+    if video_dir is not None:
+        env_kwargs["render_mode"] = "rgb_array"
+    if evaluation:
+        env_kwargs["human_render_camera_configs"] = dict(shader_pack="default")
+    elif video_dir is not None and gpu and num_envs > 1:
+        side = max(64, min(512, 1024 // math.ceil(math.sqrt(num_envs))))  # a tiled frame of about 1024 pixels square
+        env_kwargs["human_render_camera_configs"] = dict(width=side, height=side)
+    ignore_terminations = not (args.eval_partial_reset if evaluation else args.partial_reset)
+    try:
+        if gpu or num_envs == 1:
+            # One CPU env takes the same ManiSkillVectorEnv code path as thousands of GPU envs.
+            env = build_maniskill_env(args.env_id, num_envs, env_kwargs, video_dir, video_trigger, max_steps_per_video)
+            vec_env = ManiSkillVectorEnv(env, num_envs, ignore_terminations=ignore_terminations, record_metrics=True)
+            return TorchVecEnv(vec_env, device, torch_native=True, video_recorder=env if video_dir is not None else None)
+        # The fork start method hangs while workers build SAPIEN scenes; forkserver needs module-level builders.
+        env_fns = [functools.partial(build_maniskill_cpu_worker_env, args.env_id, env_kwargs, ignore_terminations,
+                                     video_dir if i == 0 else None, video_trigger, max_steps_per_video)
+                   for i in range(num_envs)]
+        # AsyncVectorEnv builds its first env in this process before any worker, so a missing asset or Vulkan
+        # driver fails here.
+        vec_env = gym.vector.AsyncVectorEnv(env_fns, context="forkserver", autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        return TorchVecEnv(vec_env, device, torch_native=False)
+    except (AssertionError, KeyError, ValueError) as e:
+        raise UserError(f"cannot make ManiSkill env {args.env_id!r} with {env_kwargs}: {e}") from e
+    except RuntimeError as e:
+        if "vk::" not in str(e) and "vulkan" not in str(e).lower():
+            raise
+        raise UserError(f"SAPIEN, ManiSkill's simulator, needs a Vulkan driver even on CPU and found none ({e}); "
+                        "on a CPU-only Debian/Ubuntu machine: bash scripts/install_cpu_vulkan.sh") from e
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints, resume, signals
+# ---------------------------------------------------------------------------------------------
+
+# --resume continues one experiment: only the flags that say how long it runs and how it is run, watched and stored
+# may change. Any other difference (the task, the algorithm, the evaluation) is another experiment: start it from the
+# run's weights with --checkpoint.
+RESUME_CHANGEABLE_FIELDS = ("total_timesteps", "eval_freq", "capture_video", "save_train_video_freq", "save_model",
+                            "track", "wandb_project_name", "wandb_entity", "torch_threads", "cuda", "torch_deterministic")
+
+
+def parse_args(argv: list[str]) -> Args:
+    args = tyro.cli(Args, args=argv, use_underscores=True, description=__doc__)
+    if args.resume is None:
+        return args
+    saved = load_checkpoint(find_resume_checkpoint(args.resume))["args"]
+    saved["checkpoint"] = None  # the weights it started from are in the run's own checkpoints by now
+    saved_args = Args(**{f.name: saved[f.name] for f in dataclasses.fields(Args) if f.name in saved})
+    # Parse again with the run's own arguments as defaults: flags given now override them.
+    args = tyro.cli(Args, args=argv, use_underscores=True, default=saved_args, description=__doc__)
+    fixed = [f.name for f in dataclasses.fields(Args) if f.name not in RESUME_CHANGEABLE_FIELDS + ("resume", "checkpoint")]
+    changed = [f"--{name}" for name in fixed if getattr(args, name) != getattr(saved_args, name)]
+    if changed:
+        raise UserError(f"--resume continues the same experiment and only its run-control flags may change, but "
+                        f"{', '.join(changed)} differ from the run's; start a new run from its weights with --checkpoint")
+    return args
+
+
+def cli_flag(name: str, value) -> str:
+    """How a user writes name=value on the command line."""
+    if isinstance(value, bool):
+        return f"--{name}" if value else f"--no_{name}"
+    return f"--{name}={value}"
+
+
+def numbered_checkpoints(run_dir: Path) -> dict[int, Path]:
+    """The run's ckpt_<iteration>.pt files by iteration."""
+    return {int(m.group(1)): p for p in run_dir.iterdir() if (m := re.fullmatch(r"ckpt_(\d+)\.pt", p.name))}
+
+
+def find_resume_checkpoint(path: str) -> Path:
+    """A checkpoint file as given, or a run directory's newest ckpt_<iteration>.pt."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    numbered = numbered_checkpoints(path)
+    if not numbered:
+        raise UserError(f"no checkpoint ckpt_<iteration>.pt in {path} to resume from")
+    return numbered[max(numbered)]
+
+
+def load_checkpoint(path) -> dict:
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"checkpoint {path} is a directory; give a checkpoint file, e.g. {path / 'final_ckpt.pt'}")
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} does not exist")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise UserError(f"checkpoint {path} cannot be read ({type(e).__name__}: {e})") from e
+    if not isinstance(ckpt, dict) or "format" not in ckpt or "model" not in ckpt:
+        raise UserError(f"{path} is not a checkpoint of these trainers")
+    if ckpt["format"] != CHECKPOINT_FORMAT:
+        raise UserError(f"{path} has checkpoint format {ckpt['format']}; this {TRAINER}.py reads format {CHECKPOINT_FORMAT}")
+    if ckpt.get("trainer") != TRAINER:
+        raise UserError(f"{path} was written by {ckpt.get('trainer')}.py; {TRAINER}.py cannot continue or start from it")
+    return ckpt
+
+
+def set_aside_later_checkpoints(run_dir: Path, iteration: int):
+    """Resuming from an older checkpoint abandons what came after it. Its checkpoints move to a subdirectory
+    (nothing is deleted), so that `--resume RUN_DIR` and final_ckpt.pt refer to the continued run."""
+    later = [path for number, path in numbered_checkpoints(run_dir).items() if number > iteration]
+    final = run_dir / "final_ckpt.pt"
+    if final.is_file() and load_checkpoint(final)["iteration"] > iteration:
+        later.append(final)
+    if not later:
+        return
+    aside = run_dir / f"abandoned_after_{iteration}_{int(time.time())}"
+    aside.mkdir()
+    for path in later:
+        path.rename(aside / path.name)
+    print(f"resuming from iteration {iteration}: moved the {len(later)} later checkpoints to {aside}", file=sys.stderr)
+
+
+class RunDirLock:
+    """One process at a time writes a run directory: an exclusive flock on its .lock file, which the kernel releases
+    when the process ends, however it ends."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.new_dirs = [path for path in (run_dir, *run_dir.parents) if not path.exists()]
+        self.entries_before = set(run_dir.iterdir()) if run_dir.is_dir() else set()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        path = run_dir / ".lock"
+        self.file = open(path, "a+")
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # a lock file that a failing start unlinked after we opened it locks nothing
+            held = path.exists() and os.stat(path).st_ino == os.fstat(self.file.fileno()).st_ino
+        except BlockingIOError:
+            held = False
+        except OSError as e:
+            if e.errno not in (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK):
+                raise
+            print(f"warning: {run_dir} cannot be locked on this file system ({e.strerror}); "
+                  "make sure no other process writes this run", file=sys.stderr)
+            held = True
+        if not held:
+            self.file.seek(0)
+            holder = self.file.read().strip()
+            self.file.close()
+            raise UserError(f"{run_dir} is in use by another process (pid {holder}); wait for it to finish or stop it")
+        self.file.truncate(0)
+        self.file.write(str(os.getpid()))
+        self.file.flush()
+
+    def release(self):
+        self.file.close()
+
+    def undo(self):
+        """A start that failed leaves the disk as it found it: what it created (the lock file, empty video
+        directories, a new run directory) goes, and nothing else is touched."""
+        new_entries = set(self.run_dir.iterdir()) - self.entries_before
+        try:
+            if self.run_dir / ".lock" in new_entries:
+                (self.run_dir / ".lock").unlink()  # while still locked: no other start can take it meanwhile
+            for path in new_entries:
+                if path.is_dir() and not any(path.iterdir()):
+                    path.rmdir()
+            for path in self.new_dirs:
+                if any(path.iterdir()):
+                    break
+                path.rmdir()
+        except OSError:
+            pass  # another start is creating entries here at the same time: leave them
+        finally:
+            self.release()
+
+
+def save_checkpoint(path: Path, state: dict):
+    """Write to a temporary file, then rename: a crash mid-write never leaves a truncated checkpoint."""
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def rng_states(device: torch.device) -> dict:
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        # The learner's GPU alone: a resumed job may land on a node with another number of GPUs.
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.empty(0, dtype=torch.uint8),
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "python": random.getstate(),
+    }
+
+
+def set_rng_states(states: dict, device: torch.device):
+    torch.set_rng_state(states["torch"])
+    if device.type == "cuda" and len(states["cuda"]) > 0:
+        torch.cuda.set_rng_state(states["cuda"], device)
+    np_state = states["numpy"]
+    np.random.set_state(("MT19937", np_state["keys"].numpy().astype(np.uint32), np_state["pos"],
+                         np_state["has_gauss"], np_state["cached_gaussian"]))
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def all_finite(module: nn.Module) -> bool:
+    tensors = [t for t in module.state_dict().values() if t.is_floating_point()]
+    return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
+
+
+class StopSignal:
+    """SIGINT/SIGTERM end the run at the next iteration boundary, after a checkpoint; a second signal exits at once."""
+
+    def __init__(self):
+        self.signum: Optional[int] = None
+        self.previous_handlers = {signum: signal.signal(signum, self.handle) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore(self):
+        """Give the signals back to whoever had them, e.g. a program that called cli() in-process."""
+        for signum, handler in self.previous_handlers.items():
+            signal.signal(signum, handler)
+
+    def handle(self, signum, frame):
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        print(f"\n{signal.Signals(signum).name} received: stopping after this iteration and saving a checkpoint", file=sys.stderr)
+
+
+def cli(argv: Optional[list[str]] = None) -> int:
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+        return main(args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
