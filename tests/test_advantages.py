@@ -1,10 +1,12 @@
-"""GAE and final-value bootstrapping against an independent reference written with plain loops."""
+"""GAE and final-value bootstrapping against an independent reference written with plain loops (the trainers' copies
+of compute_advantages, bootstrap_mask and RunningMeanStd alike)."""
 
 import numpy as np
 import pytest
 import torch
 
 import ppo
+import ppo_rnn
 from tests.util import fast_args
 
 GAMMA, LAM = 0.9, 0.8
@@ -59,14 +61,15 @@ def random_rollout(seed, T=12, N=6):
 @pytest.mark.parametrize("finite_horizon", [False, True])
 @pytest.mark.parametrize("rule", ["always", "truncated", "never"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_advantages_match_reference(rule, finite_horizon, seed):
+@pytest.mark.parametrize("trainer", [ppo, ppo_rnn], ids=["ppo", "ppo_rnn"])
+def test_advantages_match_reference(trainer, rule, finite_horizon, seed):
     r = random_rollout(seed)
     assert r["terminated"].any() and r["truncated"].any() and (r["terminated"] & r["truncated"]).any()
     t = {k: torch.as_tensor(v) for k, v in r.items()}
     dones = (t["terminated"] | t["truncated"]).double()
-    mask = ppo.bootstrap_mask(rule, t["terminated"], t["truncated"])
+    mask = trainer.bootstrap_mask(rule, t["terminated"], t["truncated"])
     bootstrap_values = torch.where(mask, t["final_values"], 0.0)
-    got = ppo.compute_advantages(t["rewards"], t["values"], dones, bootstrap_values, t["next_value"],
+    got = trainer.compute_advantages(t["rewards"], t["values"], dones, bootstrap_values, t["next_value"],
                                  GAMMA, LAM, finite_horizon)
     want = reference(r["rewards"], r["values"], r["terminated"], r["truncated"], r["final_values"], r["next_value"],
                      rule, finite_horizon)
@@ -82,18 +85,20 @@ def test_rules_differ_where_they_should():
     assert not np.allclose(results["truncated"], results["never"])
 
 
-def test_bootstrap_mask():
+@pytest.mark.parametrize("trainer", [ppo, ppo_rnn], ids=["ppo", "ppo_rnn"])
+def test_bootstrap_mask(trainer):
     terminated = torch.tensor([True, True, False, False])
     truncated = torch.tensor([True, False, True, False])
-    assert ppo.bootstrap_mask("always", terminated, truncated).tolist() == [True, True, True, False]
-    assert ppo.bootstrap_mask("truncated", terminated, truncated).tolist() == [False, False, True, False]
-    assert ppo.bootstrap_mask("never", terminated, truncated).tolist() == [False, False, False, False]
+    assert trainer.bootstrap_mask("always", terminated, truncated).tolist() == [True, True, True, False]
+    assert trainer.bootstrap_mask("truncated", terminated, truncated).tolist() == [False, False, True, False]
+    assert trainer.bootstrap_mask("never", terminated, truncated).tolist() == [False, False, False, False]
 
 
-def test_running_mean_std_matches_numpy():
+@pytest.mark.parametrize("trainer", [ppo, ppo_rnn], ids=["ppo", "ppo_rnn"])
+def test_running_mean_std_matches_numpy(trainer):
     rng = np.random.default_rng(0)
     batches = [rng.normal(3.0, 2.0, size=(n, 4)) for n in (5, 17, 1, 40)]
-    rms = ppo.RunningMeanStd(4)
+    rms = trainer.RunningMeanStd(4)
     for batch in batches:
         rms.update(torch.as_tensor(batch))
     data = np.concatenate(batches)
