@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import ppo
+import ppo_rnn
 from tests.util import REPO, fast_args, load, run_script, scalars, start_script
 
 pytest.importorskip("mani_skill")
@@ -160,16 +161,18 @@ def gpu_sized_envs(monkeypatch):
         return env
 
     monkeypatch.setattr(gym, "make", make)
-    monkeypatch.setattr(ppo, "resolve_sim_backend", lambda sim_backend: "gpu")
+    for trainer in (ppo, ppo_rnn):
+        monkeypatch.setattr(trainer, "resolve_sim_backend", lambda sim_backend: "gpu")
     return made
 
 
-def test_gpu_path_default_flags_build(tmp_path, gpu_sized_envs):
+@pytest.mark.parametrize("trainer", [ppo, ppo_rnn], ids=["ppo", "ppo_rnn"])
+def test_gpu_path_default_flags_build(tmp_path, gpu_sized_envs, trainer):
     """`python ppo.py --env_id=PickCube-v1` on a GPU: 512 training envs, 8 evaluation envs with video."""
-    args = ppo.Args(env_id="PickCube-v1", save_train_video_freq=10)
-    ppo.validate(args, maniskill=True)
-    envs = ppo.make_envs(args, True, torch.device("cpu"), evaluation=False, run_dir=tmp_path, num_eval_steps=50)
-    eval_envs = ppo.make_envs(args, True, torch.device("cpu"), evaluation=True, run_dir=tmp_path, num_eval_steps=50)
+    args = trainer.Args(env_id="PickCube-v1", save_train_video_freq=10)
+    trainer.validate(args, maniskill=True)
+    envs = trainer.make_envs(args, True, torch.device("cpu"), evaluation=False, run_dir=tmp_path, num_eval_steps=50)
+    eval_envs = trainer.make_envs(args, True, torch.device("cpu"), evaluation=True, run_dir=tmp_path, num_eval_steps=50)
     try:
         train_kwargs, eval_kwargs = gpu_sized_envs
         assert train_kwargs["num_envs"] == 512 and eval_kwargs["num_envs"] == 8
@@ -188,9 +191,10 @@ def test_gpu_path_default_flags_build(tmp_path, gpu_sized_envs):
     (dict(eval_partial_reset=True), "--eval_reconfiguration_freq=0"),
     (dict(reconfiguration_freq=5), "--reconfiguration_freq=0"),
 ])
-def test_gpu_path_refuses_partial_reset_with_reconfiguration(gpu_sized_envs, flags, mention):
-    with pytest.raises(ppo.UserError, match=mention):
-        ppo.validate(ppo.Args(env_id="PickCube-v1", **flags), maniskill=True)
+@pytest.mark.parametrize("trainer", [ppo, ppo_rnn], ids=["ppo", "ppo_rnn"])
+def test_gpu_path_refuses_partial_reset_with_reconfiguration(gpu_sized_envs, trainer, flags, mention):
+    with pytest.raises(trainer.UserError, match=mention):
+        trainer.validate(trainer.Args(env_id="PickCube-v1", **flags), maniskill=True)
     # ManiSkill itself refuses the combination only once many envs are built
     args = ppo.Args(env_id="PickCube-v1", capture_video=False, **flags)
     evaluation = "eval_partial_reset" in flags

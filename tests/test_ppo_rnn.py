@@ -108,7 +108,7 @@ def test_the_ratio_check_catches_a_reset_one_step_late(tmp_path, monkeypatch):
     argv = rnn_args(POINT_MASS_ENDS, "late", num_steps=24, seq_len=12, total_timesteps=48 * 3, target_kl=None)
     assert ppo_rnn.cli(argv) == 0
     errors = [v for _, v in scalars(tmp_path / "runs/late")["losses/first_minibatch_ratio_error"]]
-    assert max(errors) > 1e-3, errors
+    assert min(errors) > 1e-4, errors  # every iteration fails the 1e-5 check above tenfold
 
 
 @pytest.mark.parametrize("shared_rnn", [False, True], ids=["separate", "shared"])
@@ -305,3 +305,29 @@ def test_help_lists_every_flag(tmp_path):
     assert result.returncode == 0
     for field in dataclasses.fields(ppo_rnn.Args):
         assert f"--{field.name}" in result.stdout, field.name
+
+
+@pytest.mark.parametrize("num_envs,num_eval_envs", [(1, 2), (2, 1)], ids=["one-env-train", "worker-train"])
+def test_pick_cube_on_both_cpu_paths(tmp_path, num_envs, num_eval_envs):
+    """ManiSkill's CPU simulation through ManiSkillVectorEnv (one env: the GPU path's tensor code) and through worker
+    processes, for training and evaluation alike: logs, ManiSkill's metrics, a checkpoint that rebuilds the agent."""
+    pytest.importorskip("mani_skill")
+    result = run_script("ppo_rnn.py", rnn_args("PickCube-v1", "pick", num_envs=num_envs, num_eval_envs=num_eval_envs,
+                                               num_steps=10, seq_len=5, num_minibatches=1, update_epochs=1, eval_freq=1,
+                                               total_timesteps=20 * num_envs, capture_video=True, gamma=0.8,
+                                               gae_lambda=0.9), tmp_path)
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "runs/pick"
+    assert "bootstrap_rule=always" in result.stdout
+    tags = scalars(run)
+    for tag in ("eval/return", "eval/success_once", "eval/success_at_end", "losses/value_loss", "charts/SPS"):
+        assert tag in tags, tag
+    assert all(value == 50 for _, value in tags["eval/episode_len"])
+    assert all(value == num_eval_envs for _, value in tags["eval/episodes"])
+    assert sorted(p.name for p in run.glob("*.pt")) == ["ckpt_1.pt", "ckpt_2.pt", "final_ckpt.pt"]
+    ckpt = load(run / "final_ckpt.pt")
+    assert ckpt["observation_space"]["shape"] == [42] and ckpt["action_space"]["shape"] == [8]
+    agent = ppo_rnn.Agent(42, ckpt["action_space"], **{name: ckpt["args"][name] for name in ppo_rnn.NETWORK_FIELDS})
+    agent.load_state_dict(ckpt["model"])
+    videos = list((run / "videos").glob("*.mp4"))
+    assert videos and all(v.stat().st_size > 10_000 for v in videos)
