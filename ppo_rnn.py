@@ -801,7 +801,7 @@ def validate(args: Args, maniskill: bool) -> tuple[int, int, int]:
         workers = sum(n for n in (args.num_envs, args.num_eval_envs) if n > 1)
         if workers > CPU_WORKERS_PER_CORE * cores:
             num_envs, num_eval_envs = 2 * cores, min(args.num_eval_envs, cores)
-            minibatches = max(d for d in range(1, args.num_minibatches + 1) if num_envs * args.num_steps % d == 0)
+            minibatches = max(d for d in range(1, args.num_minibatches + 1) if num_envs * args.num_steps // args.seq_len % d == 0)
             raise UserError(f"--num_envs={args.num_envs} and --num_eval_envs={args.num_eval_envs} would start {workers} "
                             f"CPU simulator processes on {cores} cores (at most {CPU_WORKERS_PER_CORE} per core); try "
                             f"--num_envs={num_envs} --num_eval_envs={num_eval_envs} --num_minibatches={minibatches} "

@@ -1,6 +1,7 @@
 """ppo_rnn.py: recurrent state semantics, rollout/update identity, bootstrapping from memory, evaluation, run safety."""
 
 import dataclasses
+import re
 import signal
 import time
 
@@ -297,6 +298,19 @@ def test_bad_input_is_one_clear_line(tmp_path, monkeypatch, capsys, flags, menti
     assert ppo_rnn.cli(rnn_args("CartPole-v1", "bad", **flags)) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and mention in errors[0], errors
+    assert not (tmp_path / "runs").exists()
+
+
+def test_cpu_worker_cap_suggests_whole_sequence_minibatches(tmp_path, monkeypatch, capsys):
+    """The GPU-sized defaults on the CPU simulation are refused with flags that fit; those flags pass validation."""
+    pytest.importorskip("mani_skill")
+    monkeypatch.chdir(tmp_path)
+    assert ppo_rnn.cli(["--env_id", "PickCube-v1", "--sim_backend", "cpu", "--no_capture_video"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    suggestion = re.search(r"try (--num_envs=\d+ --num_eval_envs=\d+ --num_minibatches=\d+)", error).group(1)
+    args = ppo_rnn.Args(env_id="PickCube-v1", sim_backend="cpu", **{k.lstrip("-"): int(v) for k, v in
+                                                 (flag.split("=") for flag in suggestion.split())})
+    ppo_rnn.validate(args, maniskill=True)
     assert not (tmp_path / "runs").exists()
 
 

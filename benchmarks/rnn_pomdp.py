@@ -1,0 +1,65 @@
+"""ppo_rnn.py on the partially observed tasks of pomdp.py: learning per seed, and where the time goes.
+
+    python benchmarks/rnn_pomdp.py                        # CartPoleNoVel-v1 (seeds 1-5) and PendulumNoVel-v1 (seeds 1-3)
+    python benchmarks/rnn_pomdp.py --tasks cartpole --seeds 1 2
+
+Runs each command of TASKS (the README's) one seed at a time into benchmarks/runs/, then prints one markdown row per
+seed: the final evaluation return, the first step at which the evaluation reached the task's threshold, wall time,
+training steps per second (charts/SPS) and the share of rollout and update in it.
+"""
+
+import argparse
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from tests.util import scalars  # noqa: E402
+
+TASKS = {
+    "cartpole": dict(threshold=475, seeds=[1, 2, 3, 4, 5], command=(
+        "--env_id pomdp:CartPoleNoVel-v1 --num_envs 8 --num_steps 64 --num_minibatches 4 --update_epochs 4 "
+        "--gamma 0.99 --gae_lambda 0.95 --learning_rate 5e-4 --lr_schedule linear --target_kl None --norm_obs "
+        "--rnn_hidden_size 64 --total_timesteps 51200 --eval_freq 10 --no_capture_video")),
+    "pendulum": dict(threshold=-250, seeds=[1, 2, 3], command=(
+        "--env_id pomdp:PendulumNoVel-v1 --num_envs 8 --num_steps 256 --seq_len 64 --num_minibatches 8 "
+        "--update_epochs 10 --gamma 0.95 --gae_lambda 0.95 --learning_rate 1e-3 --lr_schedule linear --target_kl None "
+        "--norm_obs --reward_scale 0.1 --rnn_hidden_size 64 --total_timesteps 102400 --eval_freq 10 --no_capture_video")),
+}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=sorted(TASKS))
+    parser.add_argument("--seeds", nargs="+", type=int, help="default: each task's own seeds")
+    options = parser.parse_args()
+    rows = []
+    for task in options.tasks:
+        spec = TASKS[task]
+        print(f"python ppo_rnn.py {spec['command']} --seed SEED", flush=True)
+        for seed in options.seeds or spec["seeds"]:
+            name = f"{task}_s{seed}_{int(time.time())}"
+            argv = shlex.split(spec["command"]) + ["--seed", str(seed), "--exp_name", name]
+            start = time.perf_counter()
+            subprocess.run([sys.executable, str(REPO / "ppo_rnn.py"), *argv], cwd=REPO / "benchmarks", check=True,
+                           stdout=subprocess.DEVNULL)
+            wall = time.perf_counter() - start
+            tags = scalars(REPO / "benchmarks" / "runs" / name)
+            evals = tags["eval/return"]
+            reached = next((step for step, value in evals if value >= spec["threshold"]), None)
+            rollout = sum(v for _, v in tags["time/rollout_time"])
+            update = sum(v for _, v in tags["time/update_time"])
+            rows.append(f"| {task} | {seed} | {evals[-1][1]:.1f} | {reached if reached is not None else '-'} | "
+                        f"{wall:.0f} s | {tags['charts/SPS'][-1][1]:.0f} | {rollout / (rollout + update):.0%} / "
+                        f"{update / (rollout + update):.0%} |")
+            print(rows[-1], flush=True)
+    print("\n| task | seed | final eval return | first step at threshold | wall time | SPS | rollout / update |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
