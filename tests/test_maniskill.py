@@ -7,7 +7,6 @@ Gymnasium's AsyncVectorEnv of CPUGymWrapper envs in forkserver workers.
 import os
 import re
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ import torch
 
 import ppo
 import ppo_rnn
-from tests.util import REPO, fast_args, load, run_script, scalars, start_script
+from tests.util import REPO, fast_args, load, run_script, scalars, start_script, wait_for
 
 pytest.importorskip("mani_skill")
 
@@ -59,9 +58,7 @@ def test_two_envs_in_workers_and_group_signal(tmp_path, signum):
     proc = start_script("ppo.py", fast_args("PickCube-v1", "two", num_envs=2, num_eval_envs=2,
                                             total_timesteps=20 * 1000, **PICK_CUBE), tmp_path)
     run = tmp_path / "runs" / "two"
-    deadline = time.time() + 600
-    while not (run / "ckpt_1.pt").exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
+    wait_for(run / "ckpt_1.pt", proc, 600)
     os.killpg(proc.pid, signum)
     _, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 128 + signum, stderr

@@ -4,13 +4,12 @@ import dataclasses
 import importlib.util
 import os
 import signal
-import time
 
 import pytest
 import torch
 
 import ppo
-from tests.util import REPO, fast_args, load, run_script, scalars, snapshot, start_script
+from tests.util import REPO, fast_args, load, run_script, scalars, snapshot, start_script, wait_for
 
 POINT_MASS = "tests.envs:PointMass-v0"
 
@@ -108,36 +107,39 @@ def test_video_for_gymnasium_env(tmp_path):
     assert sorted(v.name for v in train_videos) == ["train-step-0.mp4", "train-step-32.mp4"]  # iterations 1 and 3
 
 
-def test_sigterm_then_resume_equals_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("script,flags,iterations,signal_after", [
+    ("ppo.py", {}, 300, 25),
+    # 16-step rollouts end on PointMass's episode boundaries: no recurrent state is in flight at a checkpoint
+    ("ppo_rnn.py", dict(seq_len=8, rnn_hidden_size=16), 120, 10),
+], ids=["ppo", "ppo_rnn"])
+def test_sigterm_then_resume_equals_uninterrupted_run(tmp_path, script, flags, iterations, signal_after):
     """Linear lr schedule, observation normalization and RNG streams all continue exactly."""
-    argv = dict(total_timesteps=32 * 300, eval_freq=25, norm_obs=True, lr_schedule="linear")
-    full = run_script("ppo.py", fast_args(POINT_MASS, "full", **argv), tmp_path)
+    argv = dict(total_timesteps=32 * iterations, eval_freq=signal_after, norm_obs=True, lr_schedule="linear", **flags)
+    full = run_script(script, fast_args(POINT_MASS, "full", **argv), tmp_path)
     assert full.returncode == 0, full.stderr
 
-    proc = start_script("ppo.py", fast_args(POINT_MASS, "cut", **argv), tmp_path)
+    proc = start_script(script, fast_args(POINT_MASS, "cut", **argv), tmp_path)
     run = tmp_path / "runs" / "cut"
-    deadline = time.time() + 300
-    while not (run / "ckpt_25.pt").exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
+    wait_for(run / f"ckpt_{signal_after}.pt", proc, 300)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 128 + signal.SIGTERM, stderr
-    assert "resume with: python " + str(REPO / "ppo.py") + " --resume runs/cut" in stderr
+    assert "resume with: python " + str(REPO / script) + " --resume runs/cut" in stderr
     assert not (run / "final_ckpt.pt").exists()
     saved = max(int(p.stem.split("_")[1]) for p in run.glob("ckpt_*.pt"))
-    assert 25 <= saved < 300
+    assert signal_after <= saved < iterations
     assert load(run / f"ckpt_{saved}.pt")["iteration"] == saved
 
-    resumed = run_script("ppo.py", ["--resume", "runs/cut"], tmp_path)
+    resumed = run_script(script, ["--resume", "runs/cut"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     a, b = load(tmp_path / "runs/full/final_ckpt.pt"), load(run / "final_ckpt.pt")
-    assert a["global_step"] == b["global_step"] == 32 * 300
+    assert a["global_step"] == b["global_step"] == 32 * iterations
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
     assert a["optimizer"]["param_groups"][0]["lr"] == b["optimizer"]["param_groups"][0]["lr"]
     # TensorBoard continues on the same step axis, without a gap or a repeat
     steps = [step for step, _ in scalars(run)["losses/value_loss"]]
-    assert steps == list(range(32, 32 * 301, 32))
+    assert steps == list(range(32, 32 * (iterations + 1), 32))
 
 
 def test_resume_from_an_older_checkpoint_sets_later_ones_aside(tmp_path):
@@ -202,9 +204,7 @@ def test_a_run_directory_has_one_writer(tmp_path):
     proc = start_script("ppo.py", fast_args(POINT_MASS, "busy", total_timesteps=32 * 100_000, eval_freq=1), tmp_path)
     run = tmp_path / "runs" / "busy"
     try:
-        deadline = time.time() + 120
-        while not (run / "ckpt_1.pt").exists() and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.05)
+        wait_for(run / "ckpt_1.pt", proc, 120)
         second = run_script("ppo.py", ["--resume", "runs/busy"], tmp_path)
         assert second.returncode == 2
         errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]

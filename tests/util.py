@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -62,3 +63,10 @@ def snapshot(directory: Path) -> dict[str, tuple[int, int]]:
     """Every file below directory with its size and modification time, the lock file left out."""
     return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns)
             for p in sorted(directory.rglob("*")) if p.is_file() and p.name != ".lock"}
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float):
+    """Until path exists (e.g. the checkpoint after which a test signals the run), proc ends, or timeout passes."""
+    deadline = time.time() + timeout
+    while not path.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
