@@ -22,12 +22,12 @@ from tests.util import scalars  # noqa: E402
 TASKS = {
     "cartpole": dict(threshold=475, seeds=[1, 2, 3, 4, 5], command=(
         "--env_id pomdp:CartPoleNoVel-v1 --num_envs 8 --num_steps 64 --num_minibatches 4 --update_epochs 4 "
-        "--gamma 0.99 --gae_lambda 0.95 --learning_rate 5e-4 --lr_schedule linear --target_kl None --norm_obs "
-        "--rnn_hidden_size 64 --total_timesteps 51200 --eval_freq 10 --no_capture_video")),
+        "--gamma 0.99 --gae_lambda 0.95 --learning_rate 5e-4 --lr_schedule linear --target_kl None --clip_coef 0.1 "
+        "--norm_obs --reward_scale 0.1 --rnn_hidden_size 64 --total_timesteps 51200 --eval_freq 5 --no_capture_video")),
     "pendulum": dict(threshold=-250, seeds=[1, 2, 3], command=(
-        "--env_id pomdp:PendulumNoVel-v1 --num_envs 8 --num_steps 256 --seq_len 64 --num_minibatches 8 "
-        "--update_epochs 10 --gamma 0.95 --gae_lambda 0.95 --learning_rate 1e-3 --lr_schedule linear --target_kl None "
-        "--norm_obs --reward_scale 0.1 --rnn_hidden_size 64 --total_timesteps 102400 --eval_freq 10 --no_capture_video")),
+        "--env_id pomdp:PendulumNoVel-v1 --num_envs 8 --num_steps 256 --seq_len 32 --num_minibatches 8 "
+        "--update_epochs 10 --gamma 0.9 --gae_lambda 0.9 --learning_rate 1e-3 --lr_schedule linear --target_kl None "
+        "--norm_obs --reward_scale 0.1 --rnn_hidden_size 64 --total_timesteps 102400 --eval_freq 5 --no_capture_video")),
 }
 
 
