@@ -44,9 +44,11 @@ def main():
             name = f"{task}_s{seed}_{int(time.time())}"
             argv = shlex.split(spec["command"]) + ["--seed", str(seed), "--exp_name", name]
             start = time.perf_counter()
-            subprocess.run([sys.executable, str(REPO / "ppo_rnn.py"), *argv], cwd=REPO / "benchmarks", check=True,
-                           stdout=subprocess.DEVNULL)
+            result = subprocess.run([sys.executable, str(REPO / "ppo_rnn.py"), *argv], cwd=REPO / "benchmarks",
+                                    capture_output=True, text=True)
             wall = time.perf_counter() - start
+            if result.returncode != 0:
+                sys.exit(f"{task} seed {seed} failed:\n{result.stderr}")
             tags = scalars(REPO / "benchmarks" / "runs" / name)
             evals = tags["eval/return"]
             reached = next((step for step, value in evals if value >= spec["threshold"]), None)
