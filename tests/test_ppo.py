@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import ppo
-from tests.util import REPO, fast_args, load, run_script, scalars, snapshot, start_script, wait_for
+import ppo_rnn
+from tests.util import REPO, assert_same_numbers, fast_args, load, run_script, scalars, snapshot, start_script, wait_for
 
 POINT_MASS = "tests.envs:PointMass-v0"
 
@@ -36,17 +37,10 @@ def test_same_seed_same_numbers(tmp_path):
     argv = dict(norm_obs=True, total_timesteps=32 * 4, lr_schedule="adaptive")
     for name in ("a", "b"):
         assert run_script("ppo.py", fast_args("Pendulum-v1", name, **argv), tmp_path).returncode == 0
-    a, b = scalars(tmp_path / "runs" / "a"), scalars(tmp_path / "runs" / "b")
-    timing = {"charts/SPS", "time/rollout_time", "time/update_time", "time/rollout_fps"}
-    assert set(a) == set(b) and {"losses/policy_loss", "eval/return"} <= set(a)
-    for tag in set(a) - timing:
-        assert a[tag] == b[tag], tag
-    ckpt_a, ckpt_b = load(tmp_path / "runs/a/final_ckpt.pt"), load(tmp_path / "runs/b/final_ckpt.pt")
-    for key in ckpt_a["model"]:
-        assert torch.equal(ckpt_a["model"][key], ckpt_b["model"][key]), key
+    assert_same_numbers(tmp_path / "runs/a", tmp_path / "runs/b")
     c = run_script("ppo.py", fast_args("Pendulum-v1", "c", seed=2, **argv), tmp_path)
     assert c.returncode == 0
-    assert scalars(tmp_path / "runs" / "c")["losses/policy_loss"] != a["losses/policy_loss"]
+    assert scalars(tmp_path / "runs/c")["losses/policy_loss"] != scalars(tmp_path / "runs/a")["losses/policy_loss"]
 
 
 def test_checkpoint_contents(tmp_path):
@@ -314,8 +308,9 @@ def test_bad_input_is_one_clear_line(tmp_path, argv, mentions):
     assert not (tmp_path / "outside").exists()
 
 
-def test_help_lists_every_flag(tmp_path):
-    result = run_script("ppo.py", ["--help"], tmp_path)
+@pytest.mark.parametrize("trainer", [ppo, ppo_rnn], ids=["ppo", "ppo_rnn"])
+def test_help_lists_every_flag(tmp_path, trainer):
+    result = run_script(f"{trainer.TRAINER}.py", ["--help"], tmp_path)
     assert result.returncode == 0
-    for field in dataclasses.fields(ppo.Args):
+    for field in dataclasses.fields(trainer.Args):
         assert f"--{field.name}" in result.stdout, field.name
