@@ -532,8 +532,8 @@ def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Op
         with torch.no_grad():
             action = agent.get_action(agent.normalize_obs(obs), deterministic=True)
         obs, _, terminated, truncated, _, finished = eval_envs.step(action)
+        done = terminated | truncated
         if finished is not None:
-            done = terminated | truncated
             first = ~counted[done]
             for key, value in finished.items():
                 finished_metrics[key].append(value[first])
@@ -678,7 +678,8 @@ def validate(args: Args, maniskill: bool) -> tuple[int, int, int]:
     if seeds_per_run >= 2**32:
         raise UserError(f"--total_timesteps={args.total_timesteps} would need more env seeds than numpy has (2**32)")
     require(0 <= args.seed < 2**32 - seeds_per_run, "seed", f"in [0, {2**32 - 1 - seeds_per_run}] for this run's length")
-    if maniskill and resolve_sim_backend(args.sim_backend) == "gpu":
+    sim_backend = resolve_sim_backend(args.sim_backend) if maniskill else None
+    if sim_backend == "gpu":
         for prefix, num_envs, partial_reset, reconfiguration_freq in (
                 ("", args.num_envs, args.partial_reset, args.reconfiguration_freq),
                 ("eval_", args.num_eval_envs, args.eval_partial_reset, args.eval_reconfiguration_freq)):
@@ -686,7 +687,7 @@ def validate(args: Args, maniskill: bool) -> tuple[int, int, int]:
                 raise UserError(f"--{prefix}partial_reset with --{prefix}reconfiguration_freq={reconfiguration_freq}: "
                                 "ManiSkill cannot reconfigure a GPU simulation while it resets only some of its envs; "
                                 f"pass --{prefix}reconfiguration_freq=0 or --no_{prefix}partial_reset")
-    if maniskill and resolve_sim_backend(args.sim_backend) == "cpu":
+    if sim_backend == "cpu":
         # Each CPU env beyond one is a simulator process of ~0.5 GB that steps on a core of its own: past a few per
         # core they only cost memory (the defaults, sized for a GPU, would start 520 of them).
         workers = sum(n for n in (args.num_envs, args.num_eval_envs) if n > 1)

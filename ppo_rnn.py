@@ -439,10 +439,10 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
         actions = torch.zeros((num_steps, num_envs, action_space["shape"][0]), device=device)
     logprobs, rewards, dones, values, bootstrap_values = (torch.zeros((num_steps, num_envs), device=device) for _ in range(5))
     episode_starts = torch.zeros((num_steps, num_envs), dtype=torch.bool, device=device)
-    seq_len, num_sequences = args.seq_len, batch_size // args.seq_len
-    sequence_states = torch.zeros((num_steps // seq_len, *agent.initial_state(num_envs, device).shape), device=device)
     # Episodes run on across rollouts, and so does their memory; the envs' first observations start episodes.
     state = agent.initial_state(num_envs, device)
+    seq_len, num_sequences = args.seq_len, batch_size // args.seq_len
+    sequence_states = torch.zeros((num_steps // seq_len, *state.shape), device=device)
     next_start = torch.ones(num_envs, dtype=torch.bool, device=device)
     continuing = torch.zeros((1, num_envs), dtype=torch.bool, device=device)
 
@@ -630,9 +630,8 @@ def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Op
         with torch.no_grad():
             action, state = agent.get_action(agent.normalize_obs(obs)[None], state, episode_start[None], deterministic=True)
         obs, _, terminated, truncated, _, finished = eval_envs.step(action[0])
-        episode_start = terminated | truncated
+        done = episode_start = terminated | truncated
         if finished is not None:
-            done = terminated | truncated
             first = ~counted[done]
             for key, value in finished.items():
                 finished_metrics[key].append(value[first])
@@ -787,7 +786,8 @@ def validate(args: Args, maniskill: bool) -> tuple[int, int, int]:
     if seeds_per_run >= 2**32:
         raise UserError(f"--total_timesteps={args.total_timesteps} would need more env seeds than numpy has (2**32)")
     require(0 <= args.seed < 2**32 - seeds_per_run, "seed", f"in [0, {2**32 - 1 - seeds_per_run}] for this run's length")
-    if maniskill and resolve_sim_backend(args.sim_backend) == "gpu":
+    sim_backend = resolve_sim_backend(args.sim_backend) if maniskill else None
+    if sim_backend == "gpu":
         for prefix, num_envs, partial_reset, reconfiguration_freq in (
                 ("", args.num_envs, args.partial_reset, args.reconfiguration_freq),
                 ("eval_", args.num_eval_envs, args.eval_partial_reset, args.eval_reconfiguration_freq)):
@@ -795,7 +795,7 @@ def validate(args: Args, maniskill: bool) -> tuple[int, int, int]:
                 raise UserError(f"--{prefix}partial_reset with --{prefix}reconfiguration_freq={reconfiguration_freq}: "
                                 "ManiSkill cannot reconfigure a GPU simulation while it resets only some of its envs; "
                                 f"pass --{prefix}reconfiguration_freq=0 or --no_{prefix}partial_reset")
-    if maniskill and resolve_sim_backend(args.sim_backend) == "cpu":
+    if sim_backend == "cpu":
         # Each CPU env beyond one is a simulator process of ~0.5 GB that steps on a core of its own: past a few per
         # core they only cost memory (the defaults, sized for a GPU, would start 520 of them).
         workers = sum(n for n in (args.num_envs, args.num_eval_envs) if n > 1)
