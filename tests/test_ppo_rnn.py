@@ -312,3 +312,19 @@ def test_cartpole_without_velocities_is_learned(tmp_path):
     result = run_script("ppo_rnn.py", argv, tmp_path)
     assert result.returncode == 0, result.stderr
     assert scalars(tmp_path / "runs/novel")["eval/return"][-1][1] >= 475
+
+
+@pytest.mark.parametrize("env_id,base_id,hidden", [("pomdp:CartPoleNoVel-v1", "CartPole-v1", [1, 3]),
+                                                   ("pomdp:PendulumNoVel-v1", "Pendulum-v1", [2])])
+def test_masked_envs_hide_the_velocities_and_nothing_else(env_id, base_id, hidden):
+    masked, full = gym.make(env_id), gym.make(base_id)
+    assert masked.spec.max_episode_steps == full.spec.max_episode_steps
+    masked_obs, _ = masked.reset(seed=3)
+    full_obs, _ = full.reset(seed=3)
+    for _ in range(5):
+        shown = [i for i in range(len(full_obs)) if i not in hidden]
+        assert (masked_obs[hidden] == 0).all() and (full_obs[hidden] != 0).any()
+        assert (masked_obs[shown] == full_obs[shown]).all()
+        action = full.action_space.sample()
+        masked_obs, *_ = masked.step(action)
+        full_obs, *_ = full.step(action)
