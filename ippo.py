@@ -1,0 +1,1499 @@
+"""Independent PPO (IPPO) for multi-agent ManiSkill tasks and VMAS scenarios, in one file.
+
+    python ippo.py --env_id=TwoRobotPickCube-v1                          # ManiSkill, GPU sim when CUDA is there
+    python ippo.py --env_id=TwoRobotStackCube-v1 --num_envs=4 --num_eval_envs=2 --num_minibatches=4   # CPU sim, workers
+    python ippo.py --env_id=vmas:navigation --env_kwargs n_agents=3 --num_envs=60 --num_steps=100    # VMAS scenario
+    python ippo.py --env_id=vmas:navigation --share_parameters           # one network for all agents
+    python ippo.py --resume runs/RUN_NAME                                # continue an interrupted run
+
+Every agent has its own actor, critic and observation normalizer, acts on its own observation and learns from its
+own advantages with PPO's clipped objective. The agents' networks are stacked (one weight tensor per layer, an
+agent per slice) and run for all agents in one batched matmul; no agent's loss reaches another agent's slice.
+The file reads top to bottom: Args, Agent, advantages, the training loop and evaluation; below the "Plumbing"
+divider, what a researcher rarely changes (startup and validation, env adapters, checkpoints, resume, signals).
+See README.md for the flags, what each agent observes, the bootstrap rules and the checkpoint layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import fcntl
+import functools
+import ast
+import importlib.util
+import math
+import multiprocessing
+import os
+import random
+import re
+import shlex
+import signal
+import sys
+import time
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Optional
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.distributions import Categorical, Normal
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+CHECKPOINT_FORMAT = 2
+TRAINER = "ippo"
+CPU_WORKERS_PER_CORE = 4
+# The flags that shape the network: a checkpoint's weights fit only a network built with the same.
+NETWORK_FIELDS = ("norm_obs", "hidden_sizes", "share_parameters", "centralized_critic", "agent_obs")
+
+
+@dataclass
+class Args:
+    exp_name: Optional[str] = None
+    """name of the run; runs/{exp_name} (default: {env_id}__ppo__{seed}__{unix time})"""
+    seed: int = 1
+    """seed of the experiment (torch, numpy, python and the environments)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, the learner runs on CUDA when it is available"""
+    torch_threads: int = 1
+    """CPU threads for torch (0: torch's default); more gain little for these small networks and slow everything down when they contend with simulator workers for cores"""
+    track: bool = False
+    """if toggled, also log to Weights and Biases (needs `pip install wandb`)"""
+    wandb_project_name: str = "ManiSkill"
+    """the wandb project name"""
+    wandb_entity: Optional[str] = None
+    """the wandb entity (team) name"""
+    capture_video: bool = True
+    """if toggled, record videos of evaluation episodes under runs/{run_name}/videos"""
+    save_model: bool = True
+    """if toggled, save checkpoints under runs/{run_name} at every evaluation and at the end"""
+    checkpoint: Optional[str] = None
+    """start training from the weights (and observation statistics) of this checkpoint; a new run"""
+    resume: Optional[str] = None
+    """continue a run exactly from a checkpoint file or a run directory (its newest checkpoint)"""
+
+    env_id: str = "TwoRobotPickCube-v1"
+    """ManiSkill multi-agent task id (its action space is a Dict keyed by agent; "module:EnvId" imports module first), vmas:<scenario>, or vmas:<module>:<ScenarioClass>"""
+    env_kwargs: tuple[str, ...] = ()
+    """KEY=VALUE options for the env, values as Python literals: VMAS scenario options (n_agents=3) and make_env's (continuous_actions=False); ManiSkill gym.make options (robot_init_qpos_noise=0.05)"""
+    agent_obs: Optional[str] = None
+    """ManiSkill: what each agent observes, full (the whole state; the default) or local (its own robot's entries and the task's shared ones). VMAS agents observe what the scenario gives them"""
+    max_episode_steps: Optional[int] = None
+    """the episodes' time limit (None: the ManiSkill task's own; 100 for VMAS)"""
+    sim_backend: Literal["auto", "gpu", "cpu"] = "auto"
+    """ManiSkill simulation backend; auto = gpu when CUDA is available. Ignored for VMAS, which runs on the learner's device"""
+    control_mode: Optional[str] = "pd_joint_delta_pos"
+    """ManiSkill control mode (None: the task's default)"""
+    num_envs: int = 512
+    """number of parallel training environments"""
+    num_eval_envs: int = 8
+    """number of parallel evaluation environments"""
+    partial_reset: bool = True
+    """ManiSkill: reset an env as soon as its episode terminates (else episodes run to the time limit)"""
+    eval_partial_reset: bool = False
+    """ManiSkill: partial_reset for the evaluation environments"""
+    num_steps: int = 50
+    """steps per environment per rollout"""
+    num_eval_steps: Optional[int] = None
+    """steps per evaluation (default: the task's max episode steps, so every eval env finishes an episode)"""
+    reconfiguration_freq: Optional[int] = None
+    """ManiSkill: reconfigure the training scenes every this many resets (None: the task's default)"""
+    eval_reconfiguration_freq: Optional[int] = 1
+    """ManiSkill: reconfigure the evaluation scenes every this many resets"""
+    norm_obs: bool = False
+    """normalize each agent's observations with its own running mean/std (float64 statistics, saved in checkpoints)"""
+    hidden_sizes: tuple[int, ...] = (256, 256, 256)
+    """widths of the hidden tanh layers of every actor and critic"""
+    share_parameters: bool = False
+    """one actor and one critic for all agents, each agent's inputs tagged with a one-hot agent id"""
+    centralized_critic: bool = False
+    """each agent's critic sees the global state (every agent's observation, or ManiSkill's full state): MAPPO"""
+    bootstrap_at_done: Literal["auto", "always", "truncated", "never"] = "auto"
+    """which finished episodes bootstrap from V(final obs): always (ManiSkill's rule), truncated (terminations are terminal), never. auto = always for ManiSkill tasks, truncated for VMAS"""
+
+    total_timesteps: int = 10_000_000
+    """total environment steps of the run"""
+    learning_rate: float = 3e-4
+    """the (initial) learning rate of the optimizer"""
+    lr_schedule: Literal["constant", "linear", "adaptive"] = "constant"
+    """constant; linear decay to 0; adaptive: multiply/divide the lr by lr_factor when the KL leaves [kl_target/2, 2*kl_target]"""
+    anneal_lr: bool = False
+    """ManiSkill/CleanRL's name for --lr_schedule=linear"""
+    kl_target: float = 0.01
+    """adaptive schedule: the KL divergence the learning rate steers towards"""
+    lr_factor: float = 1.5
+    """adaptive schedule: factor by which the learning rate moves"""
+    min_learning_rate: float = 1e-5
+    """adaptive schedule: lower bound of the learning rate"""
+    max_learning_rate: float = 1e-2
+    """adaptive schedule: upper bound of the learning rate"""
+    gamma: float = 0.8
+    """the discount factor"""
+    gae_lambda: float = 0.9
+    """the lambda of generalized advantage estimation"""
+    finite_horizon_gae: bool = False
+    """use ManiSkill's finite-horizon GAE (lambda-weights renormalized over the steps left in the rollout)"""
+    num_minibatches: int = 32
+    """number of minibatches per epoch"""
+    update_epochs: int = 4
+    """number of epochs over each rollout"""
+    norm_adv: bool = True
+    """normalize each agent's advantages per minibatch"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = False
+    """clip the value loss like the policy ratio"""
+    ent_coef: float = 0.0
+    """coefficient of the entropy bonus"""
+    vf_coef: float = 0.5
+    """coefficient of the value loss"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for gradient clipping, of each agent's gradient"""
+    target_kl: Optional[float] = 0.1
+    """stop the update of a rollout once a minibatch's approximate KL exceeds this for any agent (None: never)"""
+    reward_scale: float = 1.0
+    """multiply rewards by this before computing advantages"""
+    eval_freq: int = 25
+    """evaluate (and checkpoint) every this many iterations, and at the end"""
+    save_train_video_freq: Optional[int] = None
+    """with capture_video, record a ManiSkill training video every this many iterations"""
+
+
+# ---------------------------------------------------------------------------------------------
+# Agent
+# ---------------------------------------------------------------------------------------------
+
+class AgentLinear(nn.Module):
+    """One linear layer per network, run for every agent in one batched matmul: (num_agents, B, in) -> (num_agents, B, out).
+
+    With num_nets = num_agents, agent i's outputs depend on slice i of the weights alone; with num_nets = 1 (shared
+    parameters) the one slice serves every agent.
+    """
+
+    def __init__(self, num_nets: int, in_dim: int, out_dim: int, std: float = np.sqrt(2)):
+        super().__init__()
+        weight = torch.empty(num_nets, out_dim, in_dim)
+        for net_weight in weight:
+            torch.nn.init.orthogonal_(net_weight, std)
+        self.weight = nn.Parameter(weight.transpose(1, 2).contiguous())
+        self.bias = nn.Parameter(torch.zeros(num_nets, 1, out_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(x, self.weight) + self.bias
+
+
+def mlp(num_nets: int, in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float) -> nn.Sequential:
+    layers, width = [], in_dim
+    for size in hidden_sizes:
+        layers += [AgentLinear(num_nets, width, size), nn.Tanh()]
+        width = size
+    return nn.Sequential(*layers, AgentLinear(num_nets, width, out_dim, std=out_std))
+
+
+class RunningMeanStd(nn.Module):
+    """Running observation mean and variance in float64 (parallel-variance merge) over the batch dimension, one
+    statistic per entry of shape (here one row per agent); buffers, so checkpoints carry them."""
+
+    def __init__(self, shape: tuple[int, ...], clip: float = 10.0):
+        super().__init__()
+        self.clip = clip
+        self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor):
+        x = x.double()
+        batch_mean, batch_var, batch_count = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        self.mean += delta * batch_count / total
+        self.var.copy_((self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total) / total)
+        self.count.copy_(total)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x.double() - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-self.clip, self.clip).float()
+
+
+class Agent(nn.Module):
+    """Every agent's actor and critic. Inputs and outputs are (batch, num_agents, ...).
+
+    state_index (given with a centralized critic) picks the global state out of all agents' observations laid end to
+    end; it is a buffer, so a checkpoint rebuilds the critic's inputs.
+    """
+
+    def __init__(self, num_agents: int, obs_dim: int, action_space: dict, norm_obs: bool, hidden_sizes: tuple[int, ...],
+                 share_parameters: bool, state_index: Optional[torch.Tensor]):
+        super().__init__()
+        self.num_agents = num_agents
+        num_nets = 1 if share_parameters else num_agents
+        self.discrete = action_space["type"] == "Discrete"
+        self.obs_normalizer = RunningMeanStd((num_agents, obs_dim)) if norm_obs else None
+        # One network for all agents tells them apart by a one-hot id appended to its inputs.
+        self.register_buffer("agent_ids", torch.eye(num_agents) if share_parameters else torch.zeros(num_agents, 0))
+        self.register_buffer("state_index", state_index)
+        id_dim = self.agent_ids.shape[1]
+        critic_in = obs_dim if state_index is None else len(state_index)
+        self.critic = mlp(num_nets, critic_in + id_dim, hidden_sizes, 1, out_std=1.0)
+        if self.discrete:
+            self.actor = mlp(num_nets, obs_dim + id_dim, hidden_sizes, action_space["n"], out_std=0.01)
+        else:
+            action_dim = action_space["shape"][0]
+            self.actor = mlp(num_nets, obs_dim + id_dim, hidden_sizes, action_dim, out_std=0.01 * np.sqrt(2))
+            self.actor_logstd = nn.Parameter(torch.ones(num_nets, action_dim) * -0.5)
+
+    def normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
+        return obs if self.obs_normalizer is None else self.obs_normalizer(obs)
+
+    def run(self, net: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([x, self.agent_ids.expand(x.shape[0], -1, -1)], dim=-1)
+        return net(x.transpose(0, 1)).transpose(0, 1)
+
+    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.state_index is not None:
+            obs = obs.flatten(1)[:, self.state_index].unsqueeze(1).expand(-1, self.num_agents, -1)
+        return self.run(self.critic, obs).squeeze(-1)
+
+    def distribution(self, obs: torch.Tensor):
+        if self.discrete:
+            return Categorical(logits=self.run(self.actor, obs), validate_args=False)  # validation syncs with the GPU
+        mean = self.run(self.actor, obs)
+        return Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
+
+    def get_action(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        if not deterministic:
+            return self.distribution(obs).sample()
+        logits_or_mean = self.run(self.actor, obs)
+        return logits_or_mean.argmax(-1) if self.discrete else logits_or_mean
+
+    def get_action_and_value(self, obs: torch.Tensor, action: Optional[torch.Tensor] = None):
+        dist = self.distribution(obs)
+        if action is None:
+            action = dist.sample()
+        logprob, entropy = dist.log_prob(action), dist.entropy()
+        if not self.discrete:
+            logprob, entropy = logprob.sum(-1), entropy.sum(-1)
+        return action, logprob, entropy, self.get_value(obs)
+
+
+def clip_grad_norm_per_net(agent: Agent, max_norm: float) -> torch.Tensor:
+    """Clip each network's gradient on its own (every parameter's first dimension is the network): one norm over
+    all agents would let one agent's large gradient shrink the others' steps. Returns each network's norm."""
+    grads = [p.grad for p in agent.parameters() if p.grad is not None]
+    norms = torch.stack([g.reshape(g.shape[0], -1).square().sum(1) for g in grads]).sum(0).sqrt()
+    scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(scale.reshape((-1,) + (1,) * (g.dim() - 1)))
+    return norms
+
+
+# ---------------------------------------------------------------------------------------------
+# Advantages and the learning rate
+# ---------------------------------------------------------------------------------------------
+
+def bootstrap_mask(rule: str, terminated: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+    """Which finished episodes take V(final obs) as the value after their last step."""
+    if rule == "always":
+        return terminated | truncated
+    if rule == "truncated":
+        return truncated & ~terminated
+    return torch.zeros_like(terminated)
+
+
+def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, bootstrap_values: torch.Tensor,
+                       next_value: torch.Tensor, gamma: float, gae_lambda: float, finite_horizon: bool) -> torch.Tensor:
+    """GAE over a (num_steps, num_envs, num_agents) rollout: each agent's on its own rewards and values.
+
+    dones[t] (num_envs, 1) = 1 where the episode ended with step t (every agent's episode ends with its env's);
+    bootstrap_values[t] is V(final obs) for the ended episodes that bootstrap, 0 for the others; next_value =
+    V(obs after the last step). Nothing crosses an episode end.
+    finite_horizon: ManiSkill's variant, whose lambda-weights are renormalized over the steps left before the
+    rollout or episode ends, so a short tail is not dominated by its last value.
+    """
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    last_gae = torch.zeros_like(next_value)
+    lam_coef_sum = reward_term_sum = value_term_sum = torch.zeros_like(next_value)
+    for t in reversed(range(num_steps)):
+        next_values = next_value if t == num_steps - 1 else values[t + 1]
+        not_done = 1.0 - dones[t]
+        real_next_values = not_done * next_values + bootstrap_values[t]
+        if finite_horizon:
+            lam_coef_sum = 1.0 + gae_lambda * not_done * lam_coef_sum
+            reward_term_sum = gae_lambda * gamma * not_done * reward_term_sum + lam_coef_sum * rewards[t]
+            value_term_sum = gae_lambda * gamma * not_done * value_term_sum + gamma * real_next_values
+            advantages[t] = (reward_term_sum + value_term_sum) / lam_coef_sum - values[t]
+        else:
+            delta = rewards[t] + gamma * real_next_values - values[t]
+            last_gae = delta + gamma * gae_lambda * not_done * last_gae
+            advantages[t] = last_gae
+    return advantages
+
+
+def adapt_learning_rate(lr: float, approx_kl: float, args: Args) -> float:
+    """rsl_rl's adaptive schedule: steer the KL of each minibatch step towards kl_target."""
+    if approx_kl > 2.0 * args.kl_target:
+        return max(args.min_learning_rate, lr / args.lr_factor)
+    if approx_kl < 0.5 * args.kl_target:
+        return min(args.max_learning_rate, lr * args.lr_factor)
+    return lr
+
+
+# ---------------------------------------------------------------------------------------------
+# Training: rollout with final-value bootstrapping, GAE, update, logging; evaluation
+# ---------------------------------------------------------------------------------------------
+
+def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs: TorchVecEnv, device: torch.device,
+          bootstrap_rule: str, num_eval_steps: int, batch_size: int, minibatch_size: int, num_iterations: int,
+          resume_state: Optional[dict], init_state: Optional[dict]) -> int:
+    observation_space = space_to_dict(envs.single_observation_space)
+    action_space = space_to_dict(envs.single_action_space)
+    agents, num_agents = envs.agents, envs.num_agents
+    agent = Agent(num_agents, envs.obs_dim, action_space, args.norm_obs, args.hidden_sizes, args.share_parameters,
+                  envs.state_index if args.centralized_critic else None).to(device)
+    # Adam is elementwise, so each agent's slice of a stacked weight moves with that agent's gradients alone.
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    global_step, start_iteration = 0, 0
+    for state in (init_state, resume_state):
+        if state is None:
+            continue
+        if (state["agents"] != agents or state["observation_space"] != observation_space
+                or state["action_space"] != action_space):
+            raise UserError(f"the checkpoint's agents and spaces ({state['agents']}, {state['observation_space']['shape']}, "
+                            f"{state['action_space']}) do not match {args.env_id}'s ({agents}, "
+                            f"{observation_space['shape']}, {action_space})")
+        for name in NETWORK_FIELDS:
+            if state["args"][name] != getattr(args, name):
+                flag = cli_flag(name, state["args"][name])
+                raise UserError(f"the checkpoint was trained with {flag}, and its network needs the same: pass {flag}")
+        agent.load_state_dict(state["model"])
+
+    if resume_state is not None:
+        optimizer.load_state_dict(resume_state["optimizer"])
+        global_step, start_iteration = resume_state["global_step"], resume_state["iteration"]
+    # Gymnasium seeds env i with seed + i (ManiSkill env 0 with seed, the others with draws from RandomState(seed)):
+    # training and evaluation envs get disjoint blocks of seeds, and a resumed run new ones rather than a replay of
+    # its first iteration's starts.
+    train_seed = args.seed + start_iteration * (args.num_envs + args.num_eval_envs)
+    next_obs = envs.reset(seed=train_seed)
+    eval_seed = train_seed + args.num_envs  # seeds the next evaluation; later ones continue the envs' streams
+    if resume_state is not None:
+        # After the envs are built and reset, so that the learner's random stream continues where it stopped.
+        set_rng_states(resume_state["rng"], device)
+
+    def checkpoint_state(iteration: int) -> dict:
+        return {"format": CHECKPOINT_FORMAT, "trainer": TRAINER, "run_name": run_name, "args": dataclasses.asdict(args),
+                "model": agent.state_dict(), "optimizer": optimizer.state_dict(), "agents": agents,
+                "observation_space": observation_space, "action_space": action_space,
+                "global_step": global_step, "iteration": iteration, "rng": rng_states(device)}
+
+    def write_checkpoint(iteration: int, final: bool = False) -> Path:
+        if not all_finite(agent):
+            raise NonFiniteError(f"non-finite parameters at iteration {iteration}")
+        state = checkpoint_state(iteration)
+        path = run_dir / f"ckpt_{iteration}.pt"
+        save_checkpoint(path, state)
+        if final:
+            save_checkpoint(run_dir / "final_ckpt.pt", state)
+        return path
+
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=dataclasses.asdict(args), name=run_name, id=run_name, resume="allow", save_code=True)
+    if resume_state is not None:
+        # Only now that the run has started: a resume that fails must leave the run as it was.
+        set_aside_later_checkpoints(run_dir, start_iteration)
+    # Steps logged after the checkpoint we resume from are replaced by the resumed run's.
+    writer = SummaryWriter(str(run_dir), purge_step=global_step + 1 if resume_state is not None else None)
+    derived = {"batch_size": batch_size, "minibatch_size": minibatch_size, "num_iterations": num_iterations,
+               "bootstrap_rule": bootstrap_rule, "num_eval_steps": num_eval_steps, "device": str(device)}
+    table = {**dataclasses.asdict(args), **derived}
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in table.items()))
+    print(f"run {run_name}: {run_dir}  " + "  ".join(f"{k}={v}" for k, v in derived.items()), flush=True)
+
+    num_envs, num_steps = args.num_envs, args.num_steps
+    obs_buf = torch.zeros((num_steps, num_envs, num_agents, envs.obs_dim), device=device)
+    if agent.discrete:
+        actions = torch.zeros((num_steps, num_envs, num_agents), dtype=torch.long, device=device)
+    else:
+        actions = torch.zeros((num_steps, num_envs, num_agents, action_space["shape"][0]), device=device)
+    logprobs, rewards, values, bootstrap_values = (torch.zeros((num_steps, num_envs, num_agents), device=device)
+                                                   for _ in range(4))
+    dones = torch.zeros((num_steps, num_envs, 1), device=device)
+
+    last_checkpoint = None
+    progress = tqdm(total=num_iterations, initial=start_iteration, desc=run_name, dynamic_ncols=True, mininterval=1.0)
+    start_time, start_step = time.perf_counter(), global_step
+    iteration = start_iteration
+    stop = StopSignal()
+    try:
+        for iteration in range(start_iteration + 1, num_iterations + 1):
+            if args.lr_schedule == "linear":
+                optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
+
+            # Rollout
+            rollout_start = time.perf_counter()
+            agent.eval()
+            train_metrics = defaultdict(list)
+            bootstrap_values.zero_()
+            for step in range(num_steps):
+                global_step += num_envs
+                with torch.no_grad():
+                    if agent.obs_normalizer is not None:
+                        agent.obs_normalizer.update(next_obs)
+                    obs = agent.normalize_obs(next_obs)
+                    action, logprob, _, value = agent.get_action_and_value(obs)
+                obs_buf[step], actions[step], logprobs[step], values[step] = obs, action, logprob, value
+                next_obs, reward, terminated, truncated, final_obs, finished = envs.step(action)
+                rewards[step] = reward * args.reward_scale
+                dones[step] = (terminated | truncated).float().unsqueeze(1)
+                if finished is not None:
+                    if bootstrap_rule != "never":
+                        with torch.no_grad():
+                            final_values = agent.get_value(agent.normalize_obs(final_obs))
+                        bootstrap = bootstrap_mask(bootstrap_rule, terminated, truncated).unsqueeze(1)
+                        bootstrap_values[step] = torch.where(bootstrap, final_values, 0.0)
+                    for key, episode_values in finished.items():
+                        train_metrics[key].append(episode_values)
+            with torch.no_grad():
+                next_value = agent.get_value(agent.normalize_obs(next_obs))
+                advantages = compute_advantages(rewards, values, dones, bootstrap_values, next_value,
+                                                args.gamma, args.gae_lambda, args.finite_horizon_gae)
+                returns = advantages + values
+            rollout_time = time.perf_counter() - rollout_start
+
+            # Update: every agent's loss on the same minibatch of env steps, summed, so that one optimizer step
+            # moves every agent, each by its own gradient.
+            update_start = time.perf_counter()
+            agent.train()
+            b_obs = obs_buf.reshape(batch_size, num_agents, envs.obs_dim)
+            b_actions = actions.reshape((batch_size,) + actions.shape[2:])
+            b_logprobs, b_advantages, b_returns, b_values = (x.reshape(batch_size, num_agents)
+                                                             for x in (logprobs, advantages, returns, values))
+            clipfracs, first_ratio_error, minibatch_steps = [], None, 0
+            kl_stop = False
+            for _ in range(args.update_epochs):
+                permutation = torch.randperm(batch_size, device=device)
+                for start in range(0, batch_size, minibatch_size):
+                    mb = permutation[start:start + minibatch_size]
+                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb], b_actions[mb])
+                    logratio = newlogprob - b_logprobs[mb]
+                    ratio = logratio.exp()
+                    with torch.no_grad():
+                        old_approx_kl = (-logratio).mean(0)
+                        approx_kl = ((ratio - 1) - logratio).mean(0)
+                        if first_ratio_error is None:
+                            first_ratio_error = (ratio - 1.0).abs().max()
+                    # Joint: stopping one agent alone would need an optimizer of its own, as Adam's momentum keeps
+                    # moving weights whose gradient is zero.
+                    if args.target_kl is not None and approx_kl.max() > args.target_kl:
+                        kl_stop = True
+                        break
+                    clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean(0))
+
+                    mb_advantages = b_advantages[mb]
+                    if args.norm_adv:
+                        mb_advantages = (mb_advantages - mb_advantages.mean(0)) / (mb_advantages.std(0) + 1e-8)
+                    pg_loss = torch.max(-mb_advantages * ratio,
+                                        -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)).mean(0)
+                    if args.clip_vloss:
+                        v_clipped = b_values[mb] + torch.clamp(newvalue - b_values[mb], -args.clip_coef, args.clip_coef)
+                        v_loss = 0.5 * torch.max((newvalue - b_returns[mb]) ** 2, (v_clipped - b_returns[mb]) ** 2).mean(0)
+                    else:
+                        v_loss = 0.5 * ((newvalue - b_returns[mb]) ** 2).mean(0)
+                    entropy_loss = entropy.mean(0)
+                    loss = (pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef).sum()
+
+                    optimizer.zero_grad()
+                    loss.backward()
+                    grad_norm = clip_grad_norm_per_net(agent, args.max_grad_norm)
+                    if not torch.isfinite(loss) or not torch.isfinite(grad_norm).all():
+                        raise NonFiniteError(f"non-finite {'loss' if not torch.isfinite(loss) else 'gradient'} "
+                                             f"at iteration {iteration} (global step {global_step})")
+                    optimizer.step()
+                    minibatch_steps += 1
+                    if args.lr_schedule == "adaptive":
+                        optimizer.param_groups[0]["lr"] = adapt_learning_rate(optimizer.param_groups[0]["lr"],
+                                                                              approx_kl.max().item(), args)
+                if kl_stop:
+                    break
+            if not all_finite(agent):
+                raise NonFiniteError(f"non-finite parameters after the update of iteration {iteration}")
+            update_time = time.perf_counter() - update_start
+
+            # Logging: per agent under losses/<agent>/, and what the update decided on jointly under losses/
+            y_pred, y_true = b_values, b_returns
+            var_y = y_true.var(0)
+            explained_var = torch.where(var_y == 0, float("nan"), 1 - (y_true - y_pred).var(0) / var_y)
+            per_agent = {"old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "explained_variance": explained_var}
+            if clipfracs:  # empty when the first minibatch already exceeded target_kl
+                per_agent.update(value_loss=v_loss, policy_loss=pg_loss, entropy=entropy_loss,
+                                 clipfrac=torch.stack(clipfracs).mean(0))
+            for key, agent_values in per_agent.items():
+                for name, value in zip(agents, agent_values.tolist()):
+                    writer.add_scalar(f"losses/{name}/{key}", value, global_step)
+            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            writer.add_scalar("losses/approx_kl", approx_kl.max().item(), global_step)
+            writer.add_scalar("losses/first_minibatch_ratio_error", first_ratio_error.item(), global_step)
+            writer.add_scalar("losses/minibatch_steps", minibatch_steps, global_step)
+            sps = int((global_step - start_step) / (time.perf_counter() - start_time))
+            writer.add_scalar("charts/SPS", sps, global_step)
+            writer.add_scalar("time/rollout_time", rollout_time, global_step)
+            writer.add_scalar("time/update_time", update_time, global_step)
+            writer.add_scalar("time/rollout_fps", num_envs * num_steps / rollout_time, global_step)
+            train_means = log_episode_metrics(writer, "train", {k: torch.cat(v) for k, v in train_metrics.items()}, global_step)
+            if "return" in train_means:
+                writer.add_scalar("charts/episodic_return", train_means["return"], global_step)
+                writer.add_scalar("charts/episodic_length", train_means["episode_len"], global_step)
+            postfix = {"step": global_step, "SPS": sps}
+            postfix.update({f"train_{k}": round(v, 3) for k, v in train_means.items() if k in ("return", "success_once")})
+
+            if iteration % args.eval_freq == 0 or iteration == num_iterations:
+                agent.eval()
+                eval_means = log_episode_metrics(writer, "eval", evaluate(agent, eval_envs, num_eval_steps, eval_seed), global_step)
+                eval_seed = None
+                if eval_means["episodes"] == 0:
+                    print(f"\nevaluation at iteration {iteration}: no episode finished within {num_eval_steps} steps", file=sys.stderr)
+                postfix.update({f"eval_{k}": round(v, 3) for k, v in eval_means.items() if k in ("return", "success_once")})
+                if args.save_model:
+                    last_checkpoint = write_checkpoint(iteration, final=iteration == num_iterations)
+                writer.flush()
+            progress.set_postfix(postfix, refresh=False)
+            progress.update(1)
+
+            if stop.signum is not None and iteration < num_iterations:
+                last_checkpoint = write_checkpoint(iteration)
+                writer.flush()
+                progress.close()
+                print(f"{signal.Signals(stop.signum).name}: saved {last_checkpoint} at iteration {iteration}; "
+                      f"resume with: python {shlex.quote(sys.argv[0])} --resume {shlex.quote(str(run_dir))}", file=sys.stderr)
+                return 128 + stop.signum
+    except NonFiniteError as e:
+        progress.close()
+        kept = f"the last checkpoint {last_checkpoint} is untouched" if last_checkpoint else "no checkpoint was written"
+        print(f"error: {e}; the run stops and {kept}", file=sys.stderr)
+        return 1
+    finally:
+        stop.restore()
+        writer.close()
+        if args.track:
+            import wandb
+            wandb.finish()
+    progress.close()
+    print(f"done: {num_iterations} iterations, {global_step} steps; run in {run_dir}", flush=True)
+    return 0
+
+
+def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Optional[int]) -> dict[str, torch.Tensor]:
+    """Deterministic actions; each env contributes its first episode, if it finishes within num_eval_steps.
+
+    Counting every finished episode would weigh envs that fail early many times over those that last.
+    """
+    finished_metrics = defaultdict(list)
+    counted = torch.zeros(eval_envs.num_envs, dtype=torch.bool, device=eval_envs.device)
+    obs = eval_envs.reset(seed=seed)
+    for _ in range(num_eval_steps):
+        with torch.no_grad():
+            action = agent.get_action(agent.normalize_obs(obs), deterministic=True)
+        obs, _, terminated, truncated, _, finished = eval_envs.step(action)
+        done = terminated | truncated
+        if finished is not None:
+            first = ~counted[done]
+            for key, value in finished.items():
+                finished_metrics[key].append(value[first])
+            counted |= done
+            if counted.all():
+                break
+    eval_envs.flush_video()
+    metrics = {key: torch.cat(values) for key, values in finished_metrics.items()}
+    metrics["episodes"] = counted.sum(dtype=torch.float32).reshape(1)
+    return metrics
+
+
+def log_episode_metrics(writer: SummaryWriter, prefix: str, metrics: dict[str, torch.Tensor], global_step: int) -> dict[str, float]:
+    means = {key: values.float().mean().item() for key, values in metrics.items() if values.numel() > 0}
+    for key, value in means.items():
+        writer.add_scalar(f"{prefix}/{key}", value, global_step)
+    return means
+
+
+# =============================================================================================
+# Plumbing: what a researcher rarely changes.
+# Env adapters, startup and validation, checkpoints and resume, signals.
+# =============================================================================================
+
+# ---------------------------------------------------------------------------------------------
+# Startup: errors, arguments, the run
+# ---------------------------------------------------------------------------------------------
+
+class UserError(Exception):
+    """A mistake the user can fix: reported as one line and exit status 2."""
+
+
+class NonFiniteError(Exception):
+    """A non-finite loss, gradient or parameter: the run stops before anything is saved."""
+
+
+def main(args: Args) -> int:
+    maniskill, time_limit = find_env(args.env_id)
+    batch_size, minibatch_size, num_iterations = validate(args, maniskill, time_limit)
+    bootstrap_rule = args.bootstrap_at_done
+    if bootstrap_rule == "auto":
+        bootstrap_rule = "always" if maniskill else "truncated"
+    num_eval_steps = args.num_eval_steps or args.max_episode_steps
+    if num_eval_steps is None:
+        raise UserError(f"{args.env_id} has no time limit; give --max_episode_steps or --num_eval_steps")
+
+    resume_state = None
+    if args.resume is not None:
+        resume_path = find_resume_checkpoint(args.resume)
+        resume_state = load_checkpoint(resume_path)
+        run_dir = resume_path.parent
+        run_name = resume_state["run_name"]
+        if resume_state["iteration"] >= num_iterations:
+            raise UserError(f"the run already finished its {resume_state['iteration']} iterations; "
+                            "raise --total_timesteps to continue it")
+    else:
+        run_name = args.exp_name or f"{args.env_id.replace(':', '_')}__{TRAINER}__{args.seed}__{int(time.time())}"
+        run_dir = Path("runs") / run_name
+    init_state = load_checkpoint(args.checkpoint) if args.checkpoint is not None else None
+
+    lock = RunDirLock(run_dir)
+    try:
+        if resume_state is None and (any(run_dir.glob("*.pt")) or any(run_dir.glob("events.out.tfevents.*"))):
+            raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or pick another --exp_name")
+        random.seed(args.seed)
+        np.random.seed(args.seed)
+        torch.manual_seed(args.seed)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        if args.torch_threads > 0:
+            torch.set_num_threads(args.torch_threads)
+        device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+        envs = make_envs(args, maniskill, device, evaluation=False, run_dir=run_dir, num_eval_steps=num_eval_steps)
+        eval_envs = None
+        try:
+            eval_envs = make_envs(args, maniskill, device, evaluation=True, run_dir=run_dir, num_eval_steps=num_eval_steps)
+            return train(args, run_name, run_dir, envs, eval_envs, device, bootstrap_rule, num_eval_steps,
+                         batch_size, minibatch_size, num_iterations, resume_state, init_state)
+        finally:
+            envs.close()
+            if eval_envs is not None:
+                eval_envs.close()
+    except BaseException:
+        # Nothing but the lock file and empty directories goes, so this is safe at any point of the run too.
+        lock.undo()
+        raise
+    finally:
+        lock.release()
+
+
+def validate(args: Args, maniskill: bool, time_limit: Optional[int]) -> tuple[int, int, int]:
+    """Check every flag's range and resolve agent_obs and max_episode_steps; return (batch_size, minibatch_size,
+    num_iterations)."""
+    def require(ok: bool, flag: str, rule: str):
+        if not ok:
+            raise UserError(f"--{flag} must be {rule}, got {getattr(args, flag)}")
+
+    def finite(value) -> bool:
+        return value is not None and math.isfinite(value)
+
+    if args.exp_name is not None:
+        require(args.exp_name not in ("", ".", "..") and "/" not in args.exp_name and os.sep not in args.exp_name
+                and "\0" not in args.exp_name, "exp_name", "a plain directory name under runs/ (no '/', not '..')")
+    require(bool(args.env_id), "env_id", "a task id")
+    if maniskill:
+        args.agent_obs = args.agent_obs or "full"
+        require(args.agent_obs in ("full", "local"), "agent_obs", "full or local")
+    elif args.agent_obs is not None:
+        raise UserError("--agent_obs chooses between a ManiSkill task's full and local state; a VMAS agent observes what "
+                        "its scenario gives it: drop --agent_obs")
+    elif args.save_train_video_freq is not None:
+        raise UserError("--save_train_video_freq records ManiSkill training videos; VMAS runs record evaluation videos only")
+    parse_env_kwargs(args.env_kwargs, maniskill)
+    require(all(size >= 1 for size in args.hidden_sizes), "hidden_sizes", "positive widths")
+    cores = usable_cores()
+    require(0 <= args.torch_threads <= cores, "torch_threads", f"0 (torch's default) to {cores}, this machine's cores")
+    for flag in ("num_envs", "num_eval_envs", "num_steps", "num_minibatches", "update_epochs", "eval_freq", "total_timesteps"):
+        require(getattr(args, flag) >= 1, flag, "positive")
+    for flag in ("num_eval_steps", "save_train_video_freq", "max_episode_steps"):
+        require(getattr(args, flag) is None or getattr(args, flag) >= 1, flag, "positive (or None)")
+    if args.max_episode_steps is None:
+        args.max_episode_steps = time_limit
+    for flag in ("reconfiguration_freq", "eval_reconfiguration_freq"):
+        require(getattr(args, flag) is None or getattr(args, flag) >= 0, flag, "0 (never) or positive (or None)")
+    for flag in ("learning_rate", "kl_target", "min_learning_rate", "max_learning_rate", "clip_coef", "vf_coef", "reward_scale"):
+        require(finite(getattr(args, flag)) and getattr(args, flag) > 0, flag, "a positive finite number")
+    require(finite(args.lr_factor) and args.lr_factor > 1, "lr_factor", "a finite number above 1")
+    if args.min_learning_rate > args.max_learning_rate:
+        raise UserError(f"--min_learning_rate ({args.min_learning_rate}) is above --max_learning_rate ({args.max_learning_rate})")
+    require(finite(args.ent_coef) and args.ent_coef >= 0, "ent_coef", "0 or a positive finite number")
+    require(args.max_grad_norm > 0, "max_grad_norm", "positive (inf: no clipping)")  # nan fails the comparison
+    require(args.target_kl is None or args.target_kl > 0, "target_kl", "positive (or None: never stop early)")
+    require(finite(args.gamma) and 0.0 < args.gamma <= 1.0, "gamma", "in (0, 1]")
+    require(finite(args.gae_lambda) and 0.0 <= args.gae_lambda <= 1.0, "gae_lambda", "in [0, 1]")
+    if args.anneal_lr and args.lr_schedule not in ("constant", "linear"):
+        raise UserError(f"--anneal_lr means --lr_schedule=linear and conflicts with --lr_schedule={args.lr_schedule}")
+    if args.anneal_lr:
+        args.lr_schedule = "linear"
+    if args.track and importlib.util.find_spec("wandb") is None:
+        raise UserError("--track logs to Weights and Biases, which is not installed: pip install wandb")
+    if args.checkpoint is not None and args.resume is not None:
+        raise UserError("--checkpoint starts a new run from saved weights and --resume continues a run; give one of them")
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches != 0:
+        raise UserError(f"batch size num_envs*num_steps = {batch_size} does not split into --num_minibatches={args.num_minibatches} "
+                        "equal minibatches; pick num_minibatches dividing it")
+    if args.norm_adv and batch_size // args.num_minibatches < 2:
+        raise UserError("--norm_adv needs minibatches of at least 2 samples; lower --num_minibatches or pass --no_norm_adv")
+    num_iterations = args.total_timesteps // batch_size
+    if num_iterations < 1:
+        raise UserError(f"--total_timesteps={args.total_timesteps} is smaller than one batch (num_envs*num_steps = {batch_size})")
+    # Every env seed the run will use (env i of a block gets seed + i; each resume takes a new block) must be a valid
+    # numpy seed: 0 <= seed < 2**32.
+    seeds_per_run = (num_iterations + 1) * (args.num_envs + args.num_eval_envs)
+    if seeds_per_run >= 2**32:
+        raise UserError(f"--total_timesteps={args.total_timesteps} would need more env seeds than numpy has (2**32)")
+    require(0 <= args.seed < 2**32 - seeds_per_run, "seed", f"in [0, {2**32 - 1 - seeds_per_run}] for this run's length")
+    sim_backend = resolve_sim_backend(args.sim_backend) if maniskill else None
+    if sim_backend == "gpu":
+        for prefix, num_envs, partial_reset, reconfiguration_freq in (
+                ("", args.num_envs, args.partial_reset, args.reconfiguration_freq),
+                ("eval_", args.num_eval_envs, args.eval_partial_reset, args.eval_reconfiguration_freq)):
+            if num_envs > 1 and partial_reset and reconfiguration_freq:
+                raise UserError(f"--{prefix}partial_reset with --{prefix}reconfiguration_freq={reconfiguration_freq}: "
+                                "ManiSkill cannot reconfigure a GPU simulation while it resets only some of its envs; "
+                                f"pass --{prefix}reconfiguration_freq=0 or --no_{prefix}partial_reset")
+    if sim_backend == "cpu":
+        # Each CPU env beyond one is a simulator process of ~0.5 GB that steps on a core of its own: past a few per
+        # core they only cost memory (the defaults, sized for a GPU, would start 520 of them).
+        workers = sum(n for n in (args.num_envs, args.num_eval_envs) if n > 1)
+        if workers > CPU_WORKERS_PER_CORE * cores:
+            num_envs, num_eval_envs = 2 * cores, min(args.num_eval_envs, cores)
+            minibatches = max(d for d in range(1, args.num_minibatches + 1) if num_envs * args.num_steps % d == 0)
+            raise UserError(f"--num_envs={args.num_envs} and --num_eval_envs={args.num_eval_envs} would start {workers} "
+                            f"CPU simulator processes on {cores} cores (at most {CPU_WORKERS_PER_CORE} per core); try "
+                            f"--num_envs={num_envs} --num_eval_envs={num_eval_envs} --num_minibatches={minibatches} "
+                            "(with --resume: a new run with --checkpoint), or a machine with CUDA for the GPU simulation")
+    return batch_size, batch_size // args.num_minibatches, num_iterations
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def resolve_sim_backend(sim_backend: str) -> str:
+    if sim_backend == "auto":
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    if sim_backend == "gpu" and not torch.cuda.is_available():
+        raise UserError("--sim_backend=gpu needs CUDA, which this machine does not have; use --sim_backend=cpu")
+    return sim_backend
+
+
+# ---------------------------------------------------------------------------------------------
+# Environments: one torch interface, a row per agent, over ManiSkill's GPU/CPU vector envs and VMAS
+# ---------------------------------------------------------------------------------------------
+
+VMAS_PREFIX = "vmas:"
+VMAS_MAX_STEPS = 100
+# Env options that ippo.py sets from flags of its own.
+RESERVED_ENV_KWARGS = {
+    True: ("num_envs", "obs_mode", "sim_backend", "render_backend", "render_mode", "control_mode", "reconfiguration_freq",
+           "human_render_camera_configs", "max_episode_steps"),
+    False: ("scenario", "num_envs", "device", "seed", "max_steps", "terminated_truncated", "dict_spaces", "wrapper",
+            "wrapper_kwargs", "grad_enabled"),
+}
+
+
+def find_env(env_id: str) -> tuple[bool, Optional[int]]:
+    """Whether env_id is a ManiSkill task (else a VMAS scenario), and its time limit, before any env is built.
+
+    "module:EnvId" imports module first, so a task that module registers with ManiSkill's @register_env is
+    ManiSkill's. Whether a ManiSkill task is multi-agent shows only once it is built (AgentViews).
+    """
+    if env_id.startswith(VMAS_PREFIX):
+        vmas_scenario(env_id)
+        return False, VMAS_MAX_STEPS
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise UserError(f"cannot import module {module!r} of env id {env_id!r}: {e}") from e
+    try:
+        import mani_skill.envs  # noqa: F401  (registers the ManiSkill tasks)
+        from mani_skill.utils.registration import REGISTERED_ENVS
+    except ImportError as e:
+        raise UserError(f"ManiSkill is not importable ({e}); pip install mani_skill") from e
+    if name in REGISTERED_ENVS:
+        return True, REGISTERED_ENVS[name].max_episode_steps
+    if name in gym.registry:
+        raise UserError(f"{env_id} is a single-agent Gymnasium env; train it with ppo.py. {TRAINER}.py trains "
+                        f"ManiSkill multi-agent tasks and VMAS scenarios ({VMAS_PREFIX}<scenario>)")
+    raise UserError(f"unknown env id {env_id!r}: neither a ManiSkill task nor {VMAS_PREFIX}<scenario>")
+
+
+def vmas_scenario(env_id: str):
+    """A new scenario object for vmas:<scenario> (a file of vmas/scenarios) or vmas:<module>:<ScenarioClass>."""
+    if importlib.util.find_spec("vmas") is None:
+        raise UserError(f"{env_id} is a VMAS scenario and VMAS is not installed: pip install vmas")
+    import vmas
+
+    module, _, name = env_id[len(VMAS_PREFIX):].rpartition(":")
+    if module:
+        try:
+            return getattr(importlib.import_module(module), name)()
+        except (ImportError, AttributeError) as e:
+            raise UserError(f"cannot load scenario class {name!r} from module {module!r}: {e}") from e
+    available = vmas.scenarios + vmas.mpe_scenarios + vmas.debug_scenarios
+    if name not in available:
+        raise UserError(f"unknown VMAS scenario {name!r}; VMAS has {', '.join(available)}")
+    # vmas.scenarios is a list of names; the module of that name loads them
+    return importlib.import_module("vmas.scenarios").load(name + ".py").Scenario()
+
+
+def parse_env_kwargs(pairs: tuple[str, ...], maniskill: bool) -> dict:
+    """--env_kwargs KEY=VALUE ...: values are Python literals (3, 0.5, False, "x"); any other text is a string."""
+    kwargs = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise UserError(f"--env_kwargs takes KEY=VALUE pairs, got {pair!r}")
+        if key in RESERVED_ENV_KWARGS[maniskill]:
+            raise UserError(f"--env_kwargs {pair}: {key} is set by {TRAINER}.py's own flags (--help lists them)")
+        try:
+            kwargs[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            kwargs[key] = text
+    return kwargs
+
+
+def refuse_asset_download(env_id: str):
+    """ManiSkill asks with input() to download missing assets; a training run must never block or download."""
+    from mani_skill.utils import download_asset
+
+    def refuse(message: str):
+        raise UserError(
+            f"{env_id} needs ManiSkill assets that are not on this machine ({message.strip()}); "
+            f"download them first: python -m mani_skill.utils.download_asset {env_id}"
+        )
+
+    download_asset.prompt_yes_no = refuse
+
+
+def in_recorded_rollout(elapsed_steps: int, num_steps: int, freq: int) -> bool:
+    """ManiSkill RecordEpisode's trigger: record every step of every freq-th rollout."""
+    return (elapsed_steps // num_steps) % freq == 0
+
+
+class AgentViews(gym.ObservationWrapper):
+    """A ManiSkill multi-agent task's state_dict observation, flattened as obs_mode="state" flattens it, and which
+    of its entries each agent observes (agent_views; README: "What each agent observes").
+
+    full: every agent observes the whole state. local: agent i observes obs["agent"][<its uid>] and the obs["extra"]
+    entries that belong to no other agent. An extra entry belongs to the agent whose uid its name contains; in a
+    two-agent task, one named left_* to agent 0 and right_* to agent 1 (the two-robot tasks' left_agent and
+    right_agent). The other extra entries (the objects, the goal) are shared.
+    """
+
+    SIDES = ("left", "right")
+
+    def __init__(self, env: gym.Env, env_id: str, agent_obs: str):
+        super().__init__(env)
+        from mani_skill.utils import common
+
+        self.flatten_state_dict = functools.partial(common.flatten_state_dict, use_torch=True)
+        base = env.unwrapped
+        if not isinstance(base.single_action_space, gym.spaces.Dict):
+            raise UserError(f"{env_id} is a single-agent task (its action space is not a Dict keyed by agent); "
+                            "train it with ppo.py")
+        agents, action_spaces = list(base.single_action_space.keys()), list(base.single_action_space.values())
+        if any(space != action_spaces[0] for space in action_spaces):
+            raise UserError(f"{env_id}'s agents have different action spaces ({action_spaces}); {TRAINER}.py stacks "
+                            "the agents' networks and needs one action space")
+
+        def owner(path: tuple[str, ...]) -> Optional[int]:
+            if path[0] == "agent" and path[1] in agents:
+                return agents.index(path[1])
+            for i, uid in enumerate(agents):
+                if uid in path[-1] or (len(agents) == len(self.SIDES) and path[-1].startswith(self.SIDES[i] + "_")):
+                    return i
+            return None
+
+        entries, width = [], 0  # (path, flat columns) in flatten order
+        for path, value in state_dict_leaves(base._init_raw_obs):
+            size = int(np.prod(value.shape[1:]))
+            entries.append((path, range(width, width + size)))
+            width += size
+        flat = self.observation(base._init_raw_obs)
+        assert flat.shape[1] == width, f"the flattened state has {flat.shape[1]} entries, its parts {width}"
+        base.update_obs_space(flat)
+        obs_index = [[column for path, columns in entries if agent_obs == "full" or owner(path) in (None, i)
+                      for column in columns] for i in range(len(agents))]
+        if len({len(index) for index in obs_index}) > 1:
+            raise UserError(f"{env_id}'s agents observe {[len(index) for index in obs_index]} entries with "
+                            f"--agent_obs={agent_obs}; {TRAINER}.py stacks the agents' networks and needs equal sizes")
+        # The global state out of all agents' observations laid end to end: each entry from the first agent that has it.
+        position = {}
+        for i, index in enumerate(obs_index):
+            for j, column in enumerate(index):
+                position.setdefault(column, i * len(index) + j)
+        self.agent_views = {"agents": agents, "obs_index": obs_index, "state_index": [position[c] for c in range(width)],
+                            "action_space": action_spaces[0]}
+
+    def observation(self, observation: dict) -> torch.Tensor:
+        return self.flatten_state_dict(observation)
+
+
+def state_dict_leaves(state: dict, path: tuple[str, ...] = ()):
+    for key, value in state.items():
+        if isinstance(value, dict):
+            yield from state_dict_leaves(value, path + (key,))
+        else:
+            yield path + (key,), value
+
+
+def build_maniskill_env(env_id: str, num_envs: int, env_kwargs: dict, agent_obs: str, video_dir: Optional[str],
+                        video_trigger, max_steps_per_video: Optional[int]) -> gym.Env:
+    import mani_skill.envs  # noqa: F401
+    from mani_skill.utils.wrappers.flatten import FlattenActionSpaceWrapper
+    from mani_skill.utils.wrappers.record import RecordEpisode
+
+    refuse_asset_download(env_id)
+    env = gym.make(env_id, num_envs=num_envs, **env_kwargs)
+    env = AgentViews(env, env_id, agent_obs)
+    # One Box: the agents' actions end to end, in the order of the Dict's keys (agent_views["agents"]).
+    env = FlattenActionSpaceWrapper(env)
+    if video_dir is not None:
+        # info_on_video crashes under numpy 2
+        env = RecordEpisode(env, output_dir=video_dir, save_trajectory=False, save_video_trigger=video_trigger,
+                            max_steps_per_video=max_steps_per_video, video_fps=30, info_on_video=False,
+                            avoid_overwriting_video=True)  # a resumed run numbers its videos from 0 again
+    return env
+
+
+def build_maniskill_cpu_worker_env(env_id: str, env_kwargs: dict, agent_obs: str, ignore_terminations: bool,
+                                   video_dir: Optional[str], video_trigger, max_steps_per_video: Optional[int]) -> gym.Env:
+    """Module-level so that AsyncVectorEnv can pickle it into forkserver workers."""
+    from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
+
+    if multiprocessing.parent_process() is not None:
+        # Ctrl-C, and SIGTERM from a scheduler, go to the whole process group; the learner saves a checkpoint,
+        # so the workers must keep stepping (they exit when the learner closes their pipes).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # One env per worker: more torch threads only fight the other workers for the cores.
+        torch.set_num_threads(1)
+    env = build_maniskill_env(env_id, 1, env_kwargs, agent_obs, video_dir, video_trigger, max_steps_per_video)
+    cpu_env = CPUGymWrapper(env, ignore_terminations=ignore_terminations, record_metrics=True)
+    # CPUGymWrapper announces the task's Dict action space; it is handed the flattened actions.
+    cpu_env.action_space = env.get_wrapper_attr("single_action_space")
+    return cpu_env
+
+
+class VmasVectorEnv:
+    """A VMAS scenario as a torch vector env with ManiSkillVectorEnv's conventions: observations are the agents'
+    observations end to end (num_envs, num_agents * obs_dim), rewards one per agent (num_envs, num_agents),
+    terminated and truncated apart; an env whose episode ended is reset at once (alone), its last observation in
+    info["final_observation"]. With a video_dir, the first episode of env 0 after each reset(seed) is recorded.
+    """
+
+    def __init__(self, env_id: str, num_envs: int, device: torch.device, max_steps: int, env_kwargs: dict,
+                 video_dir: Optional[str]):
+        import vmas
+
+        try:
+            with warnings.catch_warnings():
+                # VMAS only warns about options a scenario does not know: a typo would go unnoticed.
+                warnings.filterwarnings("error", message=".*passed but not used by the scenario")
+                self.env = vmas.make_env(vmas_scenario(env_id), num_envs=num_envs, device=device, max_steps=max_steps,
+                                         terminated_truncated=True, **env_kwargs)
+        except UserWarning as e:
+            raise UserError(f"{env_id} does not take these --env_kwargs: {e}") from e
+        except TypeError as e:
+            raise UserError(f"cannot make {env_id} with --env_kwargs {env_kwargs}: {e}") from e
+        self.random_state = list(type(self.env).vmas_random_state)
+        obs_spaces = [gymnasium_space(space) for space in self.env.observation_space]
+        action_spaces = [gymnasium_space(space) for space in self.env.action_space]
+        if not all(isinstance(space, gym.spaces.Box) and len(space.shape) == 1 for space in obs_spaces):
+            raise UserError(f"{env_id}'s observations ({obs_spaces[0]}) are not flat Boxes; {TRAINER}.py needs them flat")
+        if any(space != obs_spaces[0] for space in obs_spaces) or any(space != action_spaces[0] for space in action_spaces):
+            raise UserError(f"{env_id}'s agents have different observation or action spaces ({obs_spaces}, "
+                            f"{action_spaces}); {TRAINER}.py stacks the agents' networks and needs them equal")
+        self.num_envs, self.device, self.num_agents = num_envs, device, len(obs_spaces)
+        width = self.num_agents * obs_spaces[0].shape[0]
+        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (width,), np.float32)
+        self.agent_views = {"agents": [agent.name for agent in self.env.agents],
+                            "obs_index": np.arange(width).reshape(self.num_agents, -1).tolist(),
+                            "state_index": list(range(width)), "action_space": action_spaces[0]}
+        self.video_dir, self.frames, self.videos_written = video_dir, None, 0
+
+    def in_own_stream(self, method, *args, **kwargs):
+        """VMAS draws every env's random numbers from one stream, a class attribute: each vector env swaps in a
+        stream of its own, so that evaluation resets leave training's episode starts as they were."""
+        shared = type(self.env).vmas_random_state
+        saved, shared[:] = list(shared), self.random_state
+        try:
+            return method(*args, **kwargs)
+        finally:
+            self.random_state, shared[:] = list(shared), saved
+
+    def reset(self, seed: Optional[int] = None):
+        if seed is not None:
+            self.in_own_stream(self.env.seed, seed)
+        obs = self.in_own_stream(self.env.reset)
+        if self.video_dir is not None and seed is not None:
+            self.frames = [self.render()]
+        return torch.cat(obs, dim=1), {}
+
+    def step(self, action: torch.Tensor):
+        obs, rewards, terminated, truncated, _ = self.in_own_stream(
+            self.env.step, list(action.reshape(self.num_envs, self.num_agents, -1).unbind(1)))
+        obs, reward = torch.cat(obs, dim=1), torch.stack(rewards, dim=1)
+        done = terminated | truncated
+        if self.frames is not None:
+            self.frames.append(self.render())
+            if done[0]:
+                self.flush_video()
+        info = {}
+        if done.any():
+            info = {"final_observation": obs, "final_info": {}}
+            if done.all():
+                reset_obs = self.in_own_stream(self.env.reset)
+            else:
+                for index in done.nonzero().flatten().tolist():
+                    self.in_own_stream(self.env.reset_at, index, return_observations=False)
+                reset_obs = self.in_own_stream(self.env.get_from_scenario, get_observations=True, get_rewards=False,
+                                               get_infos=False, get_dones=False)[0]
+            obs = torch.where(done[:, None], torch.cat(reset_obs, dim=1), obs)
+        return obs, reward, terminated, truncated, info
+
+    def render(self) -> np.ndarray:
+        return self.env.render(mode="rgb_array", env_index=0)
+
+    def flush_video(self):
+        if self.frames:
+            from gymnasium.utils.save_video import save_video
+
+            save_video(self.frames, self.video_dir, episode_trigger=lambda _: True, name_prefix="eval",
+                       episode_index=self.videos_written, fps=30)
+            self.videos_written += 1
+        self.frames = None
+
+    def close(self):
+        self.frames = None
+
+
+def gymnasium_space(space):
+    """VMAS builds its spaces with the older gym package."""
+    if type(space).__name__ == "Box":
+        return gym.spaces.Box(space.low, space.high, space.shape, space.dtype)
+    if type(space).__name__ == "Discrete":
+        return gym.spaces.Discrete(int(space.n), start=int(getattr(space, "start", 0)))
+    return space
+
+
+def space_to_dict(space: gym.Space) -> dict:
+    if isinstance(space, gym.spaces.Discrete):
+        return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
+    return {"type": "Box", "shape": list(space.shape), "low": np.asarray(space.low, dtype=np.float64).ravel().tolist(),
+            "high": np.asarray(space.high, dtype=np.float64).ravel().tolist()}
+
+
+class TorchVecEnv:
+    """Tensors in, tensors out, on the learner's device, whatever runs the simulation; a row per agent.
+
+    step(action (num_envs, num_agents, ...)) returns (next_obs, reward, terminated, truncated, final_obs, finished):
+    next_obs (num_envs, num_agents, obs_dim) is already reset where an episode ended; final_obs is the true last
+    observation of those episodes (next_obs elsewhere); reward is (num_envs, num_agents), a ManiSkill task's team
+    reward going to every agent; terminated and truncated are per env, as every agent's episode ends with its env's;
+    finished maps metric names (return: the mean over agents of their episode returns, <agent>/return, episode_len,
+    and ManiSkill's success_once, success_at_end, fail_once, fail_at_end) to one value per episode that ended in this
+    step, or is None when none ended.
+
+    The env gives one flat observation per env; agent_views["obs_index"][i] lists agent i's entries of it and
+    agent_views["state_index"] the global state's entries of all agents' observations laid end to end.
+    """
+
+    EPISODE_KEYS = ("success_once", "success_at_end", "fail_once", "fail_at_end")
+
+    def __init__(self, env, device: torch.device, torch_native: bool, agent_views: dict, video_recorder=None):
+        self.env = env
+        self.video_recorder = video_recorder
+        self.device = device
+        self.torch_native = torch_native
+        self.num_envs = env.num_envs
+        self.agents = list(agent_views["agents"])
+        self.num_agents = len(self.agents)
+        self.obs_index = torch.as_tensor(agent_views["obs_index"], dtype=torch.long, device=device)
+        self.state_index = torch.as_tensor(agent_views["state_index"], dtype=torch.long, device=device)
+        self.flat_obs_dim = int(np.prod(env.single_observation_space.shape))
+        self.obs_dim = self.obs_index.shape[1]
+        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (self.obs_dim,), np.float32)
+        self.single_action_space = agent_views["action_space"]
+        space = self.single_action_space
+        if isinstance(space, gym.spaces.Box):
+            if len(space.shape) != 1:
+                raise UserError(f"action space {space} is not supported; Box actions must be 1-D")
+            self.action_low = torch.as_tensor(space.low, dtype=torch.float32, device=device)
+            self.action_high = torch.as_tensor(space.high, dtype=torch.float32, device=device)
+        elif isinstance(space, gym.spaces.Discrete):
+            self.action_start = int(space.start)  # the agent's actions are 0..n-1, the env's start..start+n-1
+        else:
+            raise UserError(f"action space {space} is not supported; {TRAINER}.py handles Box and Discrete actions")
+        self.episode_return = torch.zeros((self.num_envs, self.num_agents), dtype=torch.float64, device=device)
+        self.episode_length = torch.zeros(self.num_envs, dtype=torch.long, device=device)
+
+    def _obs(self, obs) -> torch.Tensor:
+        return torch.as_tensor(obs, device=self.device).reshape(-1, self.flat_obs_dim).float()[:, self.obs_index]
+
+    def _to_device(self, x, dtype) -> torch.Tensor:
+        return torch.as_tensor(x, device=self.device).reshape(self.num_envs).to(dtype)
+
+    def reset(self, seed: Optional[int] = None) -> torch.Tensor:
+        obs, _ = self.env.reset(seed=seed)
+        self.episode_return.zero_()
+        self.episode_length.zero_()
+        return self._obs(obs)
+
+    def step(self, action: torch.Tensor):
+        if isinstance(self.single_action_space, gym.spaces.Box):
+            # Sampled actions may leave the bounds; the log-prob is kept for the unclipped one.
+            action = torch.clamp(action, self.action_low, self.action_high)
+        else:
+            action = action + self.action_start
+        action = action.flatten(1)
+        if self.torch_native:
+            action = action.to(self.env.device)
+        else:
+            action = action.cpu().numpy()
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        next_obs = self._obs(obs)
+        reward = torch.as_tensor(reward, device=self.device).reshape(self.num_envs, -1).float().expand(-1, self.num_agents)
+        terminated = self._to_device(terminated, torch.bool)
+        truncated = self._to_device(truncated, torch.bool)
+        done = terminated | truncated
+        self.episode_return += reward
+        self.episode_length += 1
+
+        final_obs, finished = next_obs, None
+        if "final_info" in info:  # present only when some episode ended
+            if self.torch_native:
+                final_obs = torch.where(done[:, None, None], self._obs(info["final_observation"]), next_obs)
+            else:
+                ended = info["_final_obs"]
+                final_obs = next_obs.clone()
+                final_obs[torch.as_tensor(ended, device=self.device)] = self._obs(np.stack(info["final_obs"][ended]))
+            episode_return = self.episode_return[done].float()
+            finished = {"return": episode_return.mean(1), "episode_len": self.episode_length[done].float()}
+            finished.update({f"{name}/return": episode_return[:, i] for i, name in enumerate(self.agents)})
+            episode = info["final_info"].get("episode", {})
+            for key in self.EPISODE_KEYS:
+                if key in episode:
+                    finished[key] = self._to_device(episode[key], torch.float32)[done]
+            self.episode_return = torch.where(done[:, None], 0.0, self.episode_return)
+            self.episode_length = torch.where(done, 0, self.episode_length)
+        return next_obs, reward, terminated, truncated, final_obs, finished
+
+    def flush_video(self):
+        """ManiSkill's RecordEpisode over many envs saves a video every max_steps_per_video steps only, and VMAS's
+        recorder at the end of env 0's episode; an evaluation that ended early saves the rest of its video now."""
+        if self.video_recorder is not None:
+            self.video_recorder.flush_video()
+
+    def close(self):
+        self.env.close()
+
+
+def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: bool, run_dir: Path,
+              num_eval_steps: int) -> TorchVecEnv:
+    num_envs = args.num_eval_envs if evaluation else args.num_envs
+    video_dir, video_trigger, max_steps_per_video = None, None, None
+    if args.capture_video and evaluation:
+        video_dir = str(run_dir / "videos")
+        max_steps_per_video = num_eval_steps
+    elif args.capture_video and args.save_train_video_freq is not None:
+        video_dir = str(run_dir / "train_videos")
+        video_trigger = functools.partial(in_recorded_rollout, num_steps=args.num_steps, freq=args.save_train_video_freq)
+        max_steps_per_video = args.num_steps
+    env_kwargs = parse_env_kwargs(args.env_kwargs, maniskill)
+    if maniskill:
+        return make_maniskill_envs(args, num_envs, device, evaluation, env_kwargs, video_dir, video_trigger,
+                                   max_steps_per_video)
+    env = VmasVectorEnv(args.env_id, num_envs, device, args.max_episode_steps, env_kwargs, video_dir)
+    return TorchVecEnv(env, device, torch_native=True, agent_views=env.agent_views,
+                       video_recorder=env if video_dir is not None else None)
+
+
+def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluation: bool, user_env_kwargs: dict,
+                        video_dir: Optional[str], video_trigger, max_steps_per_video: Optional[int]) -> TorchVecEnv:
+    """ManiSkill's GPU simulation runs all envs in one process and has branches of its own for num_envs > 1; each
+    is handled here or refused in validate() (README: "ManiSkill with many envs"):
+    - RecordEpisode needs max_steps_per_video (it cannot flush a video at one env's reset): the evaluation's length
+      or the rollout's; evaluate() flushes the rest of an evaluation that ends early.
+    - Videos tile every env into one frame, so the training video's camera shrinks with the number of envs.
+    - ManiSkillVectorEnv cannot reconfigure on a partial reset: refused in validate().
+    - reset(seed=s) gives env 0 seed s and the others seeds drawn from RandomState(s); autoresets are unseeded.
+    """
+    from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
+
+    gpu = resolve_sim_backend(args.sim_backend) == "gpu"
+    env_kwargs = dict(user_env_kwargs, obs_mode="state_dict", sim_backend="physx_cuda" if gpu else "physx_cpu",
+                      # the default render backend falls back to the CPU with one warning per env
+                      render_backend="gpu" if torch.cuda.is_available() else "cpu",
+                      reconfiguration_freq=args.eval_reconfiguration_freq if evaluation else args.reconfiguration_freq,
+                      max_episode_steps=args.max_episode_steps)
+    if args.control_mode is not None:
+        env_kwargs["control_mode"] = args.control_mode
+    if video_dir is not None:
+        env_kwargs["render_mode"] = "rgb_array"
+    if evaluation:
+        env_kwargs["human_render_camera_configs"] = dict(shader_pack="default")
+    elif video_dir is not None and gpu and num_envs > 1:
+        side = max(64, min(512, 1024 // math.ceil(math.sqrt(num_envs))))  # a tiled frame of about 1024 pixels square
+        env_kwargs["human_render_camera_configs"] = dict(width=side, height=side)
+    ignore_terminations = not (args.eval_partial_reset if evaluation else args.partial_reset)
+    try:
+        if gpu or num_envs == 1:
+            # One CPU env takes the same ManiSkillVectorEnv code path as thousands of GPU envs.
+            env = build_maniskill_env(args.env_id, num_envs, env_kwargs, args.agent_obs, video_dir, video_trigger,
+                                      max_steps_per_video)
+            vec_env = ManiSkillVectorEnv(env, num_envs, ignore_terminations=ignore_terminations, record_metrics=True)
+            return TorchVecEnv(vec_env, device, torch_native=True, agent_views=env.get_wrapper_attr("agent_views"),
+                               video_recorder=env if video_dir is not None else None)
+        # The fork start method hangs while workers build SAPIEN scenes; forkserver needs module-level builders.
+        env_fns = [functools.partial(build_maniskill_cpu_worker_env, args.env_id, env_kwargs, args.agent_obs,
+                                     ignore_terminations, video_dir if i == 0 else None, video_trigger, max_steps_per_video)
+                   for i in range(num_envs)]
+        # AsyncVectorEnv builds its first env in this process before any worker, so a missing asset or Vulkan
+        # driver, or a single-agent task, fails here.
+        vec_env = gym.vector.AsyncVectorEnv(env_fns, context="forkserver", autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        return TorchVecEnv(vec_env, device, torch_native=False, agent_views=vec_env.get_attr("agent_views")[0])
+    except (AssertionError, KeyError, ValueError, TypeError) as e:
+        raise UserError(f"cannot make ManiSkill env {args.env_id!r} with {env_kwargs}: {e}") from e
+    except RuntimeError as e:
+        if "vk::" not in str(e) and "vulkan" not in str(e).lower():
+            raise
+        raise UserError(f"SAPIEN, ManiSkill's simulator, needs a Vulkan driver even on CPU and found none ({e}); "
+                        "on a CPU-only Debian/Ubuntu machine: bash scripts/install_cpu_vulkan.sh") from e
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints, resume, signals
+# ---------------------------------------------------------------------------------------------
+
+# --resume continues one experiment: only the flags that say how long it runs and how it is run, watched and stored
+# may change. Any other difference (the task, the algorithm, the evaluation) is another experiment: start it from the
+# run's weights with --checkpoint.
+RESUME_CHANGEABLE_FIELDS = ("total_timesteps", "eval_freq", "capture_video", "save_train_video_freq", "save_model",
+                            "track", "wandb_project_name", "wandb_entity", "torch_threads", "cuda", "torch_deterministic")
+
+
+def parse_args(argv: list[str]) -> Args:
+    args = tyro.cli(Args, args=argv, use_underscores=True, description=__doc__)
+    if args.resume is None:
+        return args
+    saved = load_checkpoint(find_resume_checkpoint(args.resume))["args"]
+    saved["checkpoint"] = None  # the weights it started from are in the run's own checkpoints by now
+    saved_args = Args(**{f.name: saved[f.name] for f in dataclasses.fields(Args) if f.name in saved})
+    # Parse again with the run's own arguments as defaults: flags given now override them.
+    args = tyro.cli(Args, args=argv, use_underscores=True, default=saved_args, description=__doc__)
+    fixed = [f.name for f in dataclasses.fields(Args) if f.name not in RESUME_CHANGEABLE_FIELDS + ("resume", "checkpoint")]
+    changed = [f"--{name}" for name in fixed if getattr(args, name) != getattr(saved_args, name)]
+    if changed:
+        raise UserError(f"--resume continues the same experiment and only its run-control flags may change, but "
+                        f"{', '.join(changed)} differ from the run's; start a new run from its weights with --checkpoint")
+    return args
+
+
+def cli_flag(name: str, value) -> str:
+    """How a user writes name=value on the command line."""
+    if isinstance(value, bool):
+        return f"--{name}" if value else f"--no_{name}"
+    return f"--{name}={value}"
+
+
+def numbered_checkpoints(run_dir: Path) -> dict[int, Path]:
+    """The run's ckpt_<iteration>.pt files by iteration."""
+    return {int(m.group(1)): p for p in run_dir.iterdir() if (m := re.fullmatch(r"ckpt_(\d+)\.pt", p.name))}
+
+
+def find_resume_checkpoint(path: str) -> Path:
+    """A checkpoint file as given, or a run directory's newest ckpt_<iteration>.pt."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    numbered = numbered_checkpoints(path)
+    if not numbered:
+        raise UserError(f"no checkpoint ckpt_<iteration>.pt in {path} to resume from")
+    return numbered[max(numbered)]
+
+
+def load_checkpoint(path) -> dict:
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"checkpoint {path} is a directory; give a checkpoint file, e.g. {path / 'final_ckpt.pt'}")
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} does not exist")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise UserError(f"checkpoint {path} cannot be read ({type(e).__name__}: {e})") from e
+    if not isinstance(ckpt, dict) or "format" not in ckpt or "model" not in ckpt:
+        raise UserError(f"{path} is not a checkpoint of these trainers")
+    if ckpt["format"] != CHECKPOINT_FORMAT:
+        raise UserError(f"{path} has checkpoint format {ckpt['format']}; this {TRAINER}.py reads format {CHECKPOINT_FORMAT}")
+    if ckpt.get("trainer") != TRAINER:
+        raise UserError(f"{path} was written by {ckpt.get('trainer')}.py; {TRAINER}.py cannot continue or start from it")
+    return ckpt
+
+
+def set_aside_later_checkpoints(run_dir: Path, iteration: int):
+    """Resuming from an older checkpoint abandons what came after it. Its checkpoints move to a subdirectory
+    (nothing is deleted), so that `--resume RUN_DIR` and final_ckpt.pt refer to the continued run."""
+    later = [path for number, path in numbered_checkpoints(run_dir).items() if number > iteration]
+    final = run_dir / "final_ckpt.pt"
+    if final.is_file() and load_checkpoint(final)["iteration"] > iteration:
+        later.append(final)
+    if not later:
+        return
+    aside = run_dir / f"abandoned_after_{iteration}_{int(time.time())}"
+    aside.mkdir()
+    for path in later:
+        path.rename(aside / path.name)
+    print(f"resuming from iteration {iteration}: moved the {len(later)} later checkpoints to {aside}", file=sys.stderr)
+
+
+class RunDirLock:
+    """One process at a time writes a run directory: an exclusive flock on its .lock file, which the kernel releases
+    when the process ends, however it ends."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.new_dirs = [path for path in (run_dir, *run_dir.parents) if not path.exists()]
+        self.entries_before = set(run_dir.iterdir()) if run_dir.is_dir() else set()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        path = run_dir / ".lock"
+        self.file = open(path, "a+")
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # a lock file that a failing start unlinked after we opened it locks nothing
+            held = path.exists() and os.stat(path).st_ino == os.fstat(self.file.fileno()).st_ino
+        except BlockingIOError:
+            held = False
+        except OSError as e:
+            if e.errno not in (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK):
+                raise
+            print(f"warning: {run_dir} cannot be locked on this file system ({e.strerror}); "
+                  "make sure no other process writes this run", file=sys.stderr)
+            held = True
+        if not held:
+            self.file.seek(0)
+            holder = self.file.read().strip()
+            self.file.close()
+            raise UserError(f"{run_dir} is in use by another process (pid {holder}); wait for it to finish or stop it")
+        self.file.truncate(0)
+        self.file.write(str(os.getpid()))
+        self.file.flush()
+
+    def release(self):
+        self.file.close()
+
+    def undo(self):
+        """A start that failed leaves the disk as it found it: what it created (the lock file, empty video
+        directories, a new run directory) goes, and nothing else is touched."""
+        new_entries = set(self.run_dir.iterdir()) - self.entries_before
+        try:
+            if self.run_dir / ".lock" in new_entries:
+                (self.run_dir / ".lock").unlink()  # while still locked: no other start can take it meanwhile
+            for path in new_entries:
+                if path.is_dir() and not any(path.iterdir()):
+                    path.rmdir()
+            for path in self.new_dirs:
+                if any(path.iterdir()):
+                    break
+                path.rmdir()
+        except OSError:
+            pass  # another start is creating entries here at the same time: leave them
+        finally:
+            self.release()
+
+
+def save_checkpoint(path: Path, state: dict):
+    """Write to a temporary file, then rename: a crash mid-write never leaves a truncated checkpoint."""
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def rng_states(device: torch.device) -> dict:
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        # The learner's GPU alone: a resumed job may land on a node with another number of GPUs.
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.empty(0, dtype=torch.uint8),
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "python": random.getstate(),
+    }
+
+
+def set_rng_states(states: dict, device: torch.device):
+    torch.set_rng_state(states["torch"])
+    if device.type == "cuda" and len(states["cuda"]) > 0:
+        torch.cuda.set_rng_state(states["cuda"], device)
+    np_state = states["numpy"]
+    np.random.set_state(("MT19937", np_state["keys"].numpy().astype(np.uint32), np_state["pos"],
+                         np_state["has_gauss"], np_state["cached_gaussian"]))
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def all_finite(module: nn.Module) -> bool:
+    tensors = [t for t in module.state_dict().values() if t.is_floating_point()]
+    return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
+
+
+class StopSignal:
+    """SIGINT/SIGTERM end the run at the next iteration boundary, after a checkpoint; a second signal exits at once."""
+
+    def __init__(self):
+        self.signum: Optional[int] = None
+        self.previous_handlers = {signum: signal.signal(signum, self.handle) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore(self):
+        """Give the signals back to whoever had them, e.g. a program that called cli() in-process."""
+        for signum, handler in self.previous_handlers.items():
+            signal.signal(signum, handler)
+
+    def handle(self, signum, frame):
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        print(f"\n{signal.Signals(signum).name} received: stopping after this iteration and saving a checkpoint", file=sys.stderr)
+
+
+def cli(argv: Optional[list[str]] = None) -> int:
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+        return main(args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
