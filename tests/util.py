@@ -75,10 +75,10 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float):
 TIMING_TAGS = {"charts/SPS", "time/rollout_time", "time/update_time", "time/rollout_fps"}
 
 
-def assert_same_numbers(run_a: Path, run_b: Path):
+def assert_same_numbers(run_a: Path, run_b: Path, tags=frozenset({"losses/policy_loss", "eval/return"})):
     """Two runs logged the same scalars (timings aside) and ended with the same weights."""
     a, b = scalars(run_a), scalars(run_b)
-    assert set(a) == set(b) and {"losses/policy_loss", "eval/return"} <= set(a)
+    assert set(a) == set(b) and tags <= set(a)
     for tag in set(a) - TIMING_TAGS:
         assert a[tag] == b[tag], tag
     model_a, model_b = load(run_a / "final_ckpt.pt")["model"], load(run_b / "final_ckpt.pt")["model"]

@@ -1,0 +1,314 @@
+"""ippo.py: agents that learn independently, GAE and bootstrapping per agent, VMAS and ManiSkill end to end,
+determinism, resume, non-finite guard, bad input."""
+
+import importlib.util
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+import ippo
+from tests.test_advantages import GAMMA, LAM, random_rollout, reference
+from tests.util import (REPO, TIMING_TAGS, assert_same_numbers, fast_args, load, run_script, scalars, start_script,
+                        wait_for)
+
+CLOCK = "vmas:tests.vmas_scenarios:Clock"
+NAVIGATION = ["--env_kwargs", "n_agents=3"]
+BOX = {"type": "Box", "shape": [2], "low": [-1.0, -1.0], "high": [1.0, 1.0]}
+DISCRETE = {"type": "Discrete", "n": 3, "start": 0}
+
+
+@pytest.mark.parametrize("centralized_critic", [False, True], ids=["own-obs-critic", "centralized-critic"])
+@pytest.mark.parametrize("action_space", [BOX, DISCRETE], ids=["Box", "Discrete"])
+def test_one_agents_loss_changes_only_its_own_parameters(action_space, centralized_critic):
+    """A loss on agent 1's outputs alone, through per-agent clipping and Adam: every parameter of agent 1 moves,
+    none of agents 0 and 2 does (with a centralized critic too, whose inputs include the others' observations)."""
+    torch.manual_seed(0)
+    agent = ippo.Agent(3, 5, action_space, norm_obs=True, hidden_sizes=(16, 16), share_parameters=False,
+                       state_index=torch.arange(15) if centralized_critic else None)
+    agent.obs_normalizer.update(torch.randn(64, 3, 5))
+    before = {name: p.detach().clone() for name, p in agent.named_parameters()}
+    optimizer = torch.optim.Adam(agent.parameters(), lr=0.01)
+    _, logprob, entropy, value = agent.get_action_and_value(agent.normalize_obs(torch.randn(32, 3, 5)))
+    loss = (logprob[:, 1] + entropy[:, 1] + value[:, 1] ** 2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    ippo.clip_grad_norm_per_net(agent, max_norm=1e-3)  # clips agent 1's gradient, leaves the zero ones zero
+    optimizer.step()
+    for name, p in agent.named_parameters():
+        assert p.shape[0] == 3, name
+        assert (p[1] != before[name][1]).any(), name
+        assert torch.equal(p[[0, 2]], before[name][[0, 2]]), name
+
+
+def test_gradient_clipping_is_per_agent():
+    torch.manual_seed(0)
+    agent = ippo.Agent(2, 4, BOX, norm_obs=False, hidden_sizes=(8,), share_parameters=False, state_index=None)
+    for p in agent.parameters():
+        p.grad = torch.ones_like(p)
+        p.grad[0] *= 1000.0  # agent 0's gradient is huge, agent 1's small
+    small = {name: p.grad[1].clone() for name, p in agent.named_parameters()}
+    norms = ippo.clip_grad_norm_per_net(agent, max_norm=1e3)
+    assert norms[0] > 1e3 > norms[1]
+    clipped = torch.cat([p.grad[0].flatten() for p in agent.parameters()]).norm()
+    assert clipped == pytest.approx(1e3, rel=1e-4)
+    for name, p in agent.named_parameters():
+        assert torch.equal(p.grad[1], small[name]), name
+
+
+def test_shared_parameters_tell_agents_apart_by_their_id():
+    torch.manual_seed(0)
+    agent = ippo.Agent(3, 4, BOX, norm_obs=False, hidden_sizes=(16,), share_parameters=True,
+                       state_index=torch.arange(12))
+    assert all(p.shape[0] == 1 for p in agent.parameters())
+    obs = torch.randn(1, 4).expand(5, 3, 4)  # every agent sees the same observation
+    mean = agent.get_action(obs, deterministic=True)
+    value = agent.get_value(obs)
+    for i, j in ((0, 1), (0, 2), (1, 2)):
+        assert not torch.allclose(mean[:, i], mean[:, j]) and not torch.allclose(value[:, i], value[:, j])
+    no_ids = ippo.Agent(3, 4, BOX, norm_obs=False, hidden_sizes=(16,), share_parameters=True, state_index=None)
+    no_ids.agent_ids.zero_()  # without the id, one network gives identical agents identical outputs
+    assert torch.equal(no_ids.get_value(obs)[:, 0], no_ids.get_value(obs)[:, 1])
+
+
+@pytest.mark.parametrize("finite_horizon", [False, True])
+@pytest.mark.parametrize("rule", ["always", "truncated", "never"])
+def test_advantages_per_agent_match_the_single_agent_reference(rule, finite_horizon):
+    """Three agents with their own rewards, values and final values, in envs whose episodes end together."""
+    rollouts = [random_rollout(seed) for seed in (0, 1, 2)]
+    terminated, truncated = rollouts[0]["terminated"], rollouts[0]["truncated"]
+    stacked = {key: torch.as_tensor(np.stack([r[key] for r in rollouts], axis=-1))
+               for key in ("rewards", "values", "final_values", "next_value")}
+    t_terminated, t_truncated = torch.as_tensor(terminated), torch.as_tensor(truncated)
+    dones = (t_terminated | t_truncated).double().unsqueeze(-1)
+    mask = ippo.bootstrap_mask(rule, t_terminated, t_truncated).unsqueeze(-1)
+    bootstrap_values = torch.where(mask, stacked["final_values"], 0.0)
+    got = ippo.compute_advantages(stacked["rewards"], stacked["values"], dones, bootstrap_values, stacked["next_value"],
+                                  GAMMA, LAM, finite_horizon)
+    assert got.shape == (12, 6, 3)
+    for i, r in enumerate(rollouts):
+        want = reference(r["rewards"], r["values"], terminated, truncated, r["final_values"], r["next_value"], rule,
+                         finite_horizon)
+        np.testing.assert_allclose(got[..., i].numpy(), want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("ending", ["terminated", "truncated"])
+@pytest.mark.parametrize("rule", ["always", "truncated", "never"])
+def test_rollout_bootstraps_each_agent_from_its_final_observation(tmp_path, monkeypatch, rule, ending):
+    """Episodes end after 6 steps, by termination or by the time limit. The critic is replaced by
+    V(obs) = 1000 * (steps elapsed / 8) + agent index, so agent i's final observation is worth 750 + i and the reset
+    observation that replaces it i."""
+    captured = []
+    compute_advantages = ippo.compute_advantages
+
+    def spy(rewards, values, dones, bootstrap_values, *rest):
+        captured.append((dones.clone(), bootstrap_values.clone()))
+        return compute_advantages(rewards, values, dones, bootstrap_values, *rest)
+
+    monkeypatch.setattr(ippo, "compute_advantages", spy)
+    monkeypatch.setattr(ippo.Agent, "get_value", lambda self, obs: 1000.0 * obs[..., 2] + obs[..., 3])
+    monkeypatch.chdir(tmp_path)
+    ends = ["--env_kwargs", "terminate_after=6"] if ending == "terminated" else ["--max_episode_steps", "6"]
+    argv = fast_args(CLOCK, rule, num_steps=12, total_timesteps=2 * 12 * 2, bootstrap_at_done=rule, save_model=False,
+                     num_eval_steps=12)
+    assert ippo.cli(argv + ends) == 0
+    bootstraps = rule == "always" or (rule == "truncated" and ending == "truncated")
+    assert len(captured) == 2
+    for dones, bootstrap_values in captured:
+        assert dones.shape == (12, 2, 1) and bootstrap_values.shape == (12, 2, 2)
+        assert dones[:, :, 0].nonzero()[:, 0].tolist() == [5, 5, 11, 11]
+        for t in (5, 11):
+            assert bootstrap_values[t].tolist() == ([[750.0, 751.0]] * 2 if bootstraps else [[0.0, 0.0]] * 2)
+        assert not bootstrap_values[dones.expand(-1, -1, 2) == 0].any()
+
+
+def navigation_args(name: str, **overrides) -> list[str]:
+    return fast_args("vmas:navigation", name, **{"max_episode_steps": 16, **overrides}) + NAVIGATION
+
+
+def test_vmas_navigation_learns(tmp_path):
+    """3 agents, 30,000 frames (about 20 s here): the mean agent return of 20 evaluation episodes goes from about
+    -0.1 (untrained) to above 1.5 (benchmarks/vmas_navigation.py goes on to 2.8 and beyond)."""
+    argv = ["--env_id", "vmas:navigation", *NAVIGATION, "--exp_name", "nav", "--num_envs", "60", "--num_steps", "100",
+            "--total_timesteps", "30000", "--hidden_sizes", "64", "64", "--num_minibatches", "15", "--update_epochs", "30",
+            "--learning_rate", "1e-3", "--gamma", "0.9", "--eval_freq", "1", "--num_eval_envs", "20",
+            "--no_capture_video"]
+    result = run_script("ippo.py", argv, tmp_path)
+    assert result.returncode == 0, result.stderr
+    returns = [value for _, value in scalars(tmp_path / "runs/nav")["eval/return"]]
+    assert len(returns) == 5 and returns[0] < 1.0 and returns[-1] > 1.5, returns
+
+
+def test_same_seed_same_numbers_and_evaluation_leaves_training_alone(tmp_path):
+    """VMAS draws every env's resets from one random stream; each vector env has its own, so evaluating every
+    iteration or only at the end gives training the same episodes."""
+    for name, eval_freq in (("a", 1), ("b", 1), ("rare", 100)):
+        result = run_script("ippo.py", navigation_args(name, norm_obs=True, eval_freq=eval_freq, num_eval_envs=2), tmp_path)
+        assert result.returncode == 0, result.stderr
+    assert_same_numbers(tmp_path / "runs/a", tmp_path / "runs/b", tags={"losses/agent_0/policy_loss", "eval/return"})
+    a, rare = scalars(tmp_path / "runs/a"), scalars(tmp_path / "runs/rare")
+    for tag in set(a) - TIMING_TAGS:
+        if not tag.startswith("eval/"):
+            assert a[tag] == rare[tag], tag
+    other = run_script("ippo.py", navigation_args("c", norm_obs=True, seed=2), tmp_path)
+    assert other.returncode == 0
+    assert scalars(tmp_path / "runs/c")["losses/agent_0/policy_loss"] != a["losses/agent_0/policy_loss"]
+
+
+def test_checkpoint_rebuilds_every_agent_and_refuses_another_network(tmp_path):
+    result = run_script("ippo.py", navigation_args("run", norm_obs=True, share_parameters=True,
+                                                     centralized_critic=True, hidden_sizes=32), tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "bootstrap_rule=truncated" in result.stdout  # VMAS's default: time limits are not terminal
+    ckpt = load(tmp_path / "runs/run/final_ckpt.pt")
+    assert ckpt["trainer"] == "ippo" and ckpt["agents"] == ["agent_0", "agent_1", "agent_2"]
+    assert ckpt["observation_space"]["shape"] == [18] and ckpt["action_space"]["shape"] == [2]
+    assert ckpt["args"]["env_kwargs"] == ("n_agents=3",) and ckpt["args"]["max_episode_steps"] == 16
+    model, args = ckpt["model"], ckpt["args"]
+    assert model["state_index"].tolist() == list(range(54)) and model["obs_normalizer.mean"].shape == (3, 18)
+    agent = ippo.Agent(len(ckpt["agents"]), ckpt["observation_space"]["shape"][0], ckpt["action_space"],
+                       args["norm_obs"], tuple(args["hidden_sizes"]), args["share_parameters"], model["state_index"])
+    agent.load_state_dict(model)
+    assert agent.get_value(torch.zeros(4, 3, 18)).shape == (4, 3)
+    tags = scalars(tmp_path / "runs/run")
+    for name in ckpt["agents"]:
+        assert {f"losses/{name}/policy_loss", f"losses/{name}/value_loss", f"losses/{name}/approx_kl",
+                f"eval/{name}/return", f"train/{name}/return"} <= set(tags)
+    returns = [tags[f"eval/agent_{i}/return"][-1][1] for i in range(3)]
+    assert tags["eval/return"][-1][1] == pytest.approx(np.mean(returns), rel=1e-5)
+
+    mismatch = run_script("ippo.py", navigation_args("again", norm_obs=True, centralized_critic=True, hidden_sizes=32,
+                                                       checkpoint="runs/run/final_ckpt.pt"), tmp_path)
+    assert mismatch.returncode == 2
+    assert "pass --share_parameters" in mismatch.stderr and "Traceback" not in mismatch.stderr
+
+
+def test_sigterm_then_resume_equals_uninterrupted_run(tmp_path):
+    """Clock's resets ignore the random stream and 16-step rollouts end on its episode boundaries."""
+    argv = dict(total_timesteps=32 * 150, eval_freq=10, norm_obs=True, lr_schedule="linear", max_episode_steps=16)
+    full = run_script("ippo.py", fast_args(CLOCK, "full", **argv), tmp_path)
+    assert full.returncode == 0, full.stderr
+    proc = start_script("ippo.py", fast_args(CLOCK, "cut", **argv), tmp_path)
+    run = tmp_path / "runs" / "cut"
+    wait_for(run / "ckpt_10.pt", proc, 300)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "resume with: python " + str(REPO / "ippo.py") + " --resume runs/cut" in stderr
+    saved = max(int(p.stem.split("_")[1]) for p in run.glob("ckpt_*.pt"))
+    assert 10 <= saved < 150 and not (run / "final_ckpt.pt").exists()
+
+    resumed = run_script("ippo.py", ["--resume", "runs/cut"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = load(tmp_path / "runs/full/final_ckpt.pt"), load(run / "final_ckpt.pt")
+    assert a["global_step"] == b["global_step"] == 32 * 150
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    steps = [step for step, _ in scalars(run)["losses/agent_0/value_loss"]]
+    assert steps == list(range(32, 32 * 151, 32))
+
+
+def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path):
+    # rewards turn NaN after 200 steps of the scenario: in iteration 13 of 16-step rollouts
+    result = run_script("ippo.py", fast_args(CLOCK, "nan", total_timesteps=32 * 40, eval_freq=5, max_episode_steps=16)
+                        + ["--env_kwargs", "nan_reward_after=200"], tmp_path)
+    assert result.returncode == 1
+    assert "non-finite loss at iteration 13" in result.stderr and "ckpt_10.pt is untouched" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert sorted(p.name for p in (tmp_path / "runs/nan").glob("*.pt")) == ["ckpt_10.pt", "ckpt_5.pt"]
+
+
+def test_vmas_evaluation_video(tmp_path):
+    result = run_script("ippo.py", navigation_args("vid", capture_video=True, total_timesteps=32 * 2), tmp_path)
+    assert result.returncode == 0, result.stderr
+    videos = sorted(p.name for p in (tmp_path / "runs/vid/videos").glob("*.mp4"))
+    assert videos == ["eval-episode-0.mp4"]  # one evaluation, at the end: the first episode of eval env 0
+
+
+def test_local_observations_hold_the_agents_own_entries():
+    """TwoRobotPickCube-v1: each agent's local view, entry by entry, and the global state rebuilt from both views."""
+    env = ippo.build_maniskill_env("TwoRobotPickCube-v1", 1, dict(obs_mode="state_dict", sim_backend="physx_cpu",
+                                                                   render_backend="cpu"), "local", None, None, None)
+    try:
+        views = env.get_wrapper_attr("agent_views")
+        raw = env.unwrapped._init_raw_obs
+        names = [name for path, value in ippo.state_dict_leaves(raw)
+                 for name in ["/".join(path)] * int(np.prod(value.shape[1:]))]
+        seen = [sorted(set(names[c] for c in index)) for index in views["obs_index"]]
+        shared = ["extra/cube_pose", "extra/cube_to_goal_pos"]
+        assert views["agents"] == ["panda_wristcam-0", "panda_wristcam-1"]
+        assert seen[0] == sorted(["agent/panda_wristcam-0/qpos", "agent/panda_wristcam-0/qvel", "extra/left_arm_tcp",
+                                  "extra/left_arm_tcp_to_cube_pos", *shared])
+        assert seen[1] == sorted(["agent/panda_wristcam-1/qpos", "agent/panda_wristcam-1/qvel", "extra/right_arm_tcp",
+                                  "extra/right_arm_tcp_to_cube_pos", *shared])
+        obs, _ = env.reset(seed=0)
+        per_agent = obs[:, torch.tensor(views["obs_index"])]
+        assert per_agent.shape == (1, 2, 38)
+        assert torch.equal(per_agent.flatten(1)[:, torch.tensor(views["state_index"])], obs)
+    finally:
+        env.close()
+
+
+def check_maniskill_run(run_dir, obs_dim: int):
+    ckpt = load(run_dir / "final_ckpt.pt")
+    assert ckpt["agents"] == ["panda_wristcam-0", "panda_wristcam-1"]
+    assert ckpt["observation_space"]["shape"] == [obs_dim] and ckpt["action_space"]["shape"] == [8]
+    tags = scalars(run_dir)
+    assert {"eval/return", "eval/success_once", "eval/panda_wristcam-0/return", "eval/panda_wristcam-1/return",
+            "losses/panda_wristcam-1/policy_loss", "train/return"} <= set(tags)
+    return ckpt
+
+
+def test_maniskill_one_env_and_eval_workers_local_observations(tmp_path):
+    argv = fast_args("TwoRobotPickCube-v1", "ms", num_envs=1, num_steps=20, num_eval_envs=2, total_timesteps=40,
+                     eval_freq=1, max_episode_steps=10, agent_obs="local", centralized_critic=True, capture_video=True)
+    result = run_script("ippo.py", argv, tmp_path)
+    assert result.returncode == 0, result.stderr
+    ckpt = check_maniskill_run(tmp_path / "runs/ms", obs_dim=38)
+    assert ckpt["model"]["state_index"].shape == (66,)  # the critic sees the whole state
+    assert len(list((tmp_path / "runs/ms/videos").glob("*.mp4"))) == 2
+
+
+def test_maniskill_workers_full_observations_shared_parameters(tmp_path):
+    argv = fast_args("TwoRobotPickCube-v1", "ms", num_envs=2, num_steps=10, total_timesteps=40, max_episode_steps=10,
+                     share_parameters=True)
+    result = run_script("ippo.py", argv, tmp_path)
+    assert result.returncode == 0, result.stderr
+    ckpt = check_maniskill_run(tmp_path / "runs/ms", obs_dim=66)
+    assert ckpt["args"]["agent_obs"] == "full" and ckpt["model"]["agent_ids"].shape == (2, 2)
+
+
+BAD_INPUTS = [
+    (["--env_id", "CartPole-v1"], "single-agent Gymnasium env"),
+    (["--env_id", "PickCube-v1", "--num_envs", "1", "--num_minibatches", "2"], "single-agent task"),
+    (["--env_id", "vmas:navigation", "--agent_obs", "local"], "--agent_obs"),
+    (["--env_id", "TwoRobotPickCube-v1", "--agent_obs", "partial"], "--agent_obs"),
+    (["--env_id", "vmas:no_such_scenario"], "unknown VMAS scenario 'no_such_scenario'"),
+    (["--env_id", "vmas:tests.vmas_scenarios:NoSuchClass"], "NoSuchClass"),
+    (["--env_id", "vmas:navigation", "--env_kwargs", "n_agentz=3"], "n_agentz"),
+    (["--env_id", "vmas:navigation", "--env_kwargs", "num_envs=3"], "own flags"),
+    (["--env_id", "vmas:navigation", "--env_kwargs", "n_agents"], "KEY=VALUE"),
+    (["--env_id", "vmas:navigation", "--save_train_video_freq", "2"], "--save_train_video_freq"),
+    (["--env_id", "vmas:navigation", "--hidden_sizes", "64", "0"], "--hidden_sizes"),
+    (["--env_id", "vmas:navigation", "--max_episode_steps", "0"], "--max_episode_steps"),
+]
+
+
+@pytest.mark.parametrize("argv,mentions", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
+def test_bad_input_is_one_clear_line(tmp_path, argv, mentions):
+    result = run_script("ippo.py", argv + ["--no_capture_video", "--num_eval_envs", "1", "--num_steps", "8"], tmp_path,
+                        timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and mentions in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_missing_vmas_names_the_package(tmp_path, monkeypatch, capsys):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vmas" else real_find_spec(name, *a))
+    monkeypatch.chdir(tmp_path)
+    assert ippo.cli(["--env_id", "vmas:navigation"]) == 2
+    assert capsys.readouterr().err.strip() == "error: vmas:navigation is a VMAS scenario and VMAS is not installed: pip install vmas"
