@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+import ippo
 import ppo
 import ppo_rnn
 from tests.util import fast_args
@@ -61,7 +62,7 @@ def random_rollout(seed, T=12, N=6):
 @pytest.mark.parametrize("finite_horizon", [False, True])
 @pytest.mark.parametrize("rule", ["always", "truncated", "never"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("trainer", [ppo, ppo_rnn], ids=["ppo", "ppo_rnn"])
+@pytest.mark.parametrize("trainer", [ppo, ppo_rnn, ippo], ids=["ppo", "ppo_rnn", "ippo"])
 def test_advantages_match_reference(trainer, rule, finite_horizon, seed):
     r = random_rollout(seed)
     assert r["terminated"].any() and r["truncated"].any() and (r["terminated"] & r["truncated"]).any()
@@ -85,7 +86,7 @@ def test_rules_differ_where_they_should():
     assert not np.allclose(results["truncated"], results["never"])
 
 
-@pytest.mark.parametrize("trainer", [ppo, ppo_rnn], ids=["ppo", "ppo_rnn"])
+@pytest.mark.parametrize("trainer", [ppo, ppo_rnn, ippo], ids=["ppo", "ppo_rnn", "ippo"])
 def test_bootstrap_mask(trainer):
     terminated = torch.tensor([True, True, False, False])
     truncated = torch.tensor([True, False, True, False])
@@ -94,7 +95,7 @@ def test_bootstrap_mask(trainer):
     assert trainer.bootstrap_mask("never", terminated, truncated).tolist() == [False, False, False, False]
 
 
-@pytest.mark.parametrize("trainer", [ppo, ppo_rnn], ids=["ppo", "ppo_rnn"])
+@pytest.mark.parametrize("trainer", [ppo, ppo_rnn, ippo], ids=["ppo", "ppo_rnn", "ippo"])
 def test_running_mean_std_matches_numpy(trainer):
     rng = np.random.default_rng(0)
     batches = [rng.normal(3.0, 2.0, size=(n, 4)) for n in (5, 17, 1, 40)]

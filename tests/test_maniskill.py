@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import ippo
 import ppo
 import ppo_rnn
 from tests.util import REPO, fast_args, load, run_script, scalars, start_script, wait_for
@@ -158,7 +159,7 @@ def gpu_sized_envs(monkeypatch):
         return env
 
     monkeypatch.setattr(gym, "make", make)
-    for trainer in (ppo, ppo_rnn):
+    for trainer in (ppo, ppo_rnn, ippo):
         monkeypatch.setattr(trainer, "resolve_sim_backend", lambda sim_backend: "gpu")
     return made
 
@@ -184,14 +185,37 @@ def test_gpu_path_default_flags_build(tmp_path, gpu_sized_envs, trainer):
         eval_envs.close()
 
 
+def test_ippo_gpu_path_default_flags_build(tmp_path, gpu_sized_envs):
+    """`python ippo.py` (TwoRobotPickCube-v1) on a GPU: 512 training envs, 8 evaluation envs with video."""
+    args = ippo.Args(save_train_video_freq=10)
+    ippo.validate(args, maniskill=True, time_limit=100)
+    envs = ippo.make_envs(args, True, torch.device("cpu"), evaluation=False, run_dir=tmp_path, num_eval_steps=100)
+    eval_envs = ippo.make_envs(args, True, torch.device("cpu"), evaluation=True, run_dir=tmp_path, num_eval_steps=100)
+    try:
+        train_kwargs, eval_kwargs = gpu_sized_envs
+        assert train_kwargs["num_envs"] == 512 and eval_kwargs["num_envs"] == 8
+        assert train_kwargs["sim_backend"] == eval_kwargs["sim_backend"] == "physx_cuda"
+        assert train_kwargs["obs_mode"] == "state_dict" and train_kwargs["max_episode_steps"] == 100
+        assert eval_envs.video_recorder.max_steps_per_video == 100 and envs.video_recorder.max_steps_per_video == 50
+        assert eval_envs.num_envs == 8 and envs.num_envs == 512
+        assert envs.agents == ["panda_wristcam-0", "panda_wristcam-1"] and envs.obs_dim == 66
+        assert train_kwargs["human_render_camera_configs"] == dict(width=64, height=64)
+    finally:
+        envs.close()
+        eval_envs.close()
+
+
 @pytest.mark.parametrize("flags,mention", [
     (dict(eval_partial_reset=True), "--eval_reconfiguration_freq=0"),
     (dict(reconfiguration_freq=5), "--reconfiguration_freq=0"),
 ])
-@pytest.mark.parametrize("trainer", [ppo, ppo_rnn], ids=["ppo", "ppo_rnn"])
+@pytest.mark.parametrize("trainer", [ppo, ppo_rnn, ippo], ids=["ppo", "ppo_rnn", "ippo"])
 def test_gpu_path_refuses_partial_reset_with_reconfiguration(gpu_sized_envs, trainer, flags, mention):
     with pytest.raises(trainer.UserError, match=mention):
-        trainer.validate(trainer.Args(env_id="PickCube-v1", **flags), maniskill=True)
+        if trainer is ippo:
+            ippo.validate(ippo.Args(**flags), maniskill=True, time_limit=100)
+        else:
+            trainer.validate(trainer.Args(env_id="PickCube-v1", **flags), maniskill=True)
     # ManiSkill itself refuses the combination only once many envs are built
     args = ppo.Args(env_id="PickCube-v1", capture_video=False, **flags)
     evaluation = "eval_partial_reset" in flags

@@ -8,6 +8,7 @@ import signal
 import pytest
 import torch
 
+import ippo
 import ppo
 import ppo_rnn
 from tests.util import REPO, assert_same_numbers, fast_args, load, run_script, scalars, snapshot, start_script, wait_for
@@ -308,7 +309,7 @@ def test_bad_input_is_one_clear_line(tmp_path, argv, mentions):
     assert not (tmp_path / "outside").exists()
 
 
-@pytest.mark.parametrize("trainer", [ppo, ppo_rnn], ids=["ppo", "ppo_rnn"])
+@pytest.mark.parametrize("trainer", [ppo, ppo_rnn, ippo], ids=["ppo", "ppo_rnn", "ippo"])
 def test_help_lists_every_flag(tmp_path, trainer):
     result = run_script(f"{trainer.TRAINER}.py", ["--help"], tmp_path)
     assert result.returncode == 0
