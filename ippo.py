@@ -2,7 +2,7 @@
 
     python ippo.py --env_id=TwoRobotPickCube-v1                          # ManiSkill, GPU sim when CUDA is there
     python ippo.py --env_id=TwoRobotStackCube-v1 --num_envs=4 --num_eval_envs=2 --num_minibatches=4   # CPU sim, workers
-    python ippo.py --env_id=vmas:navigation --env_kwargs n_agents=3 --num_envs=60 --num_steps=100    # VMAS scenario
+    python ippo.py --env_id=vmas:navigation --env_kwargs n_agents=3 --num_envs=60 --num_steps=50 --gamma=0.9  # VMAS
     python ippo.py --env_id=vmas:navigation --share_parameters           # one network for all agents
     python ippo.py --resume runs/RUN_NAME                                # continue an interrupted run
 
@@ -1005,7 +1005,7 @@ class VmasVectorEnv:
     """A VMAS scenario as a torch vector env with ManiSkillVectorEnv's conventions: observations are the agents'
     observations end to end (num_envs, num_agents * obs_dim), rewards one per agent (num_envs, num_agents),
     terminated and truncated apart; an env whose episode ended is reset at once (alone), its last observation in
-    info["final_observation"]. With a video_dir, the first episode of env 0 after each reset(seed) is recorded.
+    info["final_observation"]. With a video_dir, the first episode of env 0 after each reset() is recorded.
     """
 
     def __init__(self, env_id: str, num_envs: int, device: torch.device, max_steps: int, env_kwargs: dict,
@@ -1052,7 +1052,7 @@ class VmasVectorEnv:
         if seed is not None:
             self.in_own_stream(self.env.seed, seed)
         obs = self.in_own_stream(self.env.reset)
-        if self.video_dir is not None and seed is not None:
+        if self.video_dir is not None:
             self.frames = [self.render()]
         return torch.cat(obs, dim=1), {}
 

@@ -219,11 +219,14 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path):
     assert sorted(p.name for p in (tmp_path / "runs/nan").glob("*.pt")) == ["ckpt_10.pt", "ckpt_5.pt"]
 
 
-def test_vmas_evaluation_video(tmp_path):
-    result = run_script("ippo.py", navigation_args("vid", capture_video=True, total_timesteps=32 * 2), tmp_path)
+def test_vmas_evaluation_videos(tmp_path):
+    result = run_script("ippo.py", navigation_args("vid", capture_video=True, total_timesteps=32 * 2, eval_freq=1),
+                        tmp_path)
     assert result.returncode == 0, result.stderr
-    videos = sorted(p.name for p in (tmp_path / "runs/vid/videos").glob("*.mp4"))
-    assert videos == ["eval-episode-0.mp4"]  # one evaluation, at the end: the first episode of eval env 0
+    videos = sorted((tmp_path / "runs/vid/videos").glob("*.mp4"))
+    # two evaluations: the first episode of eval env 0 in each, 16 steps of a 700x700 scene
+    assert [p.name for p in videos] == ["eval-episode-0.mp4", "eval-episode-1.mp4"]
+    assert all(p.stat().st_size > 1000 for p in videos)
 
 
 def test_local_observations_hold_the_agents_own_entries():
