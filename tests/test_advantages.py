@@ -8,7 +8,7 @@ import torch
 import ippo
 import ppo
 import ppo_rnn
-from tests.util import fast_args
+from tests.util import fast_args, spy_on_advantages
 
 GAMMA, LAM = 0.9, 0.8
 
@@ -120,21 +120,15 @@ def test_rollout_bootstraps_from_the_final_observation(tmp_path, monkeypatch, ru
     by V(obs) = 1000 * (fraction of the time limit elapsed), so the value of a final observation (500 after a
     termination, 1000 after a truncation) differs from that of the reset observation that replaces it (0).
     """
-    captured = []
-    compute_advantages = ppo.compute_advantages
-
-    def spy(rewards, values, dones, bootstrap_values, *rest):
-        captured.append((dones.clone(), bootstrap_values.clone()))
-        return compute_advantages(rewards, values, dones, bootstrap_values, *rest)
-
-    monkeypatch.setattr(ppo, "compute_advantages", spy)
+    captured = spy_on_advantages(monkeypatch, ppo)
     monkeypatch.setattr(ppo.Agent, "get_value", lambda self, obs: 1000.0 * obs[:, 1])
     monkeypatch.chdir(tmp_path)
     argv = fast_args("tests.envs:PointMassEnds-v0", rule, num_steps=24, total_timesteps=2 * 24 * 2,
                      bootstrap_at_done=rule, save_model=False)
     assert ppo.cli(argv) == 0
     assert len(captured) == 2  # two iterations of 24 steps: episodes end after steps 8, 24, 32 and 48
-    for dones, bootstrap_values in captured:
+    for call in captured:
+        dones, bootstrap_values = call["dones"], call["bootstrap_values"]
         ended = dones[:, 0].nonzero().flatten().tolist()
         assert ended == [7, 23]
         assert bootstrap_values[7].tolist() == [after_termination] * 2

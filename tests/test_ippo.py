@@ -10,8 +10,8 @@ import torch
 
 import ippo
 from tests.test_advantages import GAMMA, LAM, random_rollout, reference
-from tests.util import (REPO, TIMING_TAGS, assert_same_numbers, fast_args, load, run_script, scalars, start_script,
-                        wait_for)
+from tests.util import (REPO, TIMING_TAGS, assert_same_numbers, fast_args, load, run_script, scalars,
+                        spy_on_advantages, start_script, wait_for)
 
 CLOCK = "vmas:tests.vmas_scenarios:Clock"
 NAVIGATION = ["--env_kwargs", "n_agents=3"]
@@ -99,14 +99,7 @@ def test_rollout_bootstraps_each_agent_from_its_final_observation(tmp_path, monk
     """Episodes end after 6 steps, by termination or by the time limit. The critic is replaced by
     V(obs) = 1000 * (steps elapsed / 8) + agent index, so agent i's final observation is worth 750 + i and the reset
     observation that replaces it i."""
-    captured = []
-    compute_advantages = ippo.compute_advantages
-
-    def spy(rewards, values, dones, bootstrap_values, *rest):
-        captured.append((dones.clone(), bootstrap_values.clone()))
-        return compute_advantages(rewards, values, dones, bootstrap_values, *rest)
-
-    monkeypatch.setattr(ippo, "compute_advantages", spy)
+    captured = spy_on_advantages(monkeypatch, ippo)
     monkeypatch.setattr(ippo.Agent, "get_value", lambda self, obs: 1000.0 * obs[..., 2] + obs[..., 3])
     monkeypatch.chdir(tmp_path)
     ends = ["--env_kwargs", "terminate_after=6"] if ending == "terminated" else ["--max_episode_steps", "6"]
@@ -115,7 +108,8 @@ def test_rollout_bootstraps_each_agent_from_its_final_observation(tmp_path, monk
     assert ippo.cli(argv + ends) == 0
     bootstraps = rule == "always" or (rule == "truncated" and ending == "truncated")
     assert len(captured) == 2
-    for dones, bootstrap_values in captured:
+    for call in captured:
+        dones, bootstrap_values = call["dones"], call["bootstrap_values"]
         assert dones.shape == (12, 2, 1) and bootstrap_values.shape == (12, 2, 2)
         assert dones[:, :, 0].nonzero()[:, 0].tolist() == [5, 5, 11, 11]
         for t in (5, 11):

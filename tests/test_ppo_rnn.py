@@ -8,7 +8,7 @@ import torch
 
 import ppo_rnn
 import tests.envs  # noqa: F401  (registers the test envs)
-from tests.util import assert_same_numbers, fast_args, load, run_script, scalars
+from tests.util import assert_same_numbers, fast_args, load, run_script, scalars, spy_on_advantages
 
 POINT_MASS = "tests.envs:PointMass-v0"
 POINT_MASS_ENDS = "tests.envs:PointMassEnds-v0"  # episodes alternate: a termination after 8 steps, a truncation at 16
@@ -123,21 +123,15 @@ def test_final_value_comes_from_the_ended_episodes_memory(tmp_path, monkeypatch,
             outputs.append(state[-1, :, :self.rnn.hidden_size])
         return torch.stack(outputs), state
 
-    captured = []
-    compute_advantages = ppo_rnn.compute_advantages
-
-    def spy(rewards, values, dones, bootstrap_values, *rest):
-        captured.append((values.clone(), dones.clone(), bootstrap_values.clone()))
-        return compute_advantages(rewards, values, dones, bootstrap_values, *rest)
-
     monkeypatch.setattr(ppo_rnn.RecurrentCore, "forward", counting_forward)
-    monkeypatch.setattr(ppo_rnn, "compute_advantages", spy)
+    captured = spy_on_advantages(monkeypatch, ppo_rnn)
     monkeypatch.chdir(tmp_path)
     argv = rnn_args(POINT_MASS_ENDS, "spy", num_steps=24, total_timesteps=2 * 24 * 2, bootstrap_at_done="always",
                     save_model=False, shared_rnn=shared_rnn)
     assert ppo_rnn.cli(argv) == 0
     assert len(captured) == 2
-    for values, dones, bootstrap_values in captured:
+    for call in captured:
+        values, dones, bootstrap_values = call["values"], call["dones"], call["bootstrap_values"]
         assert dones[:, 0].nonzero().flatten().tolist() == [7, 23]
         v1, slope = values[0], values[1] - values[0]  # the counts of steps 0 and 1 are 1 and 2
         assert (slope.abs() > 1e-3).all()

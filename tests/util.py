@@ -84,3 +84,17 @@ def assert_same_numbers(run_a: Path, run_b: Path, tags=frozenset({"losses/policy
     model_a, model_b = load(run_a / "final_ckpt.pt")["model"], load(run_b / "final_ckpt.pt")["model"]
     for key in model_a:
         assert torch.equal(model_a[key], model_b[key]), key
+
+
+def spy_on_advantages(monkeypatch, trainer) -> list[dict[str, torch.Tensor]]:
+    """Record the inputs of every call of trainer.compute_advantages (rewards, values, dones, bootstrap_values)."""
+    captured = []
+    compute_advantages = trainer.compute_advantages
+
+    def spy(rewards, values, dones, bootstrap_values, *rest):
+        captured.append(dict(rewards=rewards.clone(), values=values.clone(), dones=dones.clone(),
+                             bootstrap_values=bootstrap_values.clone()))
+        return compute_advantages(rewards, values, dones, bootstrap_values, *rest)
+
+    monkeypatch.setattr(trainer, "compute_advantages", spy)
+    return captured
