@@ -56,7 +56,7 @@ NETWORK_FIELDS = ("norm_obs", "hidden_sizes", "share_parameters", "centralized_c
 @dataclass
 class Args:
     exp_name: Optional[str] = None
-    """name of the run; runs/{exp_name} (default: {env_id}__ppo__{seed}__{unix time})"""
+    """name of the run; runs/{exp_name} (default: {env_id}__ippo__{seed}__{unix time}, ":" in env_id as "_")"""
     seed: int = 1
     """seed of the experiment (torch, numpy, python and the environments)"""
     torch_deterministic: bool = True
@@ -156,7 +156,7 @@ class Args:
     vf_coef: float = 0.5
     """coefficient of the value loss"""
     max_grad_norm: float = 0.5
-    """the maximum norm for gradient clipping, of each agent's gradient"""
+    """the maximum norm for gradient clipping, of each network's gradient (each agent's; the one shared network's)"""
     target_kl: Optional[float] = 0.1
     """stop the update of a rollout once a minibatch's approximate KL exceeds this for any agent (None: never)"""
     reward_scale: float = 1.0
@@ -379,7 +379,8 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
     if resume_state is not None:
         optimizer.load_state_dict(resume_state["optimizer"])
         global_step, start_iteration = resume_state["global_step"], resume_state["iteration"]
-    # Gymnasium seeds env i with seed + i (ManiSkill env 0 with seed, the others with draws from RandomState(seed)):
+    # ManiSkill workers seed env i with seed + i (one vector env: env 0 with seed, the others with draws from
+    # RandomState(seed)); VMAS seeds its whole batch with seed:
     # training and evaluation envs get disjoint blocks of seeds, and a resumed run new ones rather than a replay of
     # its first iteration's starts.
     train_seed = args.seed + start_iteration * (args.num_envs + args.num_eval_envs)
@@ -926,7 +927,9 @@ class AgentViews(gym.ObservationWrapper):
             if path[0] == "agent" and path[1] in agents:
                 return agents.index(path[1])
             for i, uid in enumerate(agents):
-                if uid in path[-1] or (len(agents) == len(self.SIDES) and path[-1].startswith(self.SIDES[i] + "_")):
+                # The Dict's keys are sorted; a uid's suffix "-<k>" is its place in the task's agents (left is 0).
+                place = int(uid.rpartition("-")[2]) if uid.rpartition("-")[2].isdigit() else i
+                if uid in path[-1] or (len(agents) == len(self.SIDES) and path[-1].startswith(self.SIDES[place] + "_")):
                     return i
             return None
 
@@ -1020,8 +1023,8 @@ class VmasVectorEnv:
                                          terminated_truncated=True, **env_kwargs)
         except UserWarning as e:
             raise UserError(f"{env_id} does not take these --env_kwargs: {e}") from e
-        except TypeError as e:
-            raise UserError(f"cannot make {env_id} with --env_kwargs {env_kwargs}: {e}") from e
+        except (TypeError, AssertionError, ValueError) as e:
+            raise UserError(f"cannot make {env_id} with --env_kwargs {env_kwargs}: {e or type(e).__name__}") from e
         self.random_state = list(type(self.env).vmas_random_state)
         obs_spaces = [gymnasium_space(space) for space in self.env.observation_space]
         action_spaces = [gymnasium_space(space) for space in self.env.action_space]
@@ -1036,15 +1039,32 @@ class VmasVectorEnv:
         self.agent_views = {"agents": [agent.name for agent in self.env.agents],
                             "obs_index": np.arange(width).reshape(self.num_agents, -1).tolist(),
                             "state_index": list(range(width)), "action_space": action_spaces[0]}
-        self.video_dir, self.frames, self.videos_written = video_dir, None, 0
+        self.video_dir, self.frames = video_dir, None
+        self.cuda_state = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        if video_dir is not None:
+            # a resumed run adds to the videos already there
+            self.videos_written = len(list(Path(video_dir).glob("eval-episode-*.mp4")))
+            try:  # rendering needs a GL context, which fails only at the first frame: find out now, not mid-run
+                self.render()
+            except Exception as e:
+                raise UserError(f"{env_id} cannot render videos here ({type(e).__name__}: {e}); pass --no_capture_video") from e
 
     def in_own_stream(self, method, *args, **kwargs):
         """VMAS draws every env's random numbers from one stream, a class attribute: each vector env swaps in a
         stream of its own, so that evaluation resets leave training's episode starts as they were."""
         shared = type(self.env).vmas_random_state
         saved, shared[:] = list(shared), self.random_state
+        # VMAS keeps only the CPU streams apart; on CUDA its draws (and env.seed's manual_seed) would hit the
+        # learner's CUDA stream, so the env's own CUDA state is swapped in as well.
+        cuda = [self.device] if self.cuda_state is not None else []
         try:
-            return method(*args, **kwargs)
+            with torch.random.fork_rng(devices=cuda):
+                if cuda:
+                    torch.cuda.set_rng_state(self.cuda_state, self.device)
+                result = method(*args, **kwargs)
+                if cuda:
+                    self.cuda_state = torch.cuda.get_rng_state(self.device)
+                return result
         finally:
             self.random_state, shared[:] = list(shared), saved
 
@@ -1283,7 +1303,7 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
         raise UserError(f"cannot make ManiSkill env {args.env_id!r} with {env_kwargs}: {e}") from e
     except RuntimeError as e:
         if "vk::" not in str(e) and "vulkan" not in str(e).lower():
-            raise
+            raise UserError(f"cannot make ManiSkill env {args.env_id!r} with {env_kwargs}: {e}") from e
         raise UserError(f"SAPIEN, ManiSkill's simulator, needs a Vulkan driver even on CPU and found none ({e}); "
                         "on a CPU-only Debian/Ubuntu machine: bash scripts/install_cpu_vulkan.sh") from e
 
@@ -1320,6 +1340,8 @@ def cli_flag(name: str, value) -> str:
     """How a user writes name=value on the command line."""
     if isinstance(value, bool):
         return f"--{name}" if value else f"--no_{name}"
+    if isinstance(value, (tuple, list)):
+        return " ".join([f"--{name}", *map(str, value)])
     return f"--{name}={value}"
 
 

@@ -176,6 +176,7 @@ def test_checkpoint_rebuilds_every_agent_and_refuses_another_network(tmp_path):
                                                        checkpoint="runs/run/final_ckpt.pt"), tmp_path)
     assert mismatch.returncode == 2
     assert "pass --share_parameters" in mismatch.stderr and "Traceback" not in mismatch.stderr
+    assert ippo.cli_flag("hidden_sizes", (64, 64)) == "--hidden_sizes 64 64"  # as tyro reads it
 
 
 def test_sigterm_then_resume_equals_uninterrupted_run(tmp_path):
@@ -288,6 +289,7 @@ BAD_INPUTS = [
     (["--env_id", "vmas:navigation", "--env_kwargs", "n_agentz=3"], "n_agentz"),
     (["--env_id", "vmas:navigation", "--env_kwargs", "num_envs=3"], "own flags"),
     (["--env_id", "vmas:navigation", "--env_kwargs", "n_agents"], "KEY=VALUE"),
+    (["--env_id", "vmas:navigation", "--env_kwargs", "multidiscrete_actions=True"], "cannot make vmas:navigation"),
     (["--env_id", "vmas:navigation", "--save_train_video_freq", "2"], "--save_train_video_freq"),
     (["--env_id", "vmas:navigation", "--hidden_sizes", "64", "0"], "--hidden_sizes"),
     (["--env_id", "vmas:navigation", "--max_episode_steps", "0"], "--max_episode_steps"),
