@@ -1056,14 +1056,13 @@ class VmasVectorEnv:
         saved, shared[:] = list(shared), self.random_state
         # VMAS keeps only the CPU streams apart; on CUDA its draws (and env.seed's manual_seed) would hit the
         # learner's CUDA stream, so the env's own CUDA state is swapped in as well.
-        cuda = [self.device] if self.cuda_state is not None else []
         try:
-            with torch.random.fork_rng(devices=cuda):
-                if cuda:
-                    torch.cuda.set_rng_state(self.cuda_state, self.device)
+            if self.cuda_state is None:  # local_seed already keeps the CPU streams apart
+                return method(*args, **kwargs)
+            with torch.random.fork_rng(devices=[self.device]):
+                torch.cuda.set_rng_state(self.cuda_state, self.device)
                 result = method(*args, **kwargs)
-                if cuda:
-                    self.cuda_state = torch.cuda.get_rng_state(self.device)
+                self.cuda_state = torch.cuda.get_rng_state(self.device)
                 return result
         finally:
             self.random_state, shared[:] = list(shared), saved
