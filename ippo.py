@@ -25,6 +25,7 @@ import importlib.util
 import math
 import multiprocessing
 import os
+import pickle
 import random
 import re
 import shlex
@@ -284,6 +285,27 @@ class Agent(nn.Module):
         return action, logprob, entropy, self.get_value(obs)
 
 
+def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
+    return Agent(envs.num_agents, envs.obs_dim, space_to_dict(envs.single_action_space), args.norm_obs, args.hidden_sizes,
+                 args.share_parameters, envs.state_index if args.centralized_critic else None)
+
+
+def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
+    """Load a checkpoint's weights and observation statistics; refuse one whose agents, spaces or network differ."""
+    observation_space = space_to_dict(envs.single_observation_space)
+    action_space = space_to_dict(envs.single_action_space)
+    if (state["agents"] != envs.agents or state["observation_space"] != observation_space
+            or state["action_space"] != action_space):
+        raise UserError(f"the checkpoint's agents and spaces ({state['agents']}, {state['observation_space']['shape']}, "
+                        f"{state['action_space']}) do not match {args.env_id}'s ({envs.agents}, "
+                        f"{observation_space['shape']}, {action_space})")
+    for name in NETWORK_FIELDS:
+        if state["args"][name] != getattr(args, name):
+            flag = cli_flag(name, state["args"][name])
+            raise UserError(f"the checkpoint was trained with {flag}, and its network needs the same: pass {flag}")
+    agent.load_state_dict(state["model"])
+
+
 def clip_grad_norm_per_net(agent: Agent, max_norm: float) -> torch.Tensor:
     """Clip each network's gradient on its own (every parameter's first dimension is the network): one norm over
     all agents would let one agent's large gradient shrink the others' steps. Returns each network's norm."""
@@ -357,24 +379,13 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
     observation_space = space_to_dict(envs.single_observation_space)
     action_space = space_to_dict(envs.single_action_space)
     agents, num_agents = envs.agents, envs.num_agents
-    agent = Agent(num_agents, envs.obs_dim, action_space, args.norm_obs, args.hidden_sizes, args.share_parameters,
-                  envs.state_index if args.centralized_critic else None).to(device)
+    agent = make_agent(args, envs).to(device)
     # Adam is elementwise, so each agent's slice of a stacked weight moves with that agent's gradients alone.
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     global_step, start_iteration = 0, 0
     for state in (init_state, resume_state):
-        if state is None:
-            continue
-        if (state["agents"] != agents or state["observation_space"] != observation_space
-                or state["action_space"] != action_space):
-            raise UserError(f"the checkpoint's agents and spaces ({state['agents']}, {state['observation_space']['shape']}, "
-                            f"{state['action_space']}) do not match {args.env_id}'s ({agents}, "
-                            f"{observation_space['shape']}, {action_space})")
-        for name in NETWORK_FIELDS:
-            if state["args"][name] != getattr(args, name):
-                flag = cli_flag(name, state["args"][name])
-                raise UserError(f"the checkpoint was trained with {flag}, and its network needs the same: pass {flag}")
-        agent.load_state_dict(state["model"])
+        if state is not None:
+            load_weights(agent, state, args, envs)
 
     if resume_state is not None:
         optimizer.load_state_dict(resume_state["optimizer"])
@@ -595,25 +606,31 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
     return 0
 
 
-def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Optional[int]) -> dict[str, torch.Tensor]:
-    """Deterministic actions; each env contributes its first episode, if it finishes within num_eval_steps.
+def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Optional[int],
+             episodes_per_env: Optional[torch.Tensor] = None, deterministic: bool = True) -> dict[str, torch.Tensor]:
+    """Env i contributes its first episodes_per_env[i] episodes (default: one each) that finish within num_eval_steps
+    steps; actions are the policy's mode unless deterministic=False. One value per counted episode, in the order
+    they finished, and "episodes", their number.
 
     Counting every finished episode would weigh envs that fail early many times over those that last.
     """
     finished_metrics = defaultdict(list)
-    counted = torch.zeros(eval_envs.num_envs, dtype=torch.bool, device=eval_envs.device)
+    if episodes_per_env is None:
+        episodes_per_env = torch.ones(eval_envs.num_envs, dtype=torch.long)
+    quota = episodes_per_env.to(eval_envs.device)
+    counted = torch.zeros_like(quota)
     obs = eval_envs.reset(seed=seed)
     for _ in range(num_eval_steps):
         with torch.no_grad():
-            action = agent.get_action(agent.normalize_obs(obs), deterministic=True)
+            action = agent.get_action(agent.normalize_obs(obs), deterministic=deterministic)
         obs, _, terminated, truncated, _, finished = eval_envs.step(action)
         done = terminated | truncated
         if finished is not None:
-            first = ~counted[done]
+            wanted = counted < quota
             for key, value in finished.items():
-                finished_metrics[key].append(value[first])
-            counted |= done
-            if counted.all():
+                finished_metrics[key].append(value[wanted[done]])
+            counted += done & wanted
+            if (counted == quota).all():
                 break
     eval_envs.flush_video()
     metrics = {key: torch.cat(values) for key, values in finished_metrics.items()}
@@ -967,7 +984,7 @@ def state_dict_leaves(state: dict, path: tuple[str, ...] = ()):
 
 
 def build_maniskill_env(env_id: str, num_envs: int, env_kwargs: dict, agent_obs: str, video_dir: Optional[str],
-                        video_trigger, max_steps_per_video: Optional[int]) -> gym.Env:
+                        video_trigger, max_steps_per_video: Optional[int], trajectory_path: Optional[Path] = None) -> gym.Env:
     import mani_skill.envs  # noqa: F401
     from mani_skill.utils.wrappers.flatten import FlattenActionSpaceWrapper
     from mani_skill.utils.wrappers.record import RecordEpisode
@@ -977,10 +994,14 @@ def build_maniskill_env(env_id: str, num_envs: int, env_kwargs: dict, agent_obs:
     env = AgentViews(env, env_id, agent_obs)
     # One Box: the agents' actions end to end, in the order of the Dict's keys (agent_views["agents"]).
     env = FlattenActionSpaceWrapper(env)
-    if video_dir is not None:
-        # info_on_video crashes under numpy 2
-        env = RecordEpisode(env, output_dir=video_dir, save_trajectory=False, save_video_trigger=video_trigger,
-                            max_steps_per_video=max_steps_per_video, video_fps=30, info_on_video=False,
+    if video_dir is not None or trajectory_path is not None:
+        # RecordEpisode writes {output_dir}/{trajectory_name}.h5 and .json: an absolute name puts them anywhere.
+        env = RecordEpisode(env, output_dir=video_dir or str(trajectory_path.parent), save_video=video_dir is not None,
+                            save_trajectory=trajectory_path is not None,
+                            trajectory_name=None if trajectory_path is None else str(trajectory_path.absolute()),
+                            source_type="RL", source_desc=f"{TRAINER}.py policy",
+                            save_video_trigger=video_trigger, max_steps_per_video=max_steps_per_video, video_fps=30,
+                            info_on_video=False,  # crashes under numpy 2
                             avoid_overwriting_video=True)  # a resumed run numbers its videos from 0 again
     return env
 
@@ -1235,7 +1256,8 @@ class TorchVecEnv:
 
 
 def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: bool, run_dir: Path,
-              num_eval_steps: int) -> TorchVecEnv:
+              num_eval_steps: int, trajectory_path: Optional[Path] = None) -> TorchVecEnv:
+    """trajectory_path: ManiSkill only; record every episode there (.h5 and .json) with RecordEpisode."""
     num_envs = args.num_eval_envs if evaluation else args.num_envs
     video_dir, video_trigger, max_steps_per_video = None, None, None
     if args.capture_video and evaluation:
@@ -1248,14 +1270,17 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
     env_kwargs = parse_env_kwargs(args.env_kwargs, maniskill)
     if maniskill:
         return make_maniskill_envs(args, num_envs, device, evaluation, env_kwargs, video_dir, video_trigger,
-                                   max_steps_per_video)
+                                   max_steps_per_video, trajectory_path)
+    if trajectory_path is not None:
+        raise UserError("trajectories are recorded by ManiSkill's RecordEpisode: VMAS has none")
     env = VmasVectorEnv(args.env_id, num_envs, device, args.max_episode_steps, env_kwargs, video_dir)
     return TorchVecEnv(env, device, torch_native=True, agent_views=env.agent_views,
                        video_recorder=env if video_dir is not None else None)
 
 
 def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluation: bool, user_env_kwargs: dict,
-                        video_dir: Optional[str], video_trigger, max_steps_per_video: Optional[int]) -> TorchVecEnv:
+                        video_dir: Optional[str], video_trigger, max_steps_per_video: Optional[int],
+                        trajectory_path: Optional[Path]) -> TorchVecEnv:
     """ManiSkill's GPU simulation runs all envs in one process and has branches of its own for num_envs > 1; each
     is handled here or refused in validate() (README: "ManiSkill with many envs"):
     - RecordEpisode needs max_steps_per_video (it cannot flush a video at one env's reset): the evaluation's length
@@ -1286,10 +1311,13 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
         if gpu or num_envs == 1:
             # One CPU env takes the same ManiSkillVectorEnv code path as thousands of GPU envs.
             env = build_maniskill_env(args.env_id, num_envs, env_kwargs, args.agent_obs, video_dir, video_trigger,
-                                      max_steps_per_video)
+                                      max_steps_per_video, trajectory_path)
             vec_env = ManiSkillVectorEnv(env, num_envs, ignore_terminations=ignore_terminations, record_metrics=True)
+            recorder = env if video_dir is not None or trajectory_path is not None else None
             return TorchVecEnv(vec_env, device, torch_native=True, agent_views=env.get_wrapper_attr("agent_views"),
-                               video_recorder=env if video_dir is not None else None)
+                               video_recorder=recorder)
+        if trajectory_path is not None:
+            raise UserError("trajectories are recorded in one ManiSkill vector env: on the CPU simulation, use one env")
         # The fork start method hangs while workers build SAPIEN scenes; forkserver needs module-level builders.
         env_fns = [functools.partial(build_maniskill_cpu_worker_env, args.env_id, env_kwargs, args.agent_obs,
                                      ignore_terminations, video_dir if i == 0 else None, video_trigger, max_steps_per_video)
@@ -1360,18 +1388,40 @@ def find_resume_checkpoint(path: str) -> Path:
     return numbered[max(numbered)]
 
 
-def load_checkpoint(path) -> dict:
+TORCH_LOAD_ADVICE = ("Weights only load failed", "Please file an issue", "Check the documentation of torch.load")
+
+
+def read_checkpoint(path) -> dict:
+    """A checkpoint of any of the trainers, read without running anything in it."""
     path = Path(path)
     if path.is_dir():
         raise UserError(f"checkpoint {path} is a directory; give a checkpoint file, e.g. {path / 'final_ckpt.pt'}")
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist")
+    if path.stat().st_size == 0:
+        raise UserError(f"checkpoint {path} is empty")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            # a file pickled by other means draws a warning about its protocol before it is refused or read
+            warnings.simplefilter("ignore", UserWarning)
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise UserError(f"checkpoint {path} cannot be read ({type(e).__name__}: {e})") from e
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        # torch wraps the reason of a weights_only refusal in advice that does not apply here
+        reason = next((line for line in lines if not line.startswith(TORCH_LOAD_ADVICE)), lines[0] if lines else "no message")
+        if isinstance(e, pickle.UnpicklingError) and "global" in reason.lower():
+            # weights_only stops at the first object that is not a tensor or plain data, before anything is built or run
+            raise UserError(f"checkpoint {path} holds pickled Python objects besides tensors and plain data ({reason}), "
+                            "which could run code when loaded: refused, nothing in it was run") from e
+        raise UserError(f"checkpoint {path} cannot be read, it is damaged or not a checkpoint ({type(e).__name__}: {reason})") from e
     if not isinstance(ckpt, dict) or "format" not in ckpt or "model" not in ckpt:
         raise UserError(f"{path} is not a checkpoint of these trainers")
+    return ckpt
+
+
+def load_checkpoint(path) -> dict:
+    """A checkpoint this trainer can continue or start from."""
+    ckpt = read_checkpoint(path)
     if ckpt["format"] != CHECKPOINT_FORMAT:
         raise UserError(f"{path} has checkpoint format {ckpt['format']}; this {TRAINER}.py reads format {CHECKPOINT_FORMAT}")
     if ckpt.get("trainer") != TRAINER:

@@ -23,12 +23,14 @@ import importlib.util
 import math
 import multiprocessing
 import os
+import pickle
 import random
 import re
 import shlex
 import signal
 import sys
 import time
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +81,8 @@ class Args:
 
     env_id: str = "PickCube-v1"
     """ManiSkill task id, Gymnasium id, or "module:EnvId" for an env registered on import of module"""
+    max_episode_steps: Optional[int] = None
+    """the episodes' time limit (None: the task's own)"""
     sim_backend: Literal["auto", "gpu", "cpu"] = "auto"
     """ManiSkill simulation backend; auto = gpu when CUDA is available. Ignored for other Gymnasium envs"""
     control_mode: Optional[str] = "pd_joint_delta_pos"
@@ -310,6 +314,25 @@ class Agent(nn.Module):
         return action, logprob, entropy, self.critic(critic_features).squeeze(-1), state
 
 
+def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
+    return Agent(envs.obs_dim, space_to_dict(envs.single_action_space), args.norm_obs, args.rnn_type, args.rnn_hidden_size,
+                 args.rnn_num_layers, args.shared_rnn)
+
+
+def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
+    """Load a checkpoint's weights and observation statistics; refuse one whose spaces or network differ."""
+    observation_space = space_to_dict(envs.single_observation_space)
+    action_space = space_to_dict(envs.single_action_space)
+    if state["observation_space"] != observation_space or state["action_space"] != action_space:
+        raise UserError(f"the checkpoint's spaces ({state['observation_space']['shape']}, {state['action_space']}) "
+                        f"do not match {args.env_id}'s ({observation_space['shape']}, {action_space})")
+    for name in NETWORK_FIELDS:
+        if state["args"][name] != getattr(args, name):
+            flag = cli_flag(name, state["args"][name])
+            raise UserError(f"the checkpoint was trained with {flag}, and its network needs the same: pass {flag}")
+    agent.load_state_dict(state["model"])
+
+
 # ---------------------------------------------------------------------------------------------
 # Advantages and the learning rate
 # ---------------------------------------------------------------------------------------------
@@ -370,21 +393,12 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
           resume_state: Optional[dict], init_state: Optional[dict]) -> int:
     observation_space = space_to_dict(envs.single_observation_space)
     action_space = space_to_dict(envs.single_action_space)
-    agent = Agent(envs.obs_dim, action_space, args.norm_obs, args.rnn_type, args.rnn_hidden_size, args.rnn_num_layers,
-                  args.shared_rnn).to(device)
+    agent = make_agent(args, envs).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     global_step, start_iteration = 0, 0
     for state in (init_state, resume_state):
-        if state is None:
-            continue
-        if state["observation_space"] != observation_space or state["action_space"] != action_space:
-            raise UserError(f"the checkpoint's spaces ({state['observation_space']['shape']}, {state['action_space']}) "
-                            f"do not match {args.env_id}'s ({observation_space['shape']}, {action_space})")
-        for name in NETWORK_FIELDS:
-            if state["args"][name] != getattr(args, name):
-                flag = cli_flag(name, state["args"][name])
-                raise UserError(f"the checkpoint was trained with {flag}, and its network needs the same: pass {flag}")
-        agent.load_state_dict(state["model"])
+        if state is not None:
+            load_weights(agent, state, args, envs)
 
     if resume_state is not None:
         optimizer.load_state_dict(resume_state["optimizer"])
@@ -615,28 +629,34 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
     return 0
 
 
-def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Optional[int]) -> dict[str, torch.Tensor]:
-    """Deterministic actions; each env contributes its first episode, if it finishes within num_eval_steps.
+def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Optional[int],
+             episodes_per_env: Optional[torch.Tensor] = None, deterministic: bool = True) -> dict[str, torch.Tensor]:
+    """Env i contributes its first episodes_per_env[i] episodes (default: one each) that finish within num_eval_steps
+    steps; actions are the policy's mode unless deterministic=False. One value per counted episode, in the order
+    they finished, and "episodes", their number.
 
     Counting every finished episode would weigh envs that fail early many times over those that last. Each eval env
     carries its own recurrent state, zeroed where its episodes start; the training envs' state is not touched.
     """
     finished_metrics = defaultdict(list)
-    counted = torch.zeros(eval_envs.num_envs, dtype=torch.bool, device=eval_envs.device)
+    if episodes_per_env is None:
+        episodes_per_env = torch.ones(eval_envs.num_envs, dtype=torch.long)
+    quota = episodes_per_env.to(eval_envs.device)
+    counted = torch.zeros_like(quota)
     obs = eval_envs.reset(seed=seed)
     state = agent.initial_state(eval_envs.num_envs, eval_envs.device)
     episode_start = torch.ones(eval_envs.num_envs, dtype=torch.bool, device=eval_envs.device)
     for _ in range(num_eval_steps):
         with torch.no_grad():
-            action, state = agent.get_action(agent.normalize_obs(obs)[None], state, episode_start[None], deterministic=True)
+            action, state = agent.get_action(agent.normalize_obs(obs)[None], state, episode_start[None], deterministic)
         obs, _, terminated, truncated, _, finished = eval_envs.step(action[0])
         done = episode_start = terminated | truncated
         if finished is not None:
-            first = ~counted[done]
+            wanted = counted < quota
             for key, value in finished.items():
-                finished_metrics[key].append(value[first])
-            counted |= done
-            if counted.all():
+                finished_metrics[key].append(value[wanted[done]])
+            counted += done & wanted
+            if (counted == quota).all():
                 break
     eval_envs.flush_video()
     metrics = {key: torch.cat(values) for key, values in finished_metrics.items()}
@@ -670,13 +690,13 @@ class NonFiniteError(Exception):
 
 def main(args: Args) -> int:
     maniskill, time_limit = find_env(args.env_id)
-    batch_size, minibatch_size, num_iterations = validate(args, maniskill)
+    batch_size, minibatch_size, num_iterations = validate(args, maniskill, time_limit)
     bootstrap_rule = args.bootstrap_at_done
     if bootstrap_rule == "auto":
         bootstrap_rule = "always" if maniskill else "truncated"
-    num_eval_steps = args.num_eval_steps or time_limit
+    num_eval_steps = args.num_eval_steps or args.max_episode_steps
     if num_eval_steps is None:
-        raise UserError(f"{args.env_id} has no time limit; give --num_eval_steps")
+        raise UserError(f"{args.env_id} has no time limit; give --max_episode_steps or --num_eval_steps")
 
     resume_state = None
     if args.resume is not None:
@@ -722,8 +742,8 @@ def main(args: Args) -> int:
         lock.release()
 
 
-def validate(args: Args, maniskill: bool) -> tuple[int, int, int]:
-    """Check every flag's range; return (batch_size, minibatch_size, num_iterations)."""
+def validate(args: Args, maniskill: bool, time_limit: Optional[int]) -> tuple[int, int, int]:
+    """Check every flag's range and resolve max_episode_steps; return (batch_size, minibatch_size, num_iterations)."""
     def require(ok: bool, flag: str, rule: str):
         if not ok:
             raise UserError(f"--{flag} must be {rule}, got {getattr(args, flag)}")
@@ -741,8 +761,10 @@ def validate(args: Args, maniskill: bool) -> tuple[int, int, int]:
                  "rnn_hidden_size", "rnn_num_layers"):
         require(getattr(args, flag) >= 1, flag, "positive")
     require(args.rnn_type in ("lstm", "gru"), "rnn_type", "lstm or gru")
-    for flag in ("num_eval_steps", "save_train_video_freq"):
+    for flag in ("num_eval_steps", "save_train_video_freq", "max_episode_steps"):
         require(getattr(args, flag) is None or getattr(args, flag) >= 1, flag, "positive (or None)")
+    if args.max_episode_steps is None:
+        args.max_episode_steps = time_limit
     for flag in ("reconfiguration_freq", "eval_reconfiguration_freq"):
         require(getattr(args, flag) is None or getattr(args, flag) >= 0, flag, "0 (never) or positive (or None)")
     for flag in ("learning_rate", "kl_target", "min_learning_rate", "max_learning_rate", "clip_coef", "vf_coef", "reward_scale"):
@@ -878,7 +900,7 @@ def starts_recorded_rollout(step: int, num_steps: int, freq: int) -> bool:
 
 
 def build_maniskill_env(env_id: str, num_envs: int, env_kwargs: dict, video_dir: Optional[str],
-                        video_trigger, max_steps_per_video: Optional[int]) -> gym.Env:
+                        video_trigger, max_steps_per_video: Optional[int], trajectory_path: Optional[Path] = None) -> gym.Env:
     import mani_skill.envs  # noqa: F401
     from mani_skill.utils.wrappers.flatten import FlattenActionSpaceWrapper
     from mani_skill.utils.wrappers.record import RecordEpisode
@@ -887,10 +909,14 @@ def build_maniskill_env(env_id: str, num_envs: int, env_kwargs: dict, video_dir:
     env = gym.make(env_id, num_envs=num_envs, **env_kwargs)
     if isinstance(env.action_space, gym.spaces.Dict):
         env = FlattenActionSpaceWrapper(env)
-    if video_dir is not None:
-        # info_on_video crashes under numpy 2
-        env = RecordEpisode(env, output_dir=video_dir, save_trajectory=False, save_video_trigger=video_trigger,
-                            max_steps_per_video=max_steps_per_video, video_fps=30, info_on_video=False,
+    if video_dir is not None or trajectory_path is not None:
+        # RecordEpisode writes {output_dir}/{trajectory_name}.h5 and .json: an absolute name puts them anywhere.
+        env = RecordEpisode(env, output_dir=video_dir or str(trajectory_path.parent), save_video=video_dir is not None,
+                            save_trajectory=trajectory_path is not None,
+                            trajectory_name=None if trajectory_path is None else str(trajectory_path.absolute()),
+                            source_type="RL", source_desc=f"{TRAINER}.py policy",
+                            save_video_trigger=video_trigger, max_steps_per_video=max_steps_per_video, video_fps=30,
+                            info_on_video=False,  # crashes under numpy 2
                             avoid_overwriting_video=True)  # a resumed run numbers its videos from 0 again
     return env
 
@@ -923,12 +949,12 @@ class ResetEpisodeTrigger:
         return fired
 
 
-def build_gym_env(env_id: str, video_dir: Optional[str], video_trigger, video_length: Optional[int],
-                  name_prefix: str) -> gym.Env:
+def build_gym_env(env_id: str, max_episode_steps: Optional[int], video_dir: Optional[str], video_trigger,
+                  video_length: Optional[int], name_prefix: str) -> gym.Env:
     if video_dir is None:
-        return gym.make(env_id)  # not every env's constructor takes a render_mode
+        return gym.make(env_id, max_episode_steps=max_episode_steps)  # not every env's constructor takes a render_mode
     try:
-        env = gym.make(env_id, render_mode="rgb_array")
+        env = gym.make(env_id, max_episode_steps=max_episode_steps, render_mode="rgb_array")
     except TypeError as e:
         if "render_mode" not in str(e):
             raise
@@ -1051,7 +1077,8 @@ class TorchVecEnv:
 
 
 def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: bool, run_dir: Path,
-              num_eval_steps: int) -> TorchVecEnv:
+              num_eval_steps: int, trajectory_path: Optional[Path] = None) -> TorchVecEnv:
+    """trajectory_path: ManiSkill only; record every episode there (.h5 and .json) with RecordEpisode."""
     num_envs = args.num_eval_envs if evaluation else args.num_envs
     video_dir, video_trigger, max_steps_per_video = None, None, None
     if args.capture_video and evaluation:
@@ -1064,12 +1091,13 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
         max_steps_per_video = args.num_steps
     try:
         if maniskill:
-            return make_maniskill_envs(args, num_envs, device, evaluation, video_dir, video_trigger, max_steps_per_video)
+            return make_maniskill_envs(args, num_envs, device, evaluation, video_dir, video_trigger, max_steps_per_video,
+                                       trajectory_path)
         prefix = "eval" if evaluation else "train"
         if evaluation and video_dir is not None:
             video_trigger = ResetEpisodeTrigger()
-        env_fns = [functools.partial(build_gym_env, args.env_id, video_dir if i == 0 else None, video_trigger,
-                                     max_steps_per_video, prefix) for i in range(num_envs)]
+        env_fns = [functools.partial(build_gym_env, args.env_id, args.max_episode_steps, video_dir if i == 0 else None,
+                                     video_trigger, max_steps_per_video, prefix) for i in range(num_envs)]
         env = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         return TorchVecEnv(env, device, torch_native=False, reset_video_trigger=video_trigger if evaluation else None)
     except gym.error.DependencyNotInstalled as e:
@@ -1079,8 +1107,8 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
         raise UserError(f"cannot make env {args.env_id!r}: {e}") from e
 
 
-def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluation: bool,
-                        video_dir: Optional[str], video_trigger, max_steps_per_video: Optional[int]) -> TorchVecEnv:
+def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluation: bool, video_dir: Optional[str],
+                        video_trigger, max_steps_per_video: Optional[int], trajectory_path: Optional[Path]) -> TorchVecEnv:
     """ManiSkill's GPU simulation runs all envs in one process and has branches of its own for num_envs > 1; each
     is handled here or refused in validate() (README: "ManiSkill with many envs"):
     - RecordEpisode needs max_steps_per_video (it cannot flush a video at one env's reset): the evaluation's length
@@ -1095,7 +1123,8 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
     env_kwargs = dict(obs_mode="state", sim_backend="physx_cuda" if gpu else "physx_cpu",
                       # the default render backend falls back to the CPU with one warning per env
                       render_backend="gpu" if torch.cuda.is_available() else "cpu",
-                      reconfiguration_freq=args.eval_reconfiguration_freq if evaluation else args.reconfiguration_freq)
+                      reconfiguration_freq=args.eval_reconfiguration_freq if evaluation else args.reconfiguration_freq,
+                      max_episode_steps=args.max_episode_steps)
     if args.control_mode is not None:
         env_kwargs["control_mode"] = args.control_mode
     if video_dir is not None:
@@ -1109,9 +1138,13 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
     try:
         if gpu or num_envs == 1:
             # One CPU env takes the same ManiSkillVectorEnv code path as thousands of GPU envs.
-            env = build_maniskill_env(args.env_id, num_envs, env_kwargs, video_dir, video_trigger, max_steps_per_video)
+            env = build_maniskill_env(args.env_id, num_envs, env_kwargs, video_dir, video_trigger, max_steps_per_video,
+                                      trajectory_path)
             vec_env = ManiSkillVectorEnv(env, num_envs, ignore_terminations=ignore_terminations, record_metrics=True)
-            return TorchVecEnv(vec_env, device, torch_native=True, video_recorder=env if video_dir is not None else None)
+            recorder = env if video_dir is not None or trajectory_path is not None else None
+            return TorchVecEnv(vec_env, device, torch_native=True, video_recorder=recorder)
+        if trajectory_path is not None:
+            raise UserError("trajectories are recorded in one ManiSkill vector env: on the CPU simulation, use one env")
         # The fork start method hangs while workers build SAPIEN scenes; forkserver needs module-level builders.
         env_fns = [functools.partial(build_maniskill_cpu_worker_env, args.env_id, env_kwargs, ignore_terminations,
                                      video_dir if i == 0 else None, video_trigger, max_steps_per_video)
@@ -1180,18 +1213,40 @@ def find_resume_checkpoint(path: str) -> Path:
     return numbered[max(numbered)]
 
 
-def load_checkpoint(path) -> dict:
+TORCH_LOAD_ADVICE = ("Weights only load failed", "Please file an issue", "Check the documentation of torch.load")
+
+
+def read_checkpoint(path) -> dict:
+    """A checkpoint of any of the trainers, read without running anything in it."""
     path = Path(path)
     if path.is_dir():
         raise UserError(f"checkpoint {path} is a directory; give a checkpoint file, e.g. {path / 'final_ckpt.pt'}")
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist")
+    if path.stat().st_size == 0:
+        raise UserError(f"checkpoint {path} is empty")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            # a file pickled by other means draws a warning about its protocol before it is refused or read
+            warnings.simplefilter("ignore", UserWarning)
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise UserError(f"checkpoint {path} cannot be read ({type(e).__name__}: {e})") from e
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        # torch wraps the reason of a weights_only refusal in advice that does not apply here
+        reason = next((line for line in lines if not line.startswith(TORCH_LOAD_ADVICE)), lines[0] if lines else "no message")
+        if isinstance(e, pickle.UnpicklingError) and "global" in reason.lower():
+            # weights_only stops at the first object that is not a tensor or plain data, before anything is built or run
+            raise UserError(f"checkpoint {path} holds pickled Python objects besides tensors and plain data ({reason}), "
+                            "which could run code when loaded: refused, nothing in it was run") from e
+        raise UserError(f"checkpoint {path} cannot be read, it is damaged or not a checkpoint ({type(e).__name__}: {reason})") from e
     if not isinstance(ckpt, dict) or "format" not in ckpt or "model" not in ckpt:
         raise UserError(f"{path} is not a checkpoint of these trainers")
+    return ckpt
+
+
+def load_checkpoint(path) -> dict:
+    """A checkpoint this trainer can continue or start from."""
+    ckpt = read_checkpoint(path)
     if ckpt["format"] != CHECKPOINT_FORMAT:
         raise UserError(f"{path} has checkpoint format {ckpt['format']}; this {TRAINER}.py reads format {CHECKPOINT_FORMAT}")
     if ckpt.get("trainer") != TRAINER:

@@ -102,3 +102,32 @@ class Choice(gym.Env):
 
 
 gym.register("Choice-v0", entry_point=Choice, max_episode_steps=EPISODE_STEPS)
+
+
+class EpisodeIds(gym.Env):
+    """Every episode says which it is: reset(seed=s) names the env s, and its k-th episode from then on (k = 0, 1, ...)
+    terminates after 1 + (s + k) % 4 steps with return s * 100 + k, all of it on its first step. Envs of one vector
+    env thus end their episodes at different times, and an evaluation's returns name the episodes it counted."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def __init__(self):
+        self.name, self.episode = 0, -1
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if seed is not None:
+            self.name, self.episode = seed, -1
+        self.episode += 1
+        self.t = 0
+        return np.zeros(1, dtype=np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        reward = float(self.name * 100 + self.episode) if self.t == 1 else 0.0
+        terminated = self.t == 1 + (self.name + self.episode) % 4
+        return np.zeros(1, dtype=np.float32), reward, terminated, False, {}
+
+
+gym.register("EpisodeIds-v0", entry_point=EpisodeIds, max_episode_steps=EPISODE_STEPS)

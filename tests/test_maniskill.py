@@ -14,6 +14,7 @@ import torch
 
 import ippo
 import ppo
+import ppo_eval
 import ppo_rnn
 from tests.util import REPO, fast_args, load, run_script, scalars, start_script, wait_for
 
@@ -168,13 +169,14 @@ def gpu_sized_envs(monkeypatch):
 def test_gpu_path_default_flags_build(tmp_path, gpu_sized_envs, trainer):
     """`python ppo.py --env_id=PickCube-v1` on a GPU: 512 training envs, 8 evaluation envs with video."""
     args = trainer.Args(env_id="PickCube-v1", save_train_video_freq=10)
-    trainer.validate(args, maniskill=True)
+    trainer.validate(args, maniskill=True, time_limit=50)
     envs = trainer.make_envs(args, True, torch.device("cpu"), evaluation=False, run_dir=tmp_path, num_eval_steps=50)
     eval_envs = trainer.make_envs(args, True, torch.device("cpu"), evaluation=True, run_dir=tmp_path, num_eval_steps=50)
     try:
         train_kwargs, eval_kwargs = gpu_sized_envs
         assert train_kwargs["num_envs"] == 512 and eval_kwargs["num_envs"] == 8
         assert train_kwargs["sim_backend"] == eval_kwargs["sim_backend"] == "physx_cuda"
+        assert train_kwargs["max_episode_steps"] == eval_kwargs["max_episode_steps"] == 50
         # RecordEpisode cannot flush at one env's reset: videos are cut at the evaluation's and the rollout's length
         assert eval_envs.video_recorder.max_steps_per_video == 50 and envs.video_recorder.max_steps_per_video == 50
         assert eval_envs.num_envs == 8 and envs.num_envs == 512
@@ -205,6 +207,22 @@ def test_ippo_gpu_path_default_flags_build(tmp_path, gpu_sized_envs):
         eval_envs.close()
 
 
+def test_evaluator_gpu_path_builds_with_video_and_trajectory(tmp_path, gpu_sized_envs):
+    """`python ppo_eval.py RUN --num_envs 256 --capture_video --save_trajectory` on a GPU: one RecordEpisode records
+    the trajectories of every env and cuts the tiled video at the time limit."""
+    args = ppo.Args(env_id="PickCube-v1", num_eval_envs=256)
+    ppo.validate(args, maniskill=True, time_limit=50)
+    eval_envs = ppo.make_envs(args, True, torch.device("cpu"), evaluation=True, run_dir=tmp_path / "out",
+                              num_eval_steps=50, trajectory_path=tmp_path / "out" / "trajectory")
+    try:
+        recorder = eval_envs.video_recorder
+        assert eval_envs.num_envs == 256 and recorder.num_envs == 256
+        assert recorder.save_trajectory and recorder._save_video and recorder.max_steps_per_video == 50
+        assert (tmp_path / "out" / "trajectory.h5").is_file() and recorder.output_dir == tmp_path / "out" / "videos"
+    finally:
+        eval_envs.close()
+
+
 @pytest.mark.parametrize("flags,mention", [
     (dict(eval_partial_reset=True), "--eval_reconfiguration_freq=0"),
     (dict(reconfiguration_freq=5), "--reconfiguration_freq=0"),
@@ -212,10 +230,11 @@ def test_ippo_gpu_path_default_flags_build(tmp_path, gpu_sized_envs):
 @pytest.mark.parametrize("trainer", [ppo, ppo_rnn, ippo], ids=["ppo", "ppo_rnn", "ippo"])
 def test_gpu_path_refuses_partial_reset_with_reconfiguration(gpu_sized_envs, trainer, flags, mention):
     with pytest.raises(trainer.UserError, match=mention):
-        if trainer is ippo:
-            ippo.validate(ippo.Args(**flags), maniskill=True, time_limit=100)
-        else:
-            trainer.validate(trainer.Args(env_id="PickCube-v1", **flags), maniskill=True)
+        trainer.validate(trainer.Args(env_id="PickCube-v1", **flags), maniskill=True, time_limit=50)
+    if "eval_partial_reset" in flags:  # ppo_eval.py's evaluation envs of the run
+        run = trainer.Args(env_id="PickCube-v1", **flags)
+        with pytest.raises(ppo_eval.UserError, match="--reconfiguration_freq 0"):
+            ppo_eval.validate_run(run, trainer, True, ppo_eval.EvalArgs(checkpoint="unused"))
     # ManiSkill itself refuses the combination only once many envs are built
     args = ppo.Args(env_id="PickCube-v1", capture_video=False, **flags)
     evaluation = "eval_partial_reset" in flags

@@ -267,7 +267,7 @@ def test_cpu_worker_cap_suggests_whole_sequence_minibatches(tmp_path, monkeypatc
     suggestion = re.search(r"try (--num_envs=\d+ --num_eval_envs=\d+ --num_minibatches=\d+)", error).group(1)
     args = ppo_rnn.Args(env_id="PickCube-v1", sim_backend="cpu", **{k.lstrip("-"): int(v) for k, v in
                                                  (flag.split("=") for flag in suggestion.split())})
-    ppo_rnn.validate(args, maniskill=True)
+    ppo_rnn.validate(args, maniskill=True, time_limit=50)
     assert not (tmp_path / "runs").exists()
 
 

@@ -1,0 +1,379 @@
+"""Evaluate a checkpoint of ppo.py, ppo_rnn.py or ippo.py: success rates and returns with their uncertainty.
+
+    python ppo_eval.py runs/RUN                                      # the run's final checkpoint, 100 episodes
+    python ppo_eval.py runs/RUN/ckpt_250.pt --num_episodes 1000 --num_envs 256
+    python ppo_eval.py runs/RUN --capture_video --num_episodes 4     # videos next to the results
+    python ppo_eval.py runs/RUN --output results.json --seed 0       # machine-readable, reproducible
+    python ppo_eval.py runs/RUN --save_trajectory                    # ManiSkill trajectories (.h5 + .json)
+
+The policy is rebuilt from the checkpoint alone, with the trainer's own code: its Agent, its envs (with the run's
+evaluation settings) and its evaluation loop. Env i of N plays its first num_episodes // N episodes, one more for
+i < num_episodes % N, so every requested episode is played to its end and counted once, and episodes that end
+early weigh no more than those that last. See README.md, "Evaluating a checkpoint: ppo_eval.py".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Optional
+
+import numpy as np
+import torch
+import tyro
+
+import ippo
+import ppo
+import ppo_rnn
+
+TRAINERS = {module.TRAINER: module for module in (ppo, ppo_rnn, ippo)}
+# Per-episode 0/1 outcomes: a rate with a Wilson score interval. Every other metric: mean, std, median, bootstrap.
+RATE_METRICS = ("success_once", "success_at_end", "fail_once", "fail_at_end")
+Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile
+
+
+@dataclass
+class EvalArgs:
+    checkpoint: tyro.conf.Positional[str]
+    """a checkpoint file, or a run directory (its final_ckpt.pt, else its newest ckpt_<iteration>.pt)"""
+    num_episodes: int = 100
+    """episodes to evaluate, each played to its end and counted once"""
+    num_envs: Optional[int] = None
+    """parallel environments (default: the run's --num_eval_envs)"""
+    seed: int = 0
+    """seeds the envs' resets (env i of a Gymnasium or ManiSkill CPU vector env: seed + i), sampled actions and the bootstrap"""
+    stochastic: bool = False
+    """sample actions from the policy instead of taking its mode"""
+    capture_video: bool = False
+    """record videos, as the trainer's evaluation does, under {output_dir}/videos"""
+    save_trajectory: bool = False
+    """ManiSkill: record every finished episode with RecordEpisode to {output_dir}/trajectory.h5 and .json"""
+    output: Optional[str] = None
+    """write the results, every episode's record and the checkpoint's identity to this JSON file"""
+    output_dir: Optional[str] = None
+    """where videos and trajectories go (default: {checkpoint's directory}/eval/{checkpoint name}__seed{seed}__{unix time})"""
+    bootstrap_samples: int = 10_000
+    """resamples for the bootstrap intervals of the means"""
+    cuda: bool = True
+    """if toggled, the policy (and ManiSkill's GPU simulation) runs on CUDA when it is available"""
+    torch_threads: int = 1
+    """CPU threads for torch (0: torch's default)"""
+
+    env_id: Optional[str] = None
+    """evaluate on another task (default: the run's); its spaces must be the checkpoint's"""
+    control_mode: Optional[str] = None
+    """ManiSkill: another control mode (default: the run's); its action space must be the checkpoint's"""
+    sim_backend: Optional[Literal["auto", "gpu", "cpu"]] = None
+    """ManiSkill simulation backend (default: the run's)"""
+    max_episode_steps: Optional[int] = None
+    """the episodes' time limit (default: the run's)"""
+    reconfiguration_freq: Optional[int] = None
+    """ManiSkill: reconfigure the scenes every this many resets (default: the run's --eval_reconfiguration_freq)"""
+    partial_reset: Optional[bool] = None
+    """ManiSkill: reset an env as soon as its episode terminates, else run every episode to the time limit (default: the run's --eval_partial_reset)"""
+
+
+class UserError(Exception):
+    """A mistake the user can fix: reported as one line and exit status 2."""
+
+
+# The trainers' own mistakes are the user's too.
+USER_ERRORS = (UserError,) + tuple(module.UserError for module in TRAINERS.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics
+# ---------------------------------------------------------------------------------------------
+
+def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion: unlike the normal approximation, it stays inside [0, 1]
+    and does not collapse to a point at 0 or n successes."""
+    p = successes / n
+    denominator = 1.0 + z**2 / n
+    center = (p + z**2 / (2 * n)) / denominator
+    half_width = z / denominator * math.sqrt(p * (1.0 - p) / n + z**2 / (4 * n**2))
+    return max(0.0, center - half_width), min(1.0, center + half_width)
+
+
+def bootstrap_interval(values: np.ndarray, samples: int, rng: np.random.Generator) -> tuple[float, float]:
+    """The 95% percentile bootstrap interval of the mean."""
+    n = len(values)
+    means = []
+    chunk = max(1, 10_000_000 // n)  # resamples at a time, so that memory stays bounded for many episodes
+    for start in range(0, samples, chunk):
+        index = rng.integers(0, n, size=(min(chunk, samples - start), n))
+        means.append(values[index].mean(axis=1))
+    low, high = np.quantile(np.concatenate(means), [0.025, 0.975])
+    return float(low), float(high)
+
+
+def summarize(metrics: dict[str, np.ndarray], bootstrap_samples: int, seed: int) -> dict[str, dict]:
+    rng = np.random.default_rng(seed)
+    summary = {}
+    for key, values in metrics.items():
+        n = len(values)
+        if key in RATE_METRICS:
+            successes = int(values.sum())
+            summary[key] = {"episodes": n, "successes": successes, "rate": successes / n,
+                            "ci95": list(wilson_interval(successes, n)), "interval": "wilson"}
+        else:
+            summary[key] = {"episodes": n, "mean": float(values.mean()), "std": float(values.std(ddof=1)) if n > 1 else 0.0,
+                            "median": float(np.median(values)), "ci95": list(bootstrap_interval(values, bootstrap_samples, rng)),
+                            "interval": "bootstrap"}
+    return summary
+
+
+def format_table(summary: dict[str, dict]) -> str:
+    lines = [f"{'metric':<24}{'episodes':>9}{'mean':>11}{'std':>11}{'median':>11}   95% interval"]
+    for key, row in summary.items():
+        low, high = row["ci95"]
+        if row["interval"] == "wilson":
+            lines.append(f"{key:<24}{row['episodes']:>9}{row['rate']:>11.3f}{'':>22}   [{low:.3f}, {high:.3f}] Wilson")
+        else:
+            lines.append(f"{key:<24}{row['episodes']:>9}{row['mean']:>11.3f}{row['std']:>11.3f}{row['median']:>11.3f}"
+                         f"   [{low:.3f}, {high:.3f}] bootstrap")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# The checkpoint and the run it came from
+# ---------------------------------------------------------------------------------------------
+
+def find_checkpoint(path: str) -> Path:
+    """A checkpoint file as given; a run directory's final_ckpt.pt, else its newest ckpt_<iteration>.pt."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    if (path / "final_ckpt.pt").is_file():
+        return path / "final_ckpt.pt"
+    numbered = ppo.numbered_checkpoints(path)
+    if not numbered:
+        raise UserError(f"{path} holds no checkpoint (final_ckpt.pt or ckpt_<iteration>.pt)")
+    return numbered[max(numbered)]
+
+
+def load(path: Path):
+    """The trainer module that wrote the checkpoint, and the checkpoint."""
+    ckpt = ppo.read_checkpoint(path)
+    trainer = TRAINERS.get(ckpt.get("trainer"))
+    if trainer is None:
+        raise UserError(f"{path} was written by an unknown trainer {ckpt.get('trainer')!r}; "
+                        f"ppo_eval.py reads checkpoints of {', '.join(f'{name}.py' for name in TRAINERS)}")
+    if ckpt["format"] != trainer.CHECKPOINT_FORMAT:
+        raise UserError(f"{path} has checkpoint format {ckpt['format']}; {trainer.TRAINER}.py writes format "
+                        f"{trainer.CHECKPOINT_FORMAT}")
+    return trainer, ckpt
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def run_args(trainer, ckpt: dict, args: EvalArgs):
+    """The trainer's Args of the run, with the evaluation's settings and overrides."""
+    saved = ckpt["args"]
+    run = trainer.Args(**{f.name: saved[f.name] for f in dataclasses.fields(trainer.Args) if f.name in saved})
+    overrides = {"num_eval_envs": args.num_envs, "env_id": args.env_id, "control_mode": args.control_mode,
+                 "sim_backend": args.sim_backend, "eval_reconfiguration_freq": args.reconfiguration_freq,
+                 "eval_partial_reset": args.partial_reset}
+    run = dataclasses.replace(run, **{name: value for name, value in overrides.items() if value is not None},
+                              capture_video=args.capture_video, cuda=args.cuda, torch_threads=args.torch_threads)
+    if run.env_id != saved["env_id"]:
+        run.max_episode_steps = None  # the run's time limit was its own task's
+    if args.max_episode_steps is not None:
+        run.max_episode_steps = args.max_episode_steps
+    return run
+
+
+def validate(args: EvalArgs):
+    def require(ok: bool, flag: str, rule: str):
+        if not ok:
+            raise UserError(f"--{flag} must be {rule}, got {getattr(args, flag)}")
+
+    for flag in ("num_episodes", "bootstrap_samples"):
+        require(getattr(args, flag) >= 1, flag, "positive")
+    for flag in ("num_envs", "max_episode_steps"):
+        require(getattr(args, flag) is None or getattr(args, flag) >= 1, flag, "positive (or None: the run's)")
+    require(args.reconfiguration_freq is None or args.reconfiguration_freq >= 0, "reconfiguration_freq",
+            "0 (never) or positive (or None: the run's)")
+    cores = ppo.usable_cores()
+    require(0 <= args.torch_threads <= cores, "torch_threads", f"0 (torch's default) to {cores}, this machine's cores")
+    require(bool(args.checkpoint), "checkpoint", "a checkpoint file or a run directory")
+
+
+def validate_run(run, trainer, maniskill: bool, args: EvalArgs):
+    """The checks of the trainer's validate() that concern evaluation envs."""
+    num_envs = run.num_eval_envs
+    if not 0 <= args.seed <= 2**32 - 1 - num_envs:
+        raise UserError(f"--seed must be in [0, {2**32 - 1 - num_envs}] with {num_envs} envs (numpy seeds are below 2**32), "
+                        f"got {args.seed}")
+    if args.save_trajectory and not maniskill:
+        raise UserError(f"--save_trajectory records ManiSkill's RecordEpisode trajectories; {run.env_id} is not a ManiSkill task")
+    sim_backend = trainer.resolve_sim_backend(run.sim_backend) if maniskill else None
+    if sim_backend == "gpu" and num_envs > 1 and run.eval_partial_reset and run.eval_reconfiguration_freq:
+        raise UserError(f"partial resets with reconfiguration every {run.eval_reconfiguration_freq} resets: ManiSkill cannot "
+                        "reconfigure a GPU simulation while it resets only some of its envs; pass --reconfiguration_freq 0 "
+                        "or --partial_reset False")
+    if sim_backend == "cpu" and num_envs > 1:
+        cores = ppo.usable_cores()
+        if num_envs > trainer.CPU_WORKERS_PER_CORE * cores:
+            raise UserError(f"--num_envs={num_envs} would start {num_envs} CPU simulator processes on {cores} cores (at most "
+                            f"{trainer.CPU_WORKERS_PER_CORE} per core); try --num_envs={2 * cores}, or a machine with CUDA")
+        if args.save_trajectory:
+            raise UserError("--save_trajectory records through one ManiSkill vector env: on the CPU simulation pass --num_envs 1")
+    return sim_backend
+
+
+def prepare_output_dir(args: EvalArgs, checkpoint: Path) -> Optional[Path]:
+    if not (args.capture_video or args.save_trajectory):
+        return None
+    if args.output_dir is not None:
+        output_dir = Path(args.output_dir)
+    else:
+        output_dir = checkpoint.parent / "eval" / f"{checkpoint.stem}__seed{args.seed}__{int(time.time())}"
+    if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
+        raise UserError(f"{output_dir} already exists and is not an empty directory; its files stay as they are: "
+                        "pass another --output_dir")
+    return output_dir
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+# ---------------------------------------------------------------------------------------------
+
+def main(args: EvalArgs) -> int:
+    validate(args)
+    checkpoint = find_checkpoint(args.checkpoint)
+    trainer, ckpt = load(checkpoint)
+    run = run_args(trainer, ckpt, args)
+    maniskill, time_limit = trainer.find_env(run.env_id)
+    sim_backend = validate_run(run, trainer, maniskill, args)
+    run.max_episode_steps = run.max_episode_steps or time_limit
+    if run.max_episode_steps is None:
+        raise UserError(f"{run.env_id} has no time limit, so its episodes might never end; give --max_episode_steps")
+    num_envs = run.num_eval_envs
+    episodes_per_env = torch.tensor([args.num_episodes // num_envs + (i < args.num_episodes % num_envs)
+                                     for i in range(num_envs)])
+    # Every episode ends within the time limit, and the next one starts at once.
+    max_steps = int(episodes_per_env.max()) * run.max_episode_steps
+    output_dir = prepare_output_dir(args, checkpoint)
+    if args.output is not None and Path(args.output).is_dir():
+        raise UserError(f"--output {args.output} is a directory; give a file name, e.g. {Path(args.output) / 'results.json'}")
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    trajectory_path = output_dir / "trajectory" if args.save_trajectory else None
+    new_dirs = [] if output_dir is None else [path for path in (output_dir, *output_dir.parents) if not path.exists()]
+    try:
+        envs = trainer.make_envs(run, maniskill, device, evaluation=True, run_dir=output_dir or checkpoint.parent,
+                                 num_eval_steps=run.max_episode_steps, trajectory_path=trajectory_path)
+        try:
+            agent = trainer.make_agent(run, envs).to(device)
+            trainer.load_weights(agent, ckpt, run, envs)
+            agent.eval()
+            start = time.perf_counter()
+            metrics = trainer.evaluate(agent, envs, max_steps, args.seed, episodes_per_env, deterministic=not args.stochastic)
+            seconds = time.perf_counter() - start
+            if trajectory_path is not None:
+                envs.video_recorder.flush_trajectory(save=False)  # the episodes still running are not evaluated
+        finally:
+            envs.close()
+    except BaseException:
+        remove_empty_dirs(output_dir, new_dirs)
+        raise
+    episodes = int(metrics.pop("episodes").item())
+    if episodes != args.num_episodes:
+        raise UserError(f"only {episodes} of {args.num_episodes} episodes ended within {max_steps} steps, though "
+                        f"{run.env_id}'s time limit is {run.max_episode_steps} steps")
+    metrics = {key: values.double().cpu().numpy() for key, values in metrics.items()}
+    summary = summarize(metrics, args.bootstrap_samples, args.seed)
+
+    print(f"checkpoint  {checkpoint}  ({trainer.TRAINER}.py, {ckpt['args']['env_id']}, iteration {ckpt['iteration']}, "
+          f"global step {ckpt['global_step']})")
+    print(f"evaluation  {run.env_id}: {args.num_episodes} episodes on {num_envs} envs, seed {args.seed}, "
+          f"{'sampled' if args.stochastic else 'deterministic'} actions, {run.max_episode_steps}-step time limit, "
+          f"{seconds:.1f} s")
+    print(format_table(summary))
+    if output_dir is not None:
+        print(f"videos and trajectories: {output_dir}")
+    if args.output is not None:
+        results = {
+            "checkpoint": {"path": str(checkpoint.resolve()), "sha256": sha256(checkpoint), "trainer": trainer.TRAINER,
+                           "format": ckpt["format"], "run_name": ckpt["run_name"], "env_id": ckpt["args"]["env_id"],
+                           "global_step": ckpt["global_step"], "iteration": ckpt["iteration"]},
+            "evaluation": {"env_id": run.env_id, "num_episodes": args.num_episodes, "num_envs": num_envs,
+                           "episodes_per_env": episodes_per_env.tolist(), "deterministic": not args.stochastic,
+                           "max_episode_steps": run.max_episode_steps, "control_mode": run.control_mode if maniskill else None,
+                           "sim_backend": sim_backend, "partial_reset": run.eval_partial_reset if maniskill else None,
+                           "reconfiguration_freq": run.eval_reconfiguration_freq if maniskill else None,
+                           "device": str(device), "bootstrap_samples": args.bootstrap_samples, "seconds": seconds,
+                           "output_dir": None if output_dir is None else str(output_dir)},
+            "seeds": {"env_reset": args.seed, "torch": args.seed, "numpy": args.seed, "python": args.seed,
+                      "bootstrap": args.seed},
+            "metrics": summary,
+            "episodes": [{key: episode_value(key, values[i]) for key, values in metrics.items()} for i in range(episodes)],
+        }
+        if trainer is ippo:
+            results["checkpoint"]["agents"] = ckpt["agents"]
+        write_json(Path(args.output), results)
+        print(f"results: {args.output}")
+    return 0
+
+
+def episode_value(key: str, value: float):
+    if key in RATE_METRICS:
+        return bool(value)
+    return int(value) if key == "episode_len" else float(value)
+
+
+def remove_empty_dirs(output_dir: Optional[Path], new_dirs: list[Path]):
+    """A failed evaluation leaves no empty directory behind that it created, and never removes a file."""
+    if output_dir is None or not output_dir.is_dir():
+        return
+    for directory in sorted((p for p in output_dir.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        if not any(directory.iterdir()):
+            directory.rmdir()
+    for directory in new_dirs:
+        if not directory.is_dir() or any(directory.iterdir()):
+            break
+        directory.rmdir()
+
+
+def write_json(path: Path, results: dict):
+    """Write to a temporary file, then rename: an interrupted write never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(results, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def cli(argv: Optional[list[str]] = None) -> int:
+    try:
+        args = tyro.cli(EvalArgs, args=sys.argv[1:] if argv is None else argv, use_underscores=True, description=__doc__)
+        return main(args)
+    except USER_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
