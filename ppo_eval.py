@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 import numpy as np
 import torch
@@ -42,7 +42,7 @@ Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile
 
 @dataclass
 class EvalArgs:
-    checkpoint: tyro.conf.Positional[str]
+    checkpoint: tyro.conf.Positional[Annotated[str, tyro.conf.arg(metavar="CHECKPOINT")]]
     """a checkpoint file, or a run directory (its final_ckpt.pt, else its newest ckpt_<iteration>.pt)"""
     num_episodes: int = 100
     """episodes to evaluate, each played to its end and counted once"""

@@ -1,6 +1,7 @@
 """ppo_eval.py: exact episode counting, agreement with each trainer's own evaluation, statistics, videos and
 trajectories, seeding, safe loading and bad input."""
 
+import dataclasses
 import json
 import os
 import pickle
@@ -49,6 +50,13 @@ def test_every_requested_episode_counts_once(tmp_path, script, extra):
     assert sorted((e["return"], e["episode_len"]) for e in results["episodes"]) == sorted(expected)
     assert results["evaluation"]["episodes_per_env"] == [3, 3, 3, 2]
     assert results["metrics"]["return"]["episodes"] == 11
+
+
+def test_help_lists_every_flag(tmp_path):
+    result = run_script("ppo_eval.py", ["--help"], tmp_path)
+    assert result.returncode == 0 and "CHECKPOINT" in result.stdout
+    for field in dataclasses.fields(ppo_eval.EvalArgs)[1:]:
+        assert f"--{field.name}" in result.stdout, field.name
 
 
 def test_wilson_interval_against_published_values():
@@ -196,6 +204,11 @@ def test_bad_checkpoints_are_one_clear_line(tmp_path):
     assert not marker.exists()
     assert (tmp_path / "full" / "keep.mp4").read_bytes() == b"x"
     assert sorted(p.name for p in (tmp_path / "runs/ids").iterdir() if p.is_dir()) == []  # no eval/ left behind
+
+    # A shorter time limit than the task's reaches the env: EpisodeIds' 3- and 4-step episodes are truncated at 2.
+    shorter = evaluate(tmp_path, ["runs/ids", "--num_episodes", "8", "--num_envs", "4", "--max_episode_steps", "2"])
+    assert shorter["evaluation"]["max_episode_steps"] == 2
+    assert sorted({e["episode_len"] for e in shorter["episodes"]}) == [1, 2]
 
 
 def test_trainers_refuse_a_pickle_that_runs_code(tmp_path):
