@@ -933,6 +933,9 @@ def build_maniskill_cpu_worker_env(env_id: str, env_kwargs: dict, ignore_termina
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         # One env per worker: more torch threads only fight the other workers for the cores.
         torch.set_num_threads(1)
+    # An unseeded reset (every autoreset) draws the new episode from the process's torch stream, which no one seeds
+    # in a worker: with enhanced_determinism it draws the episode's seed from the env's own, seeded, stream instead.
+    env_kwargs = {**env_kwargs, "enhanced_determinism": True}
     env = build_maniskill_env(env_id, 1, env_kwargs, video_dir, video_trigger, max_steps_per_video)
     return CPUGymWrapper(env, ignore_terminations=ignore_terminations, record_metrics=True)
 

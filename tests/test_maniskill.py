@@ -70,6 +70,26 @@ def test_two_envs_in_workers_and_group_signal(tmp_path, signum):
     check_run(run, 2)
 
 
+@pytest.mark.parametrize("trainer,env_id", [(ppo, "PushCube-v1"), (ppo_rnn, "PushCube-v1"), (ippo, "TwoRobotPickCube-v1")],
+                         ids=["ppo", "ppo_rnn", "ippo"])
+def test_a_worker_env_autoresets_the_same_whatever_the_process_torch_stream(trainer, env_id):
+    """Autoresets are unseeded; a worker's torch stream is seeded by no one, so it must not decide the next episode."""
+    kwargs = dict(obs_mode="state_dict" if trainer is ippo else "state", sim_backend="physx_cpu", render_backend="cpu",
+                  max_episode_steps=50)
+    extra = ("full",) if trainer is ippo else ()
+    episodes = []
+    for process_seed in (0, 1):
+        env = trainer.build_maniskill_cpu_worker_env(env_id, kwargs, *extra, False, None, None, None)
+        torch.manual_seed(process_seed)
+        first, _ = env.reset(seed=3)
+        torch.manual_seed(100 + process_seed)
+        second, _ = env.reset()
+        episodes.append((first, second))
+        env.close()
+    assert (episodes[0][0] == episodes[1][0]).all() and (episodes[0][1] == episodes[1][1]).all()
+    assert not (episodes[0][0] == episodes[0][1]).all()  # a new episode, not a replay of the seeded one
+
+
 @pytest.mark.parametrize("num_envs", [1, 2])
 def test_final_observation_at_time_limit(tmp_path, num_envs):
     """At the time limit every env reports its true last observation, and next_obs is already the reset one."""
