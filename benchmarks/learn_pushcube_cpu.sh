@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ManiSkill learns on a CPU-only machine: PushCube-v1, 4 CPU worker envs, 300k steps (about 11 minutes on 2 cores).
+# ManiSkill learns on a CPU-only machine: PushCube-v1, 4 CPU worker envs, 300k steps (about 8 minutes on 2 cores).
 # Prints the evaluation success rate over training; results are in README.md (Benchmarks).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
