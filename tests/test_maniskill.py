@@ -207,6 +207,24 @@ def test_gpu_path_default_flags_build(tmp_path, gpu_sized_envs, trainer):
         eval_envs.close()
 
 
+def test_gpu_path_under_torchrun_simulates_on_the_rank_gpu(tmp_path, gpu_sized_envs, monkeypatch):
+    """Rank 3 of 4 on a node: its envs simulate and render on cuda:3, and the run takes a quarter of the iterations."""
+    args = ppo.Args(env_id="PickCube-v1", capture_video=False)
+    assert ppo.validate(args, maniskill=True, time_limit=50, num_ranks=4, local_ranks=4)[2] == 10_000_000 // (512 * 50 * 4)
+    monkeypatch.setattr(ppo, "TorchVecEnv", lambda env, device, **kwargs: env)  # its buffers would need the GPU
+    monkeypatch.setattr(ppo.torch.cuda, "is_available", lambda: True)
+    asked, sized_make = [], ppo.gym.make
+
+    def make(env_id, **kwargs):
+        asked.append(kwargs)
+        return sized_make(env_id, **{**kwargs, "render_backend": "cpu"})  # this machine has no GPU to render on
+
+    monkeypatch.setattr(ppo.gym, "make", make)
+    envs = ppo.make_envs(args, True, torch.device("cuda", 3), evaluation=False, run_dir=tmp_path, num_eval_steps=50)
+    envs.close()
+    assert asked[0]["num_envs"] == 512 and asked[0]["sim_backend"] == "physx_cuda:3" and asked[0]["render_backend"] == "gpu:3"
+
+
 def test_ippo_gpu_path_default_flags_build(tmp_path, gpu_sized_envs):
     """`python ippo.py` (TwoRobotPickCube-v1) on a GPU: 512 training envs, 8 evaluation envs with video."""
     args = ippo.Args(save_train_video_freq=10)

@@ -289,6 +289,8 @@ BAD_INPUTS = [
     (["--env_id", "CartPole-v1", "--save_train_video_freq", "0"], "--save_train_video_freq"),
     (["--env_id", "CartPole-v1", "--update_epochs", "0"], "--update_epochs"),
     (["--env_id", "CartPole-v1", "--checkpoint", "."], "is a directory"),
+    (["--env_id", "CartPole-v1", "--keep_checkpoints", "0"], "--keep_checkpoints"),
+    (["--env_id", "CartPole-v1", "--checkpoint_freq", "0"], "--checkpoint_freq"),
     # the defaults are sized for a GPU: 512 CPU simulator processes would not fit
     (["--env_id", "PickCube-v1", "--sim_backend", "cpu"], f"try --num_envs={2 * len(os.sched_getaffinity(0))} "),
 ]

@@ -1,0 +1,149 @@
+"""Long runs: torchrun data parallelism, checkpoint retention, hard kills, flat memory."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+
+from tests.test_learning import CARTPOLE
+from tests.util import REPO, fast_args, load, run_script, scalars, script_env, start_script, wait_for
+
+POINT_MASS = "tests.envs:PointMass-v0"
+
+
+def torchrun(args: list[str], cwd, nproc: int = 2) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+
+
+def run_torchrun(args: list[str], cwd, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(torchrun(args, cwd), cwd=cwd, env=script_env(), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def files_below(directory) -> list[str]:
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name != ".lock")
+
+
+def test_torchrun_two_ranks_learn_cartpole_and_only_rank_0_writes(tmp_path):
+    """The learning check's command with half the envs on each of two ranks: the same global batch and minibatches."""
+    argv = CARTPOLE.replace("--num_envs 4", "--num_envs 2").split() + ["--exp_name", "dp", "--norm_obs"]
+    result = run_torchrun([str(REPO / "ppo.py"), *argv], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("run dp:") == 1 and "world_size=2" in result.stdout
+    run = tmp_path / "runs" / "dp"
+    assert files_below(tmp_path) == [f"runs/dp/{name}" for name in files_below(run)]  # nothing outside the run
+    assert len(list(run.glob("events.out.tfevents.*"))) == 1
+    ckpt = load(run / "final_ckpt.pt")
+    assert ckpt["world_size"] == 2 and len(ckpt["other_ranks_rng"]) == 1 and ckpt["global_step"] == 15360
+    # every observation of both ranks went into the shared statistics (which start from a count of 1e-4)
+    assert abs(ckpt["model"]["obs_normalizer.count"].item() - 15360) < 1e-3
+    assert scalars(run)["eval/return"][-1][1] >= 450
+
+
+def test_torchrun_notices_ranks_that_drift_apart(tmp_path):
+    """The check that every rank holds rank 0's parameters after each update fails once gradients are not averaged."""
+    argv = fast_args(POINT_MASS, "drift", num_envs=2, total_timesteps=32 * 2 * 3)
+    result = run_torchrun(["-m", "tests.harness", "no_gradient_average", "ppo", *argv], tmp_path)
+    assert result.returncode != 0
+    assert "after the update of iteration 1, 1 ranks hold other parameters than rank 0" in result.stderr
+
+
+def test_torchrun_sigterm_then_resume_equals_uninterrupted_run(tmp_path):
+    argv = dict(total_timesteps=32 * 2 * 40, eval_freq=5, norm_obs=True, lr_schedule="linear")
+    full = run_torchrun([str(REPO / "ppo.py"), *fast_args(POINT_MASS, "full", **argv)], tmp_path)
+    assert full.returncode == 0, full.stderr[-3000:]
+
+    proc = subprocess.Popen(torchrun([str(REPO / "ppo.py"), *fast_args(POINT_MASS, "cut", **argv)], tmp_path),
+                            cwd=tmp_path, env=script_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    run = tmp_path / "runs" / "cut"
+    wait_for(run / "ckpt_5.pt", proc, 300)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=300)
+    assert "resume with: torchrun (the same options)" in stderr, stderr[-3000:]
+    saved = sorted(int(p.stem.split("_")[1]) for p in run.glob("ckpt_*.pt"))
+    assert 5 <= saved[-1] < 40 and not (run / "final_ckpt.pt").exists()
+    assert load(run / f"ckpt_{saved[-1]}.pt")["iteration"] == saved[-1]
+
+    resumed = run_torchrun([str(REPO / "ppo.py"), "--resume", "runs/cut"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = load(tmp_path / "runs/full/final_ckpt.pt"), load(run / "final_ckpt.pt")
+    assert a["global_step"] == b["global_step"] == 32 * 2 * 40
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+
+    refused = run_script("ppo.py", ["--resume", "runs/cut", "--total_timesteps", str(32 * 2 * 50)], tmp_path)
+    assert refused.returncode == 2 and "trained by 2 processes and this is 1" in refused.stderr
+
+
+def test_keep_checkpoints_keeps_the_newest(tmp_path):
+    argv = fast_args(POINT_MASS, "keep", total_timesteps=32 * 7, eval_freq=4, checkpoint_freq=1, keep_checkpoints=2)
+    result = run_script("ppo.py", argv, tmp_path)
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "runs" / "keep"
+    assert sorted(p.name for p in run.glob("*.pt")) == ["ckpt_6.pt", "ckpt_7.pt", "final_ckpt.pt"]
+    assert [step for step, _ in scalars(run)["eval/return"]] == [128, 224]  # evaluations keep their own interval
+    resumed = run_script("ppo.py", ["--resume", "runs/keep", "--total_timesteps", str(32 * 10)], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert sorted(p.name for p in run.glob("*.pt")) == ["ckpt_10.pt", "ckpt_9.pt", "final_ckpt.pt"]
+    assert load(run / "final_ckpt.pt")["global_step"] == 32 * 10
+
+
+def test_sigkill_during_training_then_resume(tmp_path):
+    argv = fast_args(POINT_MASS, "kill", total_timesteps=32 * 400, eval_freq=10, checkpoint_freq=3)
+    proc = start_script("ppo.py", argv, tmp_path)
+    run = tmp_path / "runs" / "kill"
+    wait_for(run / "ckpt_9.pt", proc, 300)
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    saved = max(int(p.stem.split("_")[1]) for p in run.glob("ckpt_*.pt"))
+    assert 9 <= saved < 400
+    resumed = run_script("ppo.py", ["--resume", "runs/kill", "--total_timesteps", str(32 * (saved + 6))], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert load(run / "final_ckpt.pt")["global_step"] == 32 * (saved + 6)
+    steps = [step for step, _ in scalars(run)["losses/value_loss"]]
+    assert steps == list(range(32, 32 * (saved + 7), 32))  # the killed run's later steps were replaced
+
+
+def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path):
+    argv = fast_args(POINT_MASS, "torn", total_timesteps=32 * 8, eval_freq=2)
+    proc = subprocess.Popen([sys.executable, "-m", "tests.harness", "stall_checkpoint", "ppo", *argv], cwd=tmp_path,
+                            env=script_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    wait_for(tmp_path / "stalled", proc, 300)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    run = tmp_path / "runs" / "torn"
+    assert (run / "ckpt_4.pt.tmp").stat().st_size > 0 and not (run / "ckpt_4.pt").exists()
+    assert load(run / "ckpt_2.pt")["iteration"] == 2  # the complete one before it
+    scalars(run)  # the event file is readable
+    resumed = run_script("ppo.py", ["--resume", "runs/torn"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert not list(run.glob("*.tmp"))
+    assert load(run / "final_ckpt.pt")["global_step"] == 32 * 8
+    assert [step for step, _ in scalars(run)["losses/value_loss"]] == list(range(32, 32 * 9, 32))
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def test_resident_memory_stays_flat(tmp_path):
+    """3,000 short iterations: after the first quarter, RSS grows by less than 10% (benchmarks/rss.py runs it longer)."""
+    argv = fast_args("CartPole-v1", "rss", num_envs=1, num_steps=8, num_minibatches=1, update_epochs=1,
+                     total_timesteps=8 * 3000, eval_freq=500, norm_obs=True)
+    proc = start_script("ppo.py", argv, tmp_path)
+    samples = []
+    while proc.poll() is None:
+        samples.append(rss_kib(proc.pid))
+        time.sleep(0.1)
+    _, stderr = proc.communicate()
+    assert proc.returncode == 0, stderr
+    assert len(samples) >= 40
+    warm = max(samples[len(samples) // 4 - 5:len(samples) // 4])
+    assert max(samples[len(samples) // 4:]) < 1.1 * warm, (warm, max(samples))
