@@ -6,12 +6,24 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 from tests.test_learning import CARTPOLE
 from tests.util import REPO, fast_args, load, run_script, scalars, script_env, start_script, wait_for
 
 POINT_MASS = "tests.envs:PointMass-v0"
+TRAINERS = ["ppo", "ppo_rnn"]
+# Small recurrent cores; 16-step rollouts end on PointMass's episode boundaries, so resumes can be exact.
+FLAGS = {"ppo": {}, "ppo_rnn": dict(seq_len=8, rnn_hidden_size=16)}
+# The learning checks' commands (test_learning.py, test_ppo_rnn.py) with half the envs on each of two ranks: the
+# same global batch, and minibatches of the same global size.
+LEARNING = {
+    "ppo": (CARTPOLE.replace("--num_envs 4", "--num_envs 2") + " --norm_obs", 450),
+    "ppo_rnn": ("--env_id pomdp:CueRecall-v0 --num_envs 4 --num_steps 32 --num_minibatches 4 --update_epochs 4 "
+                "--gamma 0.99 --gae_lambda 0.95 --learning_rate 1e-3 --target_kl None --total_timesteps 10240 "
+                "--eval_freq 1000 --num_eval_envs 32 --no_capture_video --rnn_hidden_size 64 --norm_obs", 0.9),
+}
 
 
 def torchrun(args: list[str], cwd, nproc: int = 2) -> list[str]:
@@ -27,36 +39,40 @@ def files_below(directory) -> list[str]:
     return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name != ".lock")
 
 
-def test_torchrun_two_ranks_learn_cartpole_and_only_rank_0_writes(tmp_path):
-    """The learning check's command with half the envs on each of two ranks: the same global batch and minibatches."""
-    argv = CARTPOLE.replace("--num_envs 4", "--num_envs 2").split() + ["--exp_name", "dp", "--norm_obs"]
-    result = run_torchrun([str(REPO / "ppo.py"), *argv], tmp_path)
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_torchrun_two_ranks_learn_and_only_rank_0_writes(tmp_path, trainer):
+    command, threshold = LEARNING[trainer]
+    result = run_torchrun([str(REPO / f"{trainer}.py"), *command.split(), "--exp_name", "dp"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("run dp:") == 1 and "world_size=2" in result.stdout
     run = tmp_path / "runs" / "dp"
     assert files_below(tmp_path) == [f"runs/dp/{name}" for name in files_below(run)]  # nothing outside the run
     assert len(list(run.glob("events.out.tfevents.*"))) == 1
     ckpt = load(run / "final_ckpt.pt")
-    assert ckpt["world_size"] == 2 and len(ckpt["other_ranks_rng"]) == 1 and ckpt["global_step"] == 15360
+    total = int(command.split("--total_timesteps ")[1].split()[0])
+    assert ckpt["world_size"] == 2 and len(ckpt["other_ranks_rng"]) == 1 and ckpt["global_step"] == total
     # every observation of both ranks went into the shared statistics (which start from a count of 1e-4)
-    assert abs(ckpt["model"]["obs_normalizer.count"].item() - 15360) < 1e-3
-    assert scalars(run)["eval/return"][-1][1] >= 450
+    assert abs(ckpt["model"]["obs_normalizer.count"].item() - total) < 1e-3
+    assert scalars(run)["eval/return"][-1][1] >= threshold
 
 
-def test_torchrun_notices_ranks_that_drift_apart(tmp_path):
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_torchrun_notices_ranks_that_drift_apart(tmp_path, trainer):
     """The check that every rank holds rank 0's parameters after each update fails once gradients are not averaged."""
-    argv = fast_args(POINT_MASS, "drift", num_envs=2, total_timesteps=32 * 2 * 3)
-    result = run_torchrun(["-m", "tests.harness", "no_gradient_average", "ppo", *argv], tmp_path)
+    argv = fast_args(POINT_MASS, "drift", num_envs=2, total_timesteps=32 * 2 * 3, **FLAGS[trainer])
+    result = run_torchrun(["-m", "tests.harness", "no_gradient_average", trainer, *argv], tmp_path)
     assert result.returncode != 0
     assert "after the update of iteration 1, 1 ranks hold other parameters than rank 0" in result.stderr
 
 
-def test_torchrun_sigterm_then_resume_equals_uninterrupted_run(tmp_path):
-    argv = dict(total_timesteps=32 * 2 * 40, eval_freq=5, norm_obs=True, lr_schedule="linear")
-    full = run_torchrun([str(REPO / "ppo.py"), *fast_args(POINT_MASS, "full", **argv)], tmp_path)
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_torchrun_sigterm_then_resume_equals_uninterrupted_run(tmp_path, trainer):
+    script = str(REPO / f"{trainer}.py")
+    argv = dict(total_timesteps=32 * 2 * 40, eval_freq=5, norm_obs=True, lr_schedule="linear", **FLAGS[trainer])
+    full = run_torchrun([script, *fast_args(POINT_MASS, "full", **argv)], tmp_path)
     assert full.returncode == 0, full.stderr[-3000:]
 
-    proc = subprocess.Popen(torchrun([str(REPO / "ppo.py"), *fast_args(POINT_MASS, "cut", **argv)], tmp_path),
+    proc = subprocess.Popen(torchrun([script, *fast_args(POINT_MASS, "cut", **argv)], tmp_path),
                             cwd=tmp_path, env=script_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     run = tmp_path / "runs" / "cut"
@@ -68,33 +84,36 @@ def test_torchrun_sigterm_then_resume_equals_uninterrupted_run(tmp_path):
     assert 5 <= saved[-1] < 40 and not (run / "final_ckpt.pt").exists()
     assert load(run / f"ckpt_{saved[-1]}.pt")["iteration"] == saved[-1]
 
-    resumed = run_torchrun([str(REPO / "ppo.py"), "--resume", "runs/cut"], tmp_path)
+    resumed = run_torchrun([script, "--resume", "runs/cut"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     a, b = load(tmp_path / "runs/full/final_ckpt.pt"), load(run / "final_ckpt.pt")
     assert a["global_step"] == b["global_step"] == 32 * 2 * 40
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
 
-    refused = run_script("ppo.py", ["--resume", "runs/cut", "--total_timesteps", str(32 * 2 * 50)], tmp_path)
+    refused = run_script(f"{trainer}.py", ["--resume", "runs/cut", "--total_timesteps", str(32 * 2 * 50)], tmp_path)
     assert refused.returncode == 2 and "trained by 2 processes and this is 1" in refused.stderr
 
 
-def test_keep_checkpoints_keeps_the_newest(tmp_path):
-    argv = fast_args(POINT_MASS, "keep", total_timesteps=32 * 7, eval_freq=4, checkpoint_freq=1, keep_checkpoints=2)
-    result = run_script("ppo.py", argv, tmp_path)
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_keep_checkpoints_keeps_the_newest(tmp_path, trainer):
+    argv = fast_args(POINT_MASS, "keep", total_timesteps=32 * 7, eval_freq=4, checkpoint_freq=1, keep_checkpoints=2,
+                     **FLAGS[trainer])
+    result = run_script(f"{trainer}.py", argv, tmp_path)
     assert result.returncode == 0, result.stderr
     run = tmp_path / "runs" / "keep"
     assert sorted(p.name for p in run.glob("*.pt")) == ["ckpt_6.pt", "ckpt_7.pt", "final_ckpt.pt"]
     assert [step for step, _ in scalars(run)["eval/return"]] == [128, 224]  # evaluations keep their own interval
-    resumed = run_script("ppo.py", ["--resume", "runs/keep", "--total_timesteps", str(32 * 10)], tmp_path)
+    resumed = run_script(f"{trainer}.py", ["--resume", "runs/keep", "--total_timesteps", str(32 * 10)], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert sorted(p.name for p in run.glob("*.pt")) == ["ckpt_10.pt", "ckpt_9.pt", "final_ckpt.pt"]
     assert load(run / "final_ckpt.pt")["global_step"] == 32 * 10
 
 
-def test_sigkill_during_training_then_resume(tmp_path):
-    argv = fast_args(POINT_MASS, "kill", total_timesteps=32 * 400, eval_freq=10, checkpoint_freq=3)
-    proc = start_script("ppo.py", argv, tmp_path)
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_sigkill_during_training_then_resume(tmp_path, trainer):
+    argv = fast_args(POINT_MASS, "kill", total_timesteps=32 * 400, eval_freq=10, checkpoint_freq=3, **FLAGS[trainer])
+    proc = start_script(f"{trainer}.py", argv, tmp_path)
     run = tmp_path / "runs" / "kill"
     wait_for(run / "ckpt_9.pt", proc, 300)
     time.sleep(0.5)
@@ -102,16 +121,17 @@ def test_sigkill_during_training_then_resume(tmp_path):
     proc.communicate(timeout=60)
     saved = max(int(p.stem.split("_")[1]) for p in run.glob("ckpt_*.pt"))
     assert 9 <= saved < 400
-    resumed = run_script("ppo.py", ["--resume", "runs/kill", "--total_timesteps", str(32 * (saved + 6))], tmp_path)
+    resumed = run_script(f"{trainer}.py", ["--resume", "runs/kill", "--total_timesteps", str(32 * (saved + 6))], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert load(run / "final_ckpt.pt")["global_step"] == 32 * (saved + 6)
     steps = [step for step, _ in scalars(run)["losses/value_loss"]]
     assert steps == list(range(32, 32 * (saved + 7), 32))  # the killed run's later steps were replaced
 
 
-def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path):
-    argv = fast_args(POINT_MASS, "torn", total_timesteps=32 * 8, eval_freq=2)
-    proc = subprocess.Popen([sys.executable, "-m", "tests.harness", "stall_checkpoint", "ppo", *argv], cwd=tmp_path,
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path, trainer):
+    argv = fast_args(POINT_MASS, "torn", total_timesteps=32 * 8, eval_freq=2, **FLAGS[trainer])
+    proc = subprocess.Popen([sys.executable, "-m", "tests.harness", "stall_checkpoint", trainer, *argv], cwd=tmp_path,
                             env=script_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     wait_for(tmp_path / "stalled", proc, 300)
@@ -121,7 +141,7 @@ def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path):
     assert (run / "ckpt_4.pt.tmp").stat().st_size > 0 and not (run / "ckpt_4.pt").exists()
     assert load(run / "ckpt_2.pt")["iteration"] == 2  # the complete one before it
     scalars(run)  # the event file is readable
-    resumed = run_script("ppo.py", ["--resume", "runs/torn"], tmp_path)
+    resumed = run_script(f"{trainer}.py", ["--resume", "runs/torn"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert not list(run.glob("*.tmp"))
     assert load(run / "final_ckpt.pt")["global_step"] == 32 * 8
@@ -133,11 +153,12 @@ def rss_kib(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
 
 
-def test_resident_memory_stays_flat(tmp_path):
-    """3,000 short iterations: after the first quarter, RSS grows by less than 10% (benchmarks/rss.py runs it longer)."""
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_resident_memory_stays_flat(tmp_path, trainer):
+    """3,000 short iterations: after the first quarter, RSS grows by less than 10%."""
     argv = fast_args("CartPole-v1", "rss", num_envs=1, num_steps=8, num_minibatches=1, update_epochs=1,
-                     total_timesteps=8 * 3000, eval_freq=500, norm_obs=True)
-    proc = start_script("ppo.py", argv, tmp_path)
+                     total_timesteps=8 * 3000, eval_freq=500, norm_obs=True, **FLAGS[trainer])
+    proc = start_script(f"{trainer}.py", argv, tmp_path)
     samples = []
     while proc.poll() is None:
         samples.append(rss_kib(proc.pid))
