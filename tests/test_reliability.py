@@ -148,9 +148,13 @@ def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path, trainer):
     assert [step for step, _ in scalars(run)["losses/value_loss"]] == list(range(32, 32 * 9, 32))
 
 
-def rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+def rss_kib(pid: int):
+    """None once the process has exited (an exited process has no VmRSS line, then no status file)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), None)
+    except FileNotFoundError:
+        return None
 
 
 @pytest.mark.parametrize("trainer", TRAINERS)
@@ -161,7 +165,9 @@ def test_resident_memory_stays_flat(tmp_path, trainer):
     proc = start_script(f"{trainer}.py", argv, tmp_path)
     samples = []
     while proc.poll() is None:
-        samples.append(rss_kib(proc.pid))
+        rss = rss_kib(proc.pid)
+        if rss is not None:
+            samples.append(rss)
         time.sleep(0.1)
     _, stderr = proc.communicate()
     assert proc.returncode == 0, stderr
