@@ -5,6 +5,7 @@
     python ippo.py --env_id=vmas:navigation --env_kwargs n_agents=3 --num_envs=60 --num_steps=50 --gamma=0.9  # VMAS
     python ippo.py --env_id=vmas:navigation --share_parameters           # one network for all agents
     python ippo.py --resume runs/RUN_NAME                                # continue an interrupted run
+    torchrun --standalone --nproc_per_node=4 ippo.py --env_id=TwoRobotPickCube-v1   # data parallel: 4 GPUs
 
 Every agent has its own actor, critic and observation normalizer, acts on its own observation and learns from its
 own advantages with PPO's clipped objective. The agents' networks are stacked (one weight tensor per layer, an
@@ -41,6 +42,7 @@ from typing import Literal, Optional
 import gymnasium as gym
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import tyro
 from torch.distributions import Categorical, Normal
@@ -75,7 +77,11 @@ class Args:
     capture_video: bool = True
     """if toggled, record videos of evaluation episodes under runs/{run_name}/videos"""
     save_model: bool = True
-    """if toggled, save checkpoints under runs/{run_name} at every evaluation and at the end"""
+    """if toggled, save checkpoints under runs/{run_name} every checkpoint_freq iterations and at the end"""
+    checkpoint_freq: Optional[int] = None
+    """write ckpt_{iteration}.pt every this many iterations (None: at every evaluation, eval_freq), and at the end"""
+    keep_checkpoints: Optional[int] = None
+    """keep only the newest this many ckpt_{iteration}.pt (None: all); final_ckpt.pt is kept besides"""
     checkpoint: Optional[str] = None
     """start training from the weights (and observation statistics) of this checkpoint; a new run"""
     resume: Optional[str] = None
@@ -94,9 +100,9 @@ class Args:
     control_mode: Optional[str] = "pd_joint_delta_pos"
     """ManiSkill control mode (None: the task's default)"""
     num_envs: int = 512
-    """number of parallel training environments"""
+    """number of parallel training environments (of each torchrun process)"""
     num_eval_envs: int = 8
-    """number of parallel evaluation environments"""
+    """number of parallel evaluation environments (of rank 0, which alone evaluates)"""
     partial_reset: bool = True
     """ManiSkill: reset an env as soon as its episode terminates (else episodes run to the time limit)"""
     eval_partial_reset: bool = False
@@ -121,7 +127,7 @@ class Args:
     """which finished episodes bootstrap from V(final obs): always (ManiSkill's rule), truncated (terminations are terminal), never. auto = always for ManiSkill tasks, truncated for VMAS"""
 
     total_timesteps: int = 10_000_000
-    """total environment steps of the run"""
+    """total environment steps of the run (of all torchrun processes together)"""
     learning_rate: float = 3e-4
     """the (initial) learning rate of the optimizer"""
     lr_schedule: Literal["constant", "linear", "adaptive"] = "constant"
@@ -143,7 +149,7 @@ class Args:
     finite_horizon_gae: bool = False
     """use ManiSkill's finite-horizon GAE (lambda-weights renormalized over the steps left in the rollout)"""
     num_minibatches: int = 32
-    """number of minibatches per epoch"""
+    """number of minibatches per epoch (each torchrun process splits its own rollout into this many)"""
     update_epochs: int = 4
     """number of epochs over each rollout"""
     norm_adv: bool = True
@@ -163,7 +169,7 @@ class Args:
     reward_scale: float = 1.0
     """multiply rewards by this before computing advantages"""
     eval_freq: int = 25
-    """evaluate (and checkpoint) every this many iterations, and at the end"""
+    """evaluate every this many iterations, and at the end"""
     save_train_video_freq: Optional[int] = None
     """with capture_video, record a ManiSkill training video every this many iterations"""
 
@@ -370,12 +376,80 @@ def adapt_learning_rate(lr: float, approx_kl: float, args: Args) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
+# Data parallel: torchrun starts one process (a rank) per GPU, each with its own envs; a plain run is one rank.
+# Whatever decides the course of the run is computed from numbers every rank shares, so that all ranks take it alike.
+# ---------------------------------------------------------------------------------------------
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def gather_rows(x: torch.Tensor) -> torch.Tensor:
+    """Every rank's x, concatenated along the first dimension in rank order (x itself in a plain run)."""
+    if world_size() == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(world_size())]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts)
+
+
+def mean_over_ranks(x: torch.Tensor) -> torch.Tensor:
+    if world_size() == 1:
+        return x
+    total = x.clone()
+    dist.all_reduce(total)  # gloo has no average
+    return total / world_size()
+
+
+def average_gradients(agent: nn.Module, loss_finite: torch.Tensor) -> torch.Tensor:
+    """Replace each rank's gradients by their mean over all ranks, in one all-reduce (every rank then clips and steps
+    alike); returns whether every rank's loss was finite."""
+    grads = [p.grad for p in agent.parameters()]
+    flat = mean_over_ranks(torch.cat([g.flatten() for g in grads] + [(~loss_finite).float().reshape(1)]))
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+    return flat[-1] == 0
+
+
+def check_ranks_agree(agent: nn.Module, iteration: int):
+    """Every rank must hold rank 0's parameters and observation statistics, bit for bit."""
+    state = torch.cat([t.detach().flatten().double() for t in agent.state_dict().values() if t.is_floating_point()])
+    rank0_state = state.clone()
+    dist.broadcast(rank0_state, 0)
+    differs = torch.tensor([0.0 if torch.equal(state, rank0_state) else 1.0], device=state.device)
+    dist.all_reduce(differs)
+    if differs.item() > 0:
+        raise RuntimeError(f"after the update of iteration {iteration}, {int(differs.item())} ranks hold other parameters than rank 0")
+
+
+def agree_on_signal(signum: Optional[int], device: torch.device) -> Optional[int]:
+    """A stop signal that reached any rank stops every rank after the same iteration."""
+    if world_size() == 1:
+        return signum
+    received = torch.tensor([signum or 0], device=device)
+    dist.all_reduce(received, op=dist.ReduceOp.MAX)
+    return int(received.item()) or None
+
+
+def gather_objects(obj) -> list:
+    """Every rank's obj (plain data and CPU tensors), in rank order."""
+    if world_size() == 1:
+        return [obj]
+    objects = [None] * world_size()
+    dist.all_gather_object(objects, obj)
+    return objects
+
+
+# ---------------------------------------------------------------------------------------------
 # Training: rollout with final-value bootstrapping, GAE, update, logging; evaluation
 # ---------------------------------------------------------------------------------------------
 
-def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs: TorchVecEnv, device: torch.device,
-          bootstrap_rule: str, num_eval_steps: int, batch_size: int, minibatch_size: int, num_iterations: int,
-          resume_state: Optional[dict], init_state: Optional[dict]) -> int:
+def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs: Optional[TorchVecEnv],
+          device: torch.device, rank: int, bootstrap_rule: str, num_eval_steps: int, batch_size: int,
+          minibatch_size: int, num_iterations: int, resume_state: Optional[dict], init_state: Optional[dict]) -> int:
+    """rank 0 alone logs, evaluates (eval_envs is None on the others) and writes checkpoints."""
     observation_space = space_to_dict(envs.single_observation_space)
     action_space = space_to_dict(envs.single_action_space)
     agents, num_agents = envs.agents, envs.num_agents
@@ -386,52 +460,66 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
     for state in (init_state, resume_state):
         if state is not None:
             load_weights(agent, state, args, envs)
+    if world_size() > 1:
+        for tensor in agent.state_dict().values():  # each rank drew its own initial weights
+            dist.broadcast(tensor, 0)
 
     if resume_state is not None:
         optimizer.load_state_dict(resume_state["optimizer"])
         global_step, start_iteration = resume_state["global_step"], resume_state["iteration"]
     # ManiSkill workers seed env i with seed + i (one vector env: env 0 with seed, the others with draws from
     # RandomState(seed)); VMAS seeds its whole batch with seed:
-    # training and evaluation envs get disjoint blocks of seeds, and a resumed run new ones rather than a replay of
-    # its first iteration's starts.
-    train_seed = args.seed + start_iteration * (args.num_envs + args.num_eval_envs)
+    # training and evaluation envs, and each rank, get disjoint blocks of seeds, and a resumed run new ones rather
+    # than a replay of its first iteration's starts.
+    train_seed = args.seed + (start_iteration * world_size() + rank) * (args.num_envs + args.num_eval_envs)
     next_obs = envs.reset(seed=train_seed)
     eval_seed = train_seed + args.num_envs  # seeds the next evaluation; later ones continue the envs' streams
     if resume_state is not None:
-        # After the envs are built and reset, so that the learner's random stream continues where it stopped.
-        set_rng_states(resume_state["rng"], device)
+        # After the envs are built and reset, so that each rank's random stream continues where it stopped.
+        set_rng_states(resume_state["rng"] if rank == 0 else resume_state["other_ranks_rng"][rank - 1], device)
 
-    def checkpoint_state(iteration: int) -> dict:
-        return {"format": CHECKPOINT_FORMAT, "trainer": TRAINER, "run_name": run_name, "args": dataclasses.asdict(args),
-                "model": agent.state_dict(), "optimizer": optimizer.state_dict(), "agents": agents,
-                "observation_space": observation_space, "action_space": action_space,
-                "global_step": global_step, "iteration": iteration, "rng": rng_states(device)}
-
-    def write_checkpoint(iteration: int, final: bool = False) -> Path:
+    def write_checkpoint(iteration: int, final: bool = False) -> Optional[Path]:
+        """Every rank calls it (each hands rank 0 its random state); rank 0 writes."""
         if not all_finite(agent):
             raise NonFiniteError(f"non-finite parameters at iteration {iteration}")
-        state = checkpoint_state(iteration)
+        rank_rngs = gather_objects(rng_states(device))
+        if rank != 0:
+            return None
+        state = {"format": CHECKPOINT_FORMAT, "trainer": TRAINER, "run_name": run_name, "args": dataclasses.asdict(args),
+                 "model": agent.state_dict(), "optimizer": optimizer.state_dict(), "agents": agents,
+                 "observation_space": observation_space, "action_space": action_space,
+                 "global_step": global_step, "iteration": iteration, "world_size": world_size(),
+                 "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:]}
         path = run_dir / f"ckpt_{iteration}.pt"
         save_checkpoint(path, state)
         if final:
             save_checkpoint(run_dir / "final_ckpt.pt", state)
+        if args.keep_checkpoints is not None:
+            numbered = numbered_checkpoints(run_dir)
+            for old in sorted(numbered)[:-args.keep_checkpoints]:
+                numbered[old].unlink()
         return path
 
-    if args.track:
-        import wandb
+    writer = None
+    if rank == 0:
+        if args.track:
+            import wandb
 
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=dataclasses.asdict(args), name=run_name, id=run_name, resume="allow", save_code=True)
-    if resume_state is not None:
-        # Only now that the run has started: a resume that fails must leave the run as it was.
-        set_aside_later_checkpoints(run_dir, start_iteration)
-    # Steps logged after the checkpoint we resume from are replaced by the resumed run's.
-    writer = SummaryWriter(str(run_dir), purge_step=global_step + 1 if resume_state is not None else None)
-    derived = {"batch_size": batch_size, "minibatch_size": minibatch_size, "num_iterations": num_iterations,
-               "bootstrap_rule": bootstrap_rule, "num_eval_steps": num_eval_steps, "device": str(device)}
-    table = {**dataclasses.asdict(args), **derived}
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in table.items()))
-    print(f"run {run_name}: {run_dir}  " + "  ".join(f"{k}={v}" for k, v in derived.items()), flush=True)
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                       config=dataclasses.asdict(args), name=run_name, id=run_name, resume="allow", save_code=True)
+        if resume_state is not None:
+            # Only now that the run has started: a resume that fails must leave the run as it was.
+            set_aside_later_checkpoints(run_dir, start_iteration)
+            for unfinished in run_dir.glob("*.pt.tmp"):  # checkpoint writes that a kill cut short
+                unfinished.unlink()
+        # Steps logged after the checkpoint we resume from are replaced by the resumed run's.
+        writer = SummaryWriter(str(run_dir), purge_step=global_step + 1 if resume_state is not None else None)
+        derived = {"batch_size": batch_size, "minibatch_size": minibatch_size, "num_iterations": num_iterations,
+                   "bootstrap_rule": bootstrap_rule, "num_eval_steps": num_eval_steps, "device": str(device),
+                   "world_size": world_size()}
+        table = {**dataclasses.asdict(args), **derived}
+        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in table.items()))
+        print(f"run {run_name}: {run_dir}  " + "  ".join(f"{k}={v}" for k, v in derived.items()), flush=True)
 
     num_envs, num_steps = args.num_envs, args.num_steps
     obs_buf = torch.zeros((num_steps, num_envs, num_agents, envs.obs_dim), device=device)
@@ -443,8 +531,10 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                                                    for _ in range(4))
     dones = torch.zeros((num_steps, num_envs, 1), device=device)
 
+    checkpoint_freq = args.checkpoint_freq or args.eval_freq
     last_checkpoint = None
-    progress = tqdm(total=num_iterations, initial=start_iteration, desc=run_name, dynamic_ncols=True, mininterval=1.0)
+    progress = tqdm(total=num_iterations, initial=start_iteration, desc=run_name, dynamic_ncols=True, mininterval=1.0,
+                    disable=rank != 0)
     start_time, start_step = time.perf_counter(), global_step
     iteration = start_iteration
     stop = StopSignal()
@@ -459,10 +549,10 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
             train_metrics = defaultdict(list)
             bootstrap_values.zero_()
             for step in range(num_steps):
-                global_step += num_envs
+                global_step += num_envs * world_size()
                 with torch.no_grad():
                     if agent.obs_normalizer is not None:
-                        agent.obs_normalizer.update(next_obs)
+                        agent.obs_normalizer.update(gather_rows(next_obs))  # so that every rank normalizes alike
                     obs = agent.normalize_obs(next_obs)
                     action, logprob, _, value = agent.get_action_and_value(obs)
                 obs_buf[step], actions[step], logprobs[step], values[step] = obs, action, logprob, value
@@ -502,8 +592,8 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                     logratio = newlogprob - b_logprobs[mb]
                     ratio = logratio.exp()
                     with torch.no_grad():
-                        old_approx_kl = (-logratio).mean(0)
-                        approx_kl = ((ratio - 1) - logratio).mean(0)
+                        old_approx_kl, approx_kl = mean_over_ranks(torch.stack([(-logratio).mean(0),
+                                                                                ((ratio - 1) - logratio).mean(0)]))
                         if first_ratio_error is None:
                             first_ratio_error = (ratio - 1.0).abs().max()
                     # Joint: stopping one agent alone would need an optimizer of its own, as Adam's momentum keeps
@@ -528,9 +618,12 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
 
                     optimizer.zero_grad()
                     loss.backward()
+                    loss_finite = torch.isfinite(loss)
+                    if world_size() > 1:
+                        loss_finite = average_gradients(agent, loss_finite)
                     grad_norm = clip_grad_norm_per_net(agent, args.max_grad_norm)
-                    if not torch.isfinite(loss) or not torch.isfinite(grad_norm).all():
-                        raise NonFiniteError(f"non-finite {'loss' if not torch.isfinite(loss) else 'gradient'} "
+                    if not loss_finite or not torch.isfinite(grad_norm).all():
+                        raise NonFiniteError(f"non-finite {'gradient' if loss_finite else 'loss'} "
                                              f"at iteration {iteration} (global step {global_step})")
                     optimizer.step()
                     minibatch_steps += 1
@@ -541,68 +634,87 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                     break
             if not all_finite(agent):
                 raise NonFiniteError(f"non-finite parameters after the update of iteration {iteration}")
+            if world_size() > 1:
+                check_ranks_agree(agent, iteration)
             update_time = time.perf_counter() - update_start
 
-            # Logging: per agent under losses/<agent>/, and what the update decided on jointly under losses/
-            y_pred, y_true = b_values, b_returns
-            var_y = y_true.var(0)
-            explained_var = torch.where(var_y == 0, float("nan"), 1 - (y_true - y_pred).var(0) / var_y)
-            per_agent = {"old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "explained_variance": explained_var}
-            if clipfracs:  # empty when the first minibatch already exceeded target_kl
-                per_agent.update(value_loss=v_loss, policy_loss=pg_loss, entropy=entropy_loss,
-                                 clipfrac=torch.stack(clipfracs).mean(0))
-            for key, agent_values in per_agent.items():
-                for name, value in zip(agents, agent_values.tolist()):
-                    writer.add_scalar(f"losses/{name}/{key}", value, global_step)
-            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-            writer.add_scalar("losses/approx_kl", approx_kl.max().item(), global_step)
-            writer.add_scalar("losses/first_minibatch_ratio_error", first_ratio_error.item(), global_step)
-            writer.add_scalar("losses/minibatch_steps", minibatch_steps, global_step)
-            sps = int((global_step - start_step) / (time.perf_counter() - start_time))
-            writer.add_scalar("charts/SPS", sps, global_step)
-            writer.add_scalar("time/rollout_time", rollout_time, global_step)
-            writer.add_scalar("time/update_time", update_time, global_step)
-            writer.add_scalar("time/rollout_fps", num_envs * num_steps / rollout_time, global_step)
-            train_means = log_episode_metrics(writer, "train", {k: torch.cat(v) for k, v in train_metrics.items()}, global_step)
-            if "return" in train_means:
-                writer.add_scalar("charts/episodic_return", train_means["return"], global_step)
-                writer.add_scalar("charts/episodic_length", train_means["episode_len"], global_step)
-            postfix = {"step": global_step, "SPS": sps}
-            postfix.update({f"train_{k}": round(v, 3) for k, v in train_means.items() if k in ("return", "success_once")})
+            # Logging: rank 0, with every rank's training episodes; per agent under losses/<agent>/, and what the
+            # update decided on jointly under losses/
+            train_episodes = {key: torch.cat(values) for key, values in train_metrics.items()}
+            if world_size() > 1:
+                per_rank = gather_objects({key: values.cpu() for key, values in train_episodes.items()})
+                train_episodes = {key: torch.cat([episodes[key] for episodes in per_rank if key in episodes])
+                                  for key in dict.fromkeys(key for episodes in per_rank for key in episodes)}
+            if rank == 0:
+                y_pred, y_true = b_values, b_returns
+                var_y = y_true.var(0)
+                explained_var = torch.where(var_y == 0, float("nan"), 1 - (y_true - y_pred).var(0) / var_y)
+                per_agent = {"old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "explained_variance": explained_var}
+                if clipfracs:  # empty when the first minibatch already exceeded target_kl
+                    per_agent.update(value_loss=v_loss, policy_loss=pg_loss, entropy=entropy_loss,
+                                     clipfrac=torch.stack(clipfracs).mean(0))
+                for key, agent_values in per_agent.items():
+                    for name, value in zip(agents, agent_values.tolist()):
+                        writer.add_scalar(f"losses/{name}/{key}", value, global_step)
+                writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+                writer.add_scalar("losses/approx_kl", approx_kl.max().item(), global_step)
+                writer.add_scalar("losses/first_minibatch_ratio_error", first_ratio_error.item(), global_step)
+                writer.add_scalar("losses/minibatch_steps", minibatch_steps, global_step)
+                sps = int((global_step - start_step) / (time.perf_counter() - start_time))
+                writer.add_scalar("charts/SPS", sps, global_step)
+                writer.add_scalar("time/rollout_time", rollout_time, global_step)
+                writer.add_scalar("time/update_time", update_time, global_step)
+                writer.add_scalar("time/rollout_fps", num_envs * world_size() * num_steps / rollout_time, global_step)
+                train_means = log_episode_metrics(writer, "train", train_episodes, global_step)
+                if "return" in train_means:
+                    writer.add_scalar("charts/episodic_return", train_means["return"], global_step)
+                    writer.add_scalar("charts/episodic_length", train_means["episode_len"], global_step)
+                postfix = {"step": global_step, "SPS": sps}
+                postfix.update({f"train_{k}": round(v, 3) for k, v in train_means.items() if k in ("return", "success_once")})
 
-            if iteration % args.eval_freq == 0 or iteration == num_iterations:
-                agent.eval()
-                eval_means = log_episode_metrics(writer, "eval", evaluate(agent, eval_envs, num_eval_steps, eval_seed), global_step)
-                eval_seed = None
-                if eval_means["episodes"] == 0:
-                    print(f"\nevaluation at iteration {iteration}: no episode finished within {num_eval_steps} steps", file=sys.stderr)
-                postfix.update({f"eval_{k}": round(v, 3) for k, v in eval_means.items() if k in ("return", "success_once")})
-                if args.save_model:
-                    last_checkpoint = write_checkpoint(iteration, final=iteration == num_iterations)
-                writer.flush()
-            progress.set_postfix(postfix, refresh=False)
-            progress.update(1)
+                if iteration % args.eval_freq == 0 or iteration == num_iterations:
+                    agent.eval()
+                    eval_means = log_episode_metrics(writer, "eval", evaluate(agent, eval_envs, num_eval_steps, eval_seed), global_step)
+                    eval_seed = None
+                    if eval_means["episodes"] == 0:
+                        print(f"\nevaluation at iteration {iteration}: no episode finished within {num_eval_steps} steps", file=sys.stderr)
+                    postfix.update({f"eval_{k}": round(v, 3) for k, v in eval_means.items() if k in ("return", "success_once")})
+                    writer.flush()
+                progress.set_postfix(postfix, refresh=False)
+                progress.update(1)
+            if args.save_model and (iteration % checkpoint_freq == 0 or iteration == num_iterations):
+                last_checkpoint = write_checkpoint(iteration, final=iteration == num_iterations)
+                if rank == 0:
+                    writer.flush()
 
-            if stop.signum is not None and iteration < num_iterations:
+            signum = agree_on_signal(stop.signum, device)
+            if signum is not None and iteration < num_iterations:
                 last_checkpoint = write_checkpoint(iteration)
-                writer.flush()
                 progress.close()
-                print(f"{signal.Signals(stop.signum).name}: saved {last_checkpoint} at iteration {iteration}; "
-                      f"resume with: python {shlex.quote(sys.argv[0])} --resume {shlex.quote(str(run_dir))}", file=sys.stderr)
-                return 128 + stop.signum
+                if rank == 0:
+                    writer.flush()
+                    resume = f"{shlex.quote(sys.argv[0])} --resume {shlex.quote(str(run_dir))}"
+                    how = f"python {resume}" if world_size() == 1 else f"torchrun (the same options) {resume}"
+                    print(f"{signal.Signals(signum).name}: saved {last_checkpoint} at iteration {iteration}; "
+                          f"resume with: {how}", file=sys.stderr)
+                return 128 + signum
     except NonFiniteError as e:
+        # every rank stops at the same point: the checks run on numbers all ranks share
         progress.close()
-        kept = f"the last checkpoint {last_checkpoint} is untouched" if last_checkpoint else "no checkpoint was written"
-        print(f"error: {e}; the run stops and {kept}", file=sys.stderr)
+        if rank == 0:
+            kept = f"the last checkpoint {last_checkpoint} is untouched" if last_checkpoint else "no checkpoint was written"
+            print(f"error: {e}; the run stops and {kept}", file=sys.stderr)
         return 1
     finally:
         stop.restore()
-        writer.close()
-        if args.track:
+        if writer is not None:
+            writer.close()
+        if args.track and rank == 0:
             import wandb
             wandb.finish()
     progress.close()
-    print(f"done: {num_iterations} iterations, {global_step} steps; run in {run_dir}", flush=True)
+    if rank == 0:
+        print(f"done: {num_iterations} iterations, {global_step} steps; run in {run_dir}", flush=True)
     return 0
 
 
@@ -663,8 +775,9 @@ class NonFiniteError(Exception):
 
 
 def main(args: Args) -> int:
+    rank, local_rank, num_ranks, local_ranks = torchrun_ranks()
     maniskill, time_limit = find_env(args.env_id)
-    batch_size, minibatch_size, num_iterations = validate(args, maniskill, time_limit)
+    batch_size, minibatch_size, num_iterations = validate(args, maniskill, time_limit, num_ranks, local_ranks)
     bootstrap_rule = args.bootstrap_at_done
     if bootstrap_rule == "auto":
         bootstrap_rule = "always" if maniskill else "truncated"
@@ -681,44 +794,71 @@ def main(args: Args) -> int:
         if resume_state["iteration"] >= num_iterations:
             raise UserError(f"the run already finished its {resume_state['iteration']} iterations; "
                             "raise --total_timesteps to continue it")
+        if resume_state.get("world_size", 1) != num_ranks:
+            raise UserError(f"the run was trained by {resume_state.get('world_size', 1)} processes and this is "
+                            f"{num_ranks}: resume it with as many (torchrun --nnodes x --nproc_per_node), or start a "
+                            "new run from its weights with --checkpoint")
     else:
         run_name = args.exp_name or f"{args.env_id.replace(':', '_')}__{TRAINER}__{args.seed}__{int(time.time())}"
         run_dir = Path("runs") / run_name
     init_state = load_checkpoint(args.checkpoint) if args.checkpoint is not None else None
 
-    lock = RunDirLock(run_dir)
+    lock = RunDirLock(run_dir) if rank == 0 else None  # rank 0 alone writes the run directory
     try:
-        if resume_state is None and (any(run_dir.glob("*.pt")) or any(run_dir.glob("events.out.tfevents.*"))):
+        if rank == 0 and resume_state is None and (any(run_dir.glob("*.pt")) or any(run_dir.glob("events.out.tfevents.*"))):
             raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or pick another --exp_name")
-        random.seed(args.seed)
-        np.random.seed(args.seed)
-        torch.manual_seed(args.seed)
+        random.seed(args.seed + rank)
+        np.random.seed(args.seed + rank)
+        torch.manual_seed(args.seed + rank)
         torch.backends.cudnn.deterministic = args.torch_deterministic
         if args.torch_threads > 0:
             torch.set_num_threads(args.torch_threads)
-        device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+        if torch.cuda.is_available() and args.cuda:
+            device = torch.device("cuda", local_rank) if num_ranks > 1 else torch.device("cuda")
+        else:
+            device = torch.device("cpu")
+        if num_ranks > 1:
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
 
-        envs = make_envs(args, maniskill, device, evaluation=False, run_dir=run_dir, num_eval_steps=num_eval_steps)
+        env_args = args if rank == 0 else dataclasses.replace(args, capture_video=False)
+        envs = make_envs(env_args, maniskill, device, evaluation=False, run_dir=run_dir, num_eval_steps=num_eval_steps)
         eval_envs = None
         try:
-            eval_envs = make_envs(args, maniskill, device, evaluation=True, run_dir=run_dir, num_eval_steps=num_eval_steps)
-            return train(args, run_name, run_dir, envs, eval_envs, device, bootstrap_rule, num_eval_steps,
-                         batch_size, minibatch_size, num_iterations, resume_state, init_state)
+            if rank == 0:
+                eval_envs = make_envs(args, maniskill, device, evaluation=True, run_dir=run_dir, num_eval_steps=num_eval_steps)
+            status = train(args, run_name, run_dir, envs, eval_envs, device, rank, bootstrap_rule, num_eval_steps,
+                           batch_size, minibatch_size, num_iterations, resume_state, init_state)
+            if num_ranks > 1:
+                dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)  # rank 0's last writes
+            return status
         finally:
             envs.close()
             if eval_envs is not None:
                 eval_envs.close()
     except BaseException:
         # Nothing but the lock file and empty directories goes, so this is safe at any point of the run too.
-        lock.undo()
+        if lock is not None:
+            lock.undo()
         raise
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
-def validate(args: Args, maniskill: bool, time_limit: Optional[int]) -> tuple[int, int, int]:
+def torchrun_ranks() -> tuple[int, int, int, int]:
+    """(rank, local rank, number of ranks, number of ranks on this node), as torchrun sets them; a plain run is 0 of 1."""
+    return tuple(int(os.environ.get(name, default)) for name, default in
+                 (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_WORLD_SIZE", 1)))
+
+
+def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: int = 1,
+             local_ranks: int = 1) -> tuple[int, int, int]:
     """Check every flag's range and resolve agent_obs and max_episode_steps; return (batch_size, minibatch_size,
-    num_iterations)."""
+    num_iterations) of each of the num_ranks processes (local_ranks of them on this machine)."""
     def require(ok: bool, flag: str, rule: str):
         if not ok:
             raise UserError(f"--{flag} must be {rule}, got {getattr(args, flag)}")
@@ -740,11 +880,11 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int]) -> tuple[in
         raise UserError("--save_train_video_freq records ManiSkill training videos; VMAS runs record evaluation videos only")
     parse_env_kwargs(args.env_kwargs, maniskill)
     require(all(size >= 1 for size in args.hidden_sizes), "hidden_sizes", "positive widths")
-    cores = usable_cores()
-    require(0 <= args.torch_threads <= cores, "torch_threads", f"0 (torch's default) to {cores}, this machine's cores")
+    cores = max(1, usable_cores() // local_ranks)
+    require(0 <= args.torch_threads <= cores, "torch_threads", f"0 (torch's default) to {cores}, the cores of a process")
     for flag in ("num_envs", "num_eval_envs", "num_steps", "num_minibatches", "update_epochs", "eval_freq", "total_timesteps"):
         require(getattr(args, flag) >= 1, flag, "positive")
-    for flag in ("num_eval_steps", "save_train_video_freq", "max_episode_steps"):
+    for flag in ("num_eval_steps", "save_train_video_freq", "max_episode_steps", "checkpoint_freq", "keep_checkpoints"):
         require(getattr(args, flag) is None or getattr(args, flag) >= 1, flag, "positive (or None)")
     if args.max_episode_steps is None:
         args.max_episode_steps = time_limit
@@ -774,12 +914,13 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int]) -> tuple[in
                         "equal minibatches; pick num_minibatches dividing it")
     if args.norm_adv and batch_size // args.num_minibatches < 2:
         raise UserError("--norm_adv needs minibatches of at least 2 samples; lower --num_minibatches or pass --no_norm_adv")
-    num_iterations = args.total_timesteps // batch_size
+    num_iterations = args.total_timesteps // (batch_size * num_ranks)
     if num_iterations < 1:
-        raise UserError(f"--total_timesteps={args.total_timesteps} is smaller than one batch (num_envs*num_steps = {batch_size})")
-    # Every env seed the run will use (env i of a block gets seed + i; each resume takes a new block) must be a valid
-    # numpy seed: 0 <= seed < 2**32.
-    seeds_per_run = (num_iterations + 1) * (args.num_envs + args.num_eval_envs)
+        raise UserError(f"--total_timesteps={args.total_timesteps} is smaller than one batch of all processes "
+                        f"(num_envs*num_steps*processes = {batch_size * num_ranks})")
+    # Every env seed the run will use (env i of a block gets seed + i; each rank and each resume takes a new block)
+    # must be a valid numpy seed: 0 <= seed < 2**32.
+    seeds_per_run = (num_iterations + 1) * num_ranks * (args.num_envs + args.num_eval_envs)
     if seeds_per_run >= 2**32:
         raise UserError(f"--total_timesteps={args.total_timesteps} would need more env seeds than numpy has (2**32)")
     require(0 <= args.seed < 2**32 - seeds_per_run, "seed", f"in [0, {2**32 - 1 - seeds_per_run}] for this run's length")
@@ -1295,9 +1436,10 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
     from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
     gpu = resolve_sim_backend(args.sim_backend) == "gpu"
-    env_kwargs = dict(user_env_kwargs, obs_mode="state_dict", sim_backend="physx_cuda" if gpu else "physx_cpu",
+    on_device = "" if device.index is None else f":{device.index}"  # under torchrun, each rank's own GPU
+    env_kwargs = dict(user_env_kwargs, obs_mode="state_dict", sim_backend=f"physx_cuda{on_device}" if gpu else "physx_cpu",
                       # the default render backend falls back to the CPU with one warning per env
-                      render_backend="gpu" if torch.cuda.is_available() else "cpu",
+                      render_backend=f"gpu{on_device}" if torch.cuda.is_available() else "cpu",
                       reconfiguration_freq=args.eval_reconfiguration_freq if evaluation else args.reconfiguration_freq,
                       max_episode_steps=args.max_episode_steps)
     if args.control_mode is not None:
@@ -1345,8 +1487,9 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
 # --resume continues one experiment: only the flags that say how long it runs and how it is run, watched and stored
 # may change. Any other difference (the task, the algorithm, the evaluation) is another experiment: start it from the
 # run's weights with --checkpoint.
-RESUME_CHANGEABLE_FIELDS = ("total_timesteps", "eval_freq", "capture_video", "save_train_video_freq", "save_model",
-                            "track", "wandb_project_name", "wandb_entity", "torch_threads", "cuda", "torch_deterministic")
+RESUME_CHANGEABLE_FIELDS = ("total_timesteps", "eval_freq", "checkpoint_freq", "keep_checkpoints", "capture_video",
+                            "save_train_video_freq", "save_model", "track", "wandb_project_name", "wandb_entity",
+                            "torch_threads", "cuda", "torch_deterministic")
 
 
 def parse_args(argv: list[str]) -> Args:
@@ -1504,10 +1647,19 @@ class RunDirLock:
 
 
 def save_checkpoint(path: Path, state: dict):
-    """Write to a temporary file, then rename: a crash mid-write never leaves a truncated checkpoint."""
+    """Write to a temporary file, put it on disk, then rename it: a kill mid-write (or a power cut after the rename)
+    never leaves a truncated checkpoint, only a stray .tmp that the next resume removes."""
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself
+    finally:
+        os.close(directory)
 
 
 def rng_states(device: torch.device) -> dict:
@@ -1562,7 +1714,8 @@ def cli(argv: Optional[list[str]] = None) -> int:
         args = parse_args(sys.argv[1:] if argv is None else argv)
         return main(args)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        rank, _, num_ranks, _ = torchrun_ranks()
+        print(f"error: {e}" if num_ranks == 1 else f"error (rank {rank}): {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

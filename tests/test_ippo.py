@@ -293,6 +293,7 @@ BAD_INPUTS = [
     (["--env_id", "vmas:navigation", "--save_train_video_freq", "2"], "--save_train_video_freq"),
     (["--env_id", "vmas:navigation", "--hidden_sizes", "64", "0"], "--hidden_sizes"),
     (["--env_id", "vmas:navigation", "--max_episode_steps", "0"], "--max_episode_steps"),
+    (["--env_id", "vmas:navigation", "--checkpoint_freq", "0"], "--checkpoint_freq"),
 ]
 
 

@@ -207,20 +207,23 @@ def test_gpu_path_default_flags_build(tmp_path, gpu_sized_envs, trainer):
         eval_envs.close()
 
 
-def test_gpu_path_under_torchrun_simulates_on_the_rank_gpu(tmp_path, gpu_sized_envs, monkeypatch):
+@pytest.mark.parametrize("trainer,time_limit", [(ppo, 50), (ppo_rnn, 50), (ippo, 100)], ids=["ppo", "ppo_rnn", "ippo"])
+def test_gpu_path_under_torchrun_simulates_on_the_rank_gpu(tmp_path, gpu_sized_envs, monkeypatch, trainer, time_limit):
     """Rank 3 of 4 on a node: its envs simulate and render on cuda:3, and the run takes a quarter of the iterations."""
-    args = ppo.Args(env_id="PickCube-v1", capture_video=False)
-    assert ppo.validate(args, maniskill=True, time_limit=50, num_ranks=4, local_ranks=4)[2] == 10_000_000 // (512 * 50 * 4)
-    monkeypatch.setattr(ppo, "TorchVecEnv", lambda env, device, **kwargs: env)  # its buffers would need the GPU
-    monkeypatch.setattr(ppo.torch.cuda, "is_available", lambda: True)
-    asked, sized_make = [], ppo.gym.make
+    args = trainer.Args(capture_video=False)
+    iterations = trainer.validate(args, maniskill=True, time_limit=time_limit, num_ranks=4, local_ranks=4)[2]
+    assert iterations == args.total_timesteps // (args.num_envs * args.num_steps * 4)
+    monkeypatch.setattr(trainer, "TorchVecEnv", lambda env, *rest, **kwargs: env)  # its buffers would need the GPU
+    monkeypatch.setattr(trainer.torch.cuda, "is_available", lambda: True)
+    asked, sized_make = [], trainer.gym.make
 
     def make(env_id, **kwargs):
         asked.append(kwargs)
         return sized_make(env_id, **{**kwargs, "render_backend": "cpu"})  # this machine has no GPU to render on
 
-    monkeypatch.setattr(ppo.gym, "make", make)
-    envs = ppo.make_envs(args, True, torch.device("cuda", 3), evaluation=False, run_dir=tmp_path, num_eval_steps=50)
+    monkeypatch.setattr(trainer.gym, "make", make)
+    envs = trainer.make_envs(args, True, torch.device("cuda", 3), evaluation=False, run_dir=tmp_path,
+                             num_eval_steps=time_limit)
     envs.close()
     assert asked[0]["num_envs"] == 512 and asked[0]["sim_backend"] == "physx_cuda:3" and asked[0]["render_backend"] == "gpu:3"
 

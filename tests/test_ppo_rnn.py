@@ -246,6 +246,7 @@ BAD_INPUTS = [
     (dict(rnn_num_layers=0), "--rnn_num_layers"),
     (dict(seq_len=0), "--seq_len"),
     (dict(seq_len=-4), "--seq_len"),
+    (dict(keep_checkpoints=0), "--keep_checkpoints"),
 ]
 
 
