@@ -17,6 +17,7 @@ See README.md for the flags, the bootstrap rules and the checkpoint layout.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import errno
 import fcntl
 import functools
@@ -428,15 +429,22 @@ def average_gradients(agent: nn.Module, loss_finite: torch.Tensor) -> torch.Tens
     return flat[-1] == 0
 
 
-def check_ranks_agree(agent: nn.Module, iteration: int):
-    """Every rank must hold rank 0's parameters and observation statistics, bit for bit."""
+def parameters_finite(agent: nn.Module, iteration: int) -> bool:
+    """Whether every rank's parameters and observation statistics are finite; under torchrun every rank must also
+    hold rank 0's, bit for bit (else RuntimeError). All ranks reach the same answer, so they stop together."""
+    finite = all_finite(agent)
+    if world_size() == 1:
+        return finite
     state = torch.cat([t.detach().flatten().double() for t in agent.state_dict().values() if t.is_floating_point()])
     rank0_state = state.clone()
     dist.broadcast(rank0_state, 0)
-    differs = torch.tensor([0.0 if torch.equal(state, rank0_state) else 1.0], device=state.device)
-    dist.all_reduce(differs)
-    if differs.item() > 0:
-        raise RuntimeError(f"after the update of iteration {iteration}, {int(differs.item())} ranks hold other parameters than rank 0")
+    counts = torch.tensor([0.0 if torch.equal(state, rank0_state) else 1.0, 0.0 if finite else 1.0], device=state.device)
+    dist.all_reduce(counts)  # the ranks that differ from rank 0, the ranks with non-finite values
+    if counts[1] > 0:
+        return False
+    if counts[0] > 0:
+        raise RuntimeError(f"after the update of iteration {iteration}, {int(counts[0].item())} ranks hold other parameters than rank 0")
+    return True
 
 
 def agree_on_signal(signum: Optional[int], device: torch.device) -> Optional[int]:
@@ -655,10 +663,8 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                                                                               approx_kl.item(), args)
                 if kl_stop:
                     break
-            if not all_finite(agent):
+            if not parameters_finite(agent, iteration):
                 raise NonFiniteError(f"non-finite parameters after the update of iteration {iteration}")
-            if world_size() > 1:
-                check_ranks_agree(agent, iteration)
             update_time = time.perf_counter() - update_start
 
             # Logging: rank 0, with every rank's training episodes
@@ -704,14 +710,16 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                     writer.flush()
                 progress.set_postfix(postfix, refresh=False)
                 progress.update(1)
-            if args.save_model and (iteration % checkpoint_freq == 0 or iteration == num_iterations):
+            checkpoint_due = args.save_model and (iteration % checkpoint_freq == 0 or iteration == num_iterations)
+            if checkpoint_due:
                 last_checkpoint = write_checkpoint(iteration, final=iteration == num_iterations)
                 if rank == 0:
                     writer.flush()
 
             signum = agree_on_signal(stop.signum, device)
             if signum is not None and iteration < num_iterations:
-                last_checkpoint = write_checkpoint(iteration)
+                if not checkpoint_due:
+                    last_checkpoint = write_checkpoint(iteration)
                 progress.close()
                 if rank == 0:
                     writer.flush()
@@ -844,8 +852,17 @@ def main(args: Args) -> int:
             device = torch.device("cpu")
         if num_ranks > 1:
             if device.type == "cuda":
+                if local_rank >= torch.cuda.device_count():
+                    raise UserError(f"rank {rank} is process {local_rank} of its node, which lets it see "
+                                    f"{torch.cuda.device_count()} GPUs: start one process per GPU (--nproc_per_node), "
+                                    "each seeing all of the node's GPUs")
                 torch.cuda.set_device(device)
-            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+            # Rank 0 evaluates and writes checkpoints while the others wait in a collective: allow it an hour.
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(hours=1))
+            resume_iterations = gather_objects(None if resume_state is None else resume_state["iteration"])
+            if len(set(resume_iterations)) > 1:
+                raise UserError(f"the ranks found different checkpoints to resume from (iterations {resume_iterations}); "
+                                "give --resume the checkpoint file")
 
         env_args = args if rank == 0 else dataclasses.replace(args, capture_video=False)
         envs = make_envs(env_args, maniskill, device, evaluation=False, run_dir=run_dir, num_eval_steps=num_eval_steps)

@@ -1,5 +1,7 @@
 """Small deterministic Gymnasium envs for the trainers' tests, registered on import: "tests.envs:PointMass-v0"."""
 
+import os
+
 import gymnasium as gym
 import numpy as np
 
@@ -11,7 +13,8 @@ class PointMass(gym.Env):
 
     Reset ignores the seed, so a re-created env continues exactly where a finished episode left off:
     runs whose rollouts end on episode boundaries can be resumed bit for bit.
-    nan_reward_after: from this many steps of this env on, rewards are NaN (to test the non-finite guard).
+    nan_reward_after: from this many steps of this env on, rewards are NaN (to test the non-finite guard);
+    nan_only_on_rank: only in the process of this torchrun rank.
     terminate_odd_episodes: the 1st, 3rd, ... episodes terminate after half the time limit; the others are truncated.
     """
 
@@ -20,8 +23,9 @@ class PointMass(gym.Env):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
 
-    def __init__(self, nan_reward_after=None, render_mode=None, terminate_odd_episodes=False):
-        self.nan_reward_after = nan_reward_after
+    def __init__(self, nan_reward_after=None, render_mode=None, terminate_odd_episodes=False, nan_only_on_rank=None):
+        on_this_rank = nan_only_on_rank is None or int(os.environ.get("RANK", "0")) == nan_only_on_rank
+        self.nan_reward_after = nan_reward_after if on_this_rank else None
         self.render_mode = render_mode
         self.terminate_odd_episodes = terminate_odd_episodes
         self.total_steps = 0
@@ -58,6 +62,8 @@ gym.register("PointMass-v0", entry_point=PointMass, max_episode_steps=EPISODE_ST
 gym.register("PointMassEnds-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS,
              kwargs={"terminate_odd_episodes": True})
 gym.register("PointMassNaN-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS, kwargs={"nan_reward_after": 200})
+gym.register("PointMassNaNOnRank1-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS,
+             kwargs={"nan_reward_after": 200, "nan_only_on_rank": 1})
 
 
 class PointMassButtons(PointMass):

@@ -70,6 +70,21 @@ def test_torchrun_notices_ranks_that_drift_apart(tmp_path, trainer):
 
 
 @pytest.mark.parametrize("trainer", TRAINERS)
+def test_torchrun_ranks_stop_together_when_one_rank_sees_a_non_finite_loss(tmp_path, trainer):
+    """Rewards turn NaN on rank 1 alone (after 200 steps of its envs: iteration 13 of 16-step rollouts)."""
+    argv = fast_args(ENV[trainer], "nan", num_envs=2, total_timesteps=32 * 2 * 40, eval_freq=5, **FLAGS[trainer])
+    if trainer == "ippo":
+        argv += ["--env_kwargs", "nan_reward_after=200", "nan_only_on_rank=1"]
+    else:
+        argv[argv.index("--env_id") + 1] = "tests.envs:PointMassNaNOnRank1-v0"
+    result = run_torchrun([str(REPO / f"{trainer}.py"), *argv], tmp_path)
+    assert result.returncode != 0
+    assert result.stderr.count("error: non-finite loss at iteration 13") == 1, result.stderr[-3000:]
+    assert "ckpt_10.pt is untouched" in result.stderr
+    assert sorted(p.name for p in (tmp_path / "runs/nan").glob("*.pt")) == ["ckpt_10.pt", "ckpt_5.pt"]
+
+
+@pytest.mark.parametrize("trainer", TRAINERS)
 def test_torchrun_sigterm_then_resume_equals_uninterrupted_run(tmp_path, trainer):
     script = str(REPO / f"{trainer}.py")
     argv = dict(total_timesteps=32 * 2 * 40, eval_freq=5, norm_obs=True, lr_schedule="linear", **FLAGS[trainer])

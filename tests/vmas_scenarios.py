@@ -1,5 +1,7 @@
 """A small deterministic VMAS scenario for ippo.py's tests: "vmas:tests.vmas_scenarios:Clock"."""
 
+import os
+
 import torch
 from vmas.simulator.core import Agent, Sphere, World
 from vmas.simulator.scenario import BaseScenario
@@ -12,7 +14,7 @@ class Clock(BaseScenario):
     Agent i starts at (i, 0) whatever the random stream, so a run resumed on an episode boundary continues exactly.
     Its reward is -(its x)^2 (each agent's differs). Options: n_agents (2); terminate_after: the episodes of every
     env terminate after this many steps (None: only the time limit ends them); time_scale (8); nan_reward_after:
-    from this many steps on, rewards are NaN.
+    from this many steps on, rewards are NaN; nan_only_on_rank: only in the process of this torchrun rank.
     """
 
     def make_world(self, batch_dim: int, device: torch.device, **kwargs):
@@ -20,6 +22,8 @@ class Clock(BaseScenario):
         self.terminate_after = kwargs.pop("terminate_after", None)
         self.time_scale = kwargs.pop("time_scale", 8)
         self.nan_reward_after = kwargs.pop("nan_reward_after", None)
+        if kwargs.pop("nan_only_on_rank", int(os.environ.get("RANK", "0"))) != int(os.environ.get("RANK", "0")):
+            self.nan_reward_after = None
         ScenarioUtils.check_kwargs_consumed(kwargs)
         world = World(batch_dim, device)
         for i in range(self.n_agents):
