@@ -30,12 +30,17 @@ LEARNING = {
 }
 
 
-def torchrun(args: list[str], cwd, nproc: int = 2) -> list[str]:
+def torchrun(args: list[str], nproc: int = 2) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
 
 
+def torchrun_env() -> dict:
+    # one machine: gloo talks over loopback, whatever the host name resolves to
+    return {**script_env(), "GLOO_SOCKET_IFNAME": "lo"}
+
+
 def run_torchrun(args: list[str], cwd, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(torchrun(args, cwd), cwd=cwd, env=script_env(), stdin=subprocess.DEVNULL,
+    return subprocess.run(torchrun(args), cwd=cwd, env=torchrun_env(), stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -91,8 +96,8 @@ def test_torchrun_sigterm_then_resume_equals_uninterrupted_run(tmp_path, trainer
     full = run_torchrun([script, *fast_args(ENV[trainer], "full", **argv)], tmp_path)
     assert full.returncode == 0, full.stderr[-3000:]
 
-    proc = subprocess.Popen(torchrun([script, *fast_args(ENV[trainer], "cut", **argv)], tmp_path),
-                            cwd=tmp_path, env=script_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(torchrun([script, *fast_args(ENV[trainer], "cut", **argv)]),
+                            cwd=tmp_path, env=torchrun_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     run = tmp_path / "runs" / "cut"
     wait_for(run / "ckpt_5.pt", proc, 300)

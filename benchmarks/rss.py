@@ -1,0 +1,71 @@
+"""Resident memory over a long run: a trainer's RSS (with its simulator worker processes) sampled every second.
+
+    python benchmarks/rss.py                                  # ppo.py, PushCube-v1 on one CPU env, 5,000 iterations
+    python benchmarks/rss.py --trainer ippo -- --env_id vmas:navigation --num_envs 60 --total_timesteps 3000000
+
+Everything after `--` replaces the default training flags. Prints the RSS of the process tree at the end of each
+tenth of the run and its growth after the first tenth (start-up and warm-up); README.md (Benchmarks) has the results.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# One ManiSkill env in-process (the ManiSkillVectorEnv path), short rollouts, an evaluation with video every 50
+# iterations: the parts users report growing (RecordEpisode buffers, logging) all run thousands of times.
+DEFAULT_FLAGS = ("--env_id PushCube-v1 --num_envs 1 --num_eval_envs 1 --num_steps 16 --num_minibatches 1 "
+                 "--update_epochs 1 --total_timesteps 80000 --eval_freq 50 --checkpoint_freq 500 --keep_checkpoints 2")
+
+
+def tree_rss_mib(pid: int) -> float | None:
+    """RSS of pid and its descendants (e.g. simulator workers), None once pid has exited."""
+    total, pending = 0, [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            with open(f"/proc/{current}/status") as f:
+                total += next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0)
+            with open(f"/proc/{current}/task/{current}/children") as f:
+                pending += [int(child) for child in f.read().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            if current == pid:
+                return None
+    return total / 1024
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trainer", default="ppo", choices=["ppo", "ppo_rnn", "ippo"])
+    parser.add_argument("flags", nargs=argparse.REMAINDER, help="-- then the trainer's flags")
+    args = parser.parse_args()
+    flags = args.flags[1:] if args.flags[:1] == ["--"] else args.flags
+    flags = flags or DEFAULT_FLAGS.split()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [sys.executable, str(REPO / f"{args.trainer}.py"), *flags, "--exp_name", "rss"]
+        proc = subprocess.Popen(command, cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        start, samples = time.time(), []
+        while proc.poll() is None:
+            rss = tree_rss_mib(proc.pid)
+            if rss is not None:
+                samples.append((time.time() - start, rss))
+            time.sleep(1.0)
+        stderr = proc.communicate()[1]
+    if proc.returncode != 0 or len(samples) < 10:
+        sys.exit(f"the run failed or was too short to measure:\n{stderr[-2000:]}")
+    print(f"`python {args.trainer}.py {' '.join(flags)}`: {samples[-1][0]:.0f} s")
+    print("| part of the run | seconds | RSS (MiB) |\n|---:|---:|---:|")
+    tenths = [samples[min(len(samples) - 1, len(samples) * k // 10)] for k in range(1, 11)]
+    for k, (seconds, rss) in enumerate(tenths, start=1):
+        print(f"| {k}/10 | {seconds:.0f} | {rss:.0f} |")
+    print(f"growth after the first tenth: {100 * (tenths[-1][1] / tenths[0][1] - 1):+.1f}%, "
+          f"peak {max(rss for _, rss in samples):.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
