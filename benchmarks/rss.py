@@ -3,8 +3,9 @@
     python benchmarks/rss.py                                  # ppo.py, PushCube-v1 on one CPU env, 5,000 iterations
     python benchmarks/rss.py --trainer ippo -- --env_id vmas:navigation --num_envs 60 --total_timesteps 3000000
 
-Everything after `--` replaces the default training flags. Prints the RSS of the process tree at the end of each
-tenth of the run and its growth after the first tenth (start-up and warm-up); README.md (Benchmarks) has the results.
+Everything after `--` replaces the default training flags. Prints the highest RSS of the process tree in each tenth
+of the run, and the growth of the last tenth's over the first's (start-up and warm-up); README.md (Benchmarks) has
+the results.
 """
 
 import argparse
@@ -59,12 +60,13 @@ def main():
     if proc.returncode != 0 or len(samples) < 10:
         sys.exit(f"the run failed or was too short to measure:\n{stderr[-2000:]}")
     print(f"`python {args.trainer}.py {' '.join(flags)}`: {samples[-1][0]:.0f} s")
-    print("| part of the run | seconds | RSS (MiB) |\n|---:|---:|---:|")
-    tenths = [samples[min(len(samples) - 1, len(samples) * k // 10)] for k in range(1, 11)]
-    for k, (seconds, rss) in enumerate(tenths, start=1):
-        print(f"| {k}/10 | {seconds:.0f} | {rss:.0f} |")
-    print(f"growth after the first tenth: {100 * (tenths[-1][1] / tenths[0][1] - 1):+.1f}%, "
-          f"peak {max(rss for _, rss in samples):.0f} MiB")
+    print("| tenth of the run | until (s) | highest RSS (MiB) |\n|---:|---:|---:|")
+    peaks = []
+    for k in range(10):
+        tenth = samples[len(samples) * k // 10:len(samples) * (k + 1) // 10]
+        peaks.append(max(rss for _, rss in tenth))
+        print(f"| {k + 1} | {tenth[-1][0]:.0f} | {peaks[-1]:.0f} |")
+    print(f"last tenth over first: {100 * (peaks[-1] / peaks[0] - 1):+.1f}%")
 
 
 if __name__ == "__main__":
