@@ -50,7 +50,7 @@ CHECKPOINT_FORMAT = 2
 TRAINER = "ppo"
 CPU_WORKERS_PER_CORE = 4
 # The flags that shape the network: a checkpoint's weights fit only a network built with the same.
-NETWORK_FIELDS = ("norm_obs",)
+NETWORK_FIELDS = ("norm_obs", "hidden_sizes")
 
 
 @dataclass
@@ -110,6 +110,8 @@ class Args:
     """ManiSkill: reconfigure the evaluation scenes every this many resets"""
     norm_obs: bool = False
     """normalize observations with running mean/std (float64 statistics, saved in checkpoints)"""
+    hidden_sizes: tuple[int, ...] = (256, 256, 256)
+    """widths of the hidden tanh layers of the actor and of the critic (CleanRL's MuJoCo networks: 64 64)"""
     bootstrap_at_done: Literal["auto", "always", "truncated", "never"] = "auto"
     """which finished episodes bootstrap from V(final obs): always (ManiSkill's rule), truncated (terminations are terminal), never. auto = always for ManiSkill tasks, truncated otherwise"""
 
@@ -171,13 +173,12 @@ def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.
     return layer
 
 
-def mlp(in_dim: int, out_dim: int, out_std: float) -> nn.Sequential:
-    return nn.Sequential(
-        layer_init(nn.Linear(in_dim, 256)), nn.Tanh(),
-        layer_init(nn.Linear(256, 256)), nn.Tanh(),
-        layer_init(nn.Linear(256, 256)), nn.Tanh(),
-        layer_init(nn.Linear(256, out_dim), std=out_std),
-    )
+def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float) -> nn.Sequential:
+    layers, width = [], in_dim
+    for size in hidden_sizes:
+        layers += [layer_init(nn.Linear(width, size)), nn.Tanh()]
+        width = size
+    return nn.Sequential(*layers, layer_init(nn.Linear(width, out_dim), std=out_std))
 
 
 class RunningMeanStd(nn.Module):
@@ -205,16 +206,16 @@ class RunningMeanStd(nn.Module):
 
 
 class Agent(nn.Module):
-    def __init__(self, obs_dim: int, action_space: dict, norm_obs: bool):
+    def __init__(self, obs_dim: int, action_space: dict, norm_obs: bool, hidden_sizes: tuple[int, ...]):
         super().__init__()
         self.discrete = action_space["type"] == "Discrete"
         self.obs_normalizer = RunningMeanStd(obs_dim) if norm_obs else None
-        self.critic = mlp(obs_dim, 1, out_std=1.0)
+        self.critic = mlp(obs_dim, hidden_sizes, 1, out_std=1.0)
         if self.discrete:
-            self.actor = mlp(obs_dim, action_space["n"], out_std=0.01)
+            self.actor = mlp(obs_dim, hidden_sizes, action_space["n"], out_std=0.01)
         else:
             action_dim = action_space["shape"][0]
-            self.actor = mlp(obs_dim, action_dim, out_std=0.01 * np.sqrt(2))
+            self.actor = mlp(obs_dim, hidden_sizes, action_dim, out_std=0.01 * np.sqrt(2))
             self.actor_logstd = nn.Parameter(torch.ones(1, action_dim) * -0.5)
 
     def normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
@@ -246,7 +247,7 @@ class Agent(nn.Module):
 
 
 def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
-    return Agent(envs.obs_dim, space_to_dict(envs.single_action_space), args.norm_obs)
+    return Agent(envs.obs_dim, space_to_dict(envs.single_action_space), args.norm_obs, args.hidden_sizes)
 
 
 def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
@@ -256,9 +257,11 @@ def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
     if state["observation_space"] != observation_space or state["action_space"] != action_space:
         raise UserError(f"the checkpoint's spaces ({state['observation_space']['shape']}, {state['action_space']}) "
                         f"do not match {args.env_id}'s ({observation_space['shape']}, {action_space})")
+    defaults = {field.name: field.default for field in dataclasses.fields(Args)}
     for name in NETWORK_FIELDS:
-        if state["args"][name] != getattr(args, name):
-            flag = cli_flag(name, state["args"][name])
+        trained = state["args"].get(name, defaults[name])  # checkpoints older than the flag used its default
+        if trained != getattr(args, name):
+            flag = cli_flag(name, trained)
             raise UserError(f"the checkpoint was trained with {flag}, and its network needs the same: pass {flag}")
     agent.load_state_dict(state["model"])
 
@@ -833,6 +836,7 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     require(args.max_grad_norm > 0, "max_grad_norm", "positive (inf: no clipping)")  # nan fails the comparison
     require(args.target_kl is None or args.target_kl > 0, "target_kl", "positive (or None: never stop early)")
     require(finite(args.gamma) and 0.0 < args.gamma <= 1.0, "gamma", "in (0, 1]")
+    require(all(size >= 1 for size in args.hidden_sizes), "hidden_sizes", "positive widths")
     require(finite(args.gae_lambda) and 0.0 <= args.gae_lambda <= 1.0, "gae_lambda", "in [0, 1]")
     if args.anneal_lr and args.lr_schedule not in ("constant", "linear"):
         raise UserError(f"--anneal_lr means --lr_schedule=linear and conflicts with --lr_schedule={args.lr_schedule}")
@@ -1249,6 +1253,8 @@ def cli_flag(name: str, value) -> str:
     """How a user writes name=value on the command line."""
     if isinstance(value, bool):
         return f"--{name}" if value else f"--no_{name}"
+    if isinstance(value, (tuple, list)):
+        return " ".join([f"--{name}", *map(str, value)])
     return f"--{name}={value}"
 
 

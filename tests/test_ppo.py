@@ -91,6 +91,20 @@ def test_checkpoint_contents(tmp_path):
     assert load(tmp_path / "runs/from_ckpt/final_ckpt.pt")["global_step"] == 64
 
 
+def test_hidden_sizes_shape_the_networks_and_travel_in_checkpoints(tmp_path):
+    result = run_script("ppo.py", fast_args("Pendulum-v1", "small") + ["--hidden_sizes", "64", "32"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    ckpt = load(tmp_path / "runs/small/final_ckpt.pt")
+    assert ckpt["args"]["hidden_sizes"] == (64, 32)
+    shapes = {key: tuple(value.shape) for key, value in ckpt["model"].items() if key.startswith("actor.")}
+    assert shapes == {"actor.0.weight": (64, 3), "actor.0.bias": (64,), "actor.2.weight": (32, 64), "actor.2.bias": (32,),
+                      "actor.4.weight": (1, 32), "actor.4.bias": (1,)}
+    refused = run_script("ppo.py", fast_args("Pendulum-v1", "big", checkpoint="runs/small/final_ckpt.pt"), tmp_path)
+    assert refused.returncode == 2 and "pass --hidden_sizes 64 32" in refused.stderr
+    evaluated = run_script("ppo_eval.py", ["runs/small", "--num_episodes", "1", "--num_envs", "1"], tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr
+
+
 def test_video_for_gymnasium_env(tmp_path):
     result = run_script("ppo.py", fast_args(POINT_MASS, "vid", capture_video=True, total_timesteps=32 * 4,
                                             save_train_video_freq=2, save_model=False), tmp_path)
@@ -291,6 +305,7 @@ BAD_INPUTS = [
     (["--env_id", "CartPole-v1", "--checkpoint", "."], "is a directory"),
     (["--env_id", "CartPole-v1", "--keep_checkpoints", "0"], "--keep_checkpoints"),
     (["--env_id", "CartPole-v1", "--checkpoint_freq", "0"], "--checkpoint_freq"),
+    (["--env_id", "CartPole-v1", "--hidden_sizes", "64", "0"], "--hidden_sizes"),
     # the defaults are sized for a GPU: 512 CPU simulator processes would not fit
     (["--env_id", "PickCube-v1", "--sim_backend", "cpu"], f"try --num_envs={2 * len(os.sched_getaffinity(0))} "),
 ]
