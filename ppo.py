@@ -399,6 +399,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
           device: torch.device, rank: int, bootstrap_rule: str, num_eval_steps: int, batch_size: int,
           minibatch_size: int, num_iterations: int, resume_state: Optional[dict], init_state: Optional[dict]) -> int:
     """rank 0 alone logs, evaluates (eval_envs is None on the others) and writes checkpoints."""
+    num_ranks = world_size()
     observation_space = space_to_dict(envs.single_observation_space)
     action_space = space_to_dict(envs.single_action_space)
     agent = make_agent(args, envs).to(device)
@@ -407,7 +408,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
     for state in (init_state, resume_state):
         if state is not None:
             load_weights(agent, state, args, envs)
-    if world_size() > 1:
+    if num_ranks > 1:
         for tensor in agent.state_dict().values():  # each rank drew its own initial weights
             dist.broadcast(tensor, 0)
 
@@ -417,7 +418,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
     # Gymnasium seeds env i with seed + i (ManiSkill env 0 with seed, the others with draws from RandomState(seed)):
     # training and evaluation envs, and each rank, get disjoint blocks of seeds, and a resumed run new ones rather
     # than a replay of its first iteration's starts.
-    train_seed = args.seed + (start_iteration * world_size() + rank) * (args.num_envs + args.num_eval_envs)
+    train_seed = args.seed + (start_iteration * num_ranks + rank) * (args.num_envs + args.num_eval_envs)
     next_obs = envs.reset(seed=train_seed)
     eval_seed = train_seed + args.num_envs  # seeds the next evaluation; later ones continue the envs' streams
     if resume_state is not None:
@@ -434,7 +435,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
         state = {"format": CHECKPOINT_FORMAT, "trainer": TRAINER, "run_name": run_name, "args": dataclasses.asdict(args),
                  "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
                  "observation_space": observation_space, "action_space": action_space,
-                 "global_step": global_step, "iteration": iteration, "world_size": world_size(),
+                 "global_step": global_step, "iteration": iteration, "world_size": num_ranks,
                  "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:]}
         path = run_dir / f"ckpt_{iteration}.pt"
         save_checkpoint(path, state)
@@ -462,7 +463,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
         writer = SummaryWriter(str(run_dir), purge_step=global_step + 1 if resume_state is not None else None)
         derived = {"batch_size": batch_size, "minibatch_size": minibatch_size, "num_iterations": num_iterations,
                    "bootstrap_rule": bootstrap_rule, "num_eval_steps": num_eval_steps, "device": str(device),
-                   "world_size": world_size()}
+                   "world_size": num_ranks}
         table = {**dataclasses.asdict(args), **derived}
         writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in table.items()))
         print(f"run {run_name}: {run_dir}  " + "  ".join(f"{k}={v}" for k, v in derived.items()), flush=True)
@@ -493,7 +494,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
             train_metrics = defaultdict(list)
             bootstrap_values.zero_()
             for step in range(num_steps):
-                global_step += num_envs * world_size()
+                global_step += num_envs * num_ranks
                 with torch.no_grad():
                     if agent.obs_normalizer is not None:
                         agent.obs_normalizer.update(gather_rows(next_obs))  # so that every rank normalizes alike
@@ -558,7 +559,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                     optimizer.zero_grad()
                     loss.backward()
                     loss_finite = torch.isfinite(loss)
-                    if world_size() > 1:
+                    if num_ranks > 1:
                         loss_finite = average_gradients(agent, loss_finite)
                     grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                     if not loss_finite or not torch.isfinite(grad_norm):
@@ -577,7 +578,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
 
             # Logging: rank 0, with every rank's training episodes
             train_episodes = {key: torch.cat(values) for key, values in train_metrics.items()}
-            if world_size() > 1:
+            if num_ranks > 1:
                 per_rank = gather_objects({key: values.cpu() for key, values in train_episodes.items()})
                 train_episodes = {key: torch.cat([episodes[key] for episodes in per_rank if key in episodes])
                                   for key in dict.fromkeys(key for episodes in per_rank for key in episodes)}
@@ -600,7 +601,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                 writer.add_scalar("charts/SPS", sps, global_step)
                 writer.add_scalar("time/rollout_time", rollout_time, global_step)
                 writer.add_scalar("time/update_time", update_time, global_step)
-                writer.add_scalar("time/rollout_fps", num_envs * world_size() * num_steps / rollout_time, global_step)
+                writer.add_scalar("time/rollout_fps", num_envs * num_ranks * num_steps / rollout_time, global_step)
                 train_means = log_episode_metrics(writer, "train", train_episodes, global_step)
                 if "return" in train_means:
                     writer.add_scalar("charts/episodic_return", train_means["return"], global_step)
@@ -632,7 +633,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                 if rank == 0:
                     writer.flush()
                     resume = f"{shlex.quote(sys.argv[0])} --resume {shlex.quote(str(run_dir))}"
-                    how = f"python {resume}" if world_size() == 1 else f"torchrun (the same options) {resume}"
+                    how = f"python {resume}" if num_ranks == 1 else f"torchrun (the same options) {resume}"
                     print(f"{signal.Signals(signum).name}: saved {last_checkpoint} at iteration {iteration}; "
                           f"resume with: {how}", file=sys.stderr)
                 return 128 + signum

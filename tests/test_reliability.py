@@ -30,8 +30,9 @@ LEARNING = {
 }
 
 
-def torchrun(args: list[str], nproc: int = 2) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+def torchrun(args: list[str]) -> list[str]:
+    """Two ranks on this machine."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
 
 
 def torchrun_env() -> dict:
