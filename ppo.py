@@ -112,6 +112,8 @@ class Args:
     """ManiSkill: reconfigure the evaluation scenes every this many resets"""
     norm_obs: bool = False
     """normalize observations with running mean/std (float64 statistics, saved in checkpoints)"""
+    norm_reward: bool = False
+    """divide rewards by a running std of the discounted return, clipped to +-10 (as SB3's VecNormalize and CleanRL's MuJoCo script; statistics saved in checkpoints)"""
     hidden_sizes: tuple[int, ...] = (256, 256, 256)
     """widths of the hidden tanh layers of the actor and of the critic (CleanRL's MuJoCo networks: 64 64)"""
     bootstrap_at_done: Literal["auto", "always", "truncated", "never"] = "auto"
@@ -205,6 +207,25 @@ class RunningMeanStd(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ((x.double() - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-self.clip, self.clip).float()
+
+
+class RewardNormalizer(nn.Module):
+    """Divides rewards by the running std of each env's discounted return (SB3's VecNormalize): the critic then
+    learns values of about unit scale whatever the task's reward scale. The return restarts when an episode ends."""
+
+    def __init__(self, num_envs: int, gamma: float, clip: float = 10.0):
+        super().__init__()
+        self.gamma, self.clip = gamma, clip
+        self.return_rms = RunningMeanStd(1)
+        # Not saved: a resumed run resets its envs, so their returns start again from 0.
+        self.register_buffer("discounted_return", torch.zeros(num_envs, dtype=torch.float64), persistent=False)
+
+    @torch.no_grad()
+    def forward(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        self.discounted_return.mul_(self.gamma).add_(reward)
+        self.return_rms.update(gather_rows(self.discounted_return[:, None]))  # so that every rank scales alike
+        self.discounted_return.masked_fill_(done, 0.0)
+        return (reward / torch.sqrt(self.return_rms.var + 1e-8)).clamp(-self.clip, self.clip).float()
 
 
 class Agent(nn.Module):
@@ -414,10 +435,13 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
     # foreach: one kernel for all parameters instead of one per parameter; on the CPU too, where torch's default
     # is one per parameter. The same numbers.
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, foreach=True)
+    reward_normalizer = RewardNormalizer(args.num_envs, args.gamma).to(device) if args.norm_reward else None
     global_step, start_iteration = 0, 0
     for state in (init_state, resume_state):
         if state is not None:
             load_weights(agent, state, args, envs)
+            if reward_normalizer is not None and state.get("reward_normalizer") is not None:
+                reward_normalizer.load_state_dict(state["reward_normalizer"])
     if num_ranks > 1:
         for tensor in agent.state_dict().values():  # each rank drew its own initial weights
             dist.broadcast(tensor, 0)
@@ -444,6 +468,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
             return None
         state = {"format": CHECKPOINT_FORMAT, "trainer": TRAINER, "run_name": run_name, "args": dataclasses.asdict(args),
                  "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
+                 "reward_normalizer": None if reward_normalizer is None else reward_normalizer.state_dict(),
                  "observation_space": observation_space, "action_space": action_space,
                  "global_step": global_step, "iteration": iteration, "world_size": num_ranks,
                  "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:]}
@@ -512,8 +537,11 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                     action, logprob, _, value = agent.get_action_and_value(obs)
                 obs_buf[step], actions[step], logprobs[step], values[step] = obs, action, logprob, value
                 next_obs, reward, terminated, truncated, final_obs, finished = envs.step(action)
+                done = terminated | truncated
+                if reward_normalizer is not None:
+                    reward = reward_normalizer(reward, done)
                 rewards[step] = reward * args.reward_scale
-                dones[step] = (terminated | truncated).float()
+                dones[step] = done.float()
                 if finished is not None:
                     if bootstrap_rule != "never":
                         with torch.no_grad():

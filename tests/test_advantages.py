@@ -134,3 +134,26 @@ def test_rollout_bootstraps_from_the_final_observation(tmp_path, monkeypatch, ru
         assert bootstrap_values[7].tolist() == [after_termination] * 2
         assert bootstrap_values[23].tolist() == [after_truncation] * 2
         assert not bootstrap_values[dones == 0].any()
+
+
+@pytest.mark.parametrize("trainer", [ppo], ids=["ppo"])
+def test_reward_normalizer_matches_reference(trainer):
+    """Rewards divided by the std of every discounted return seen so far; a return restarts after its episode ends."""
+    rng = np.random.default_rng(0)
+    steps, num_envs, gamma = 60, 3, 0.9
+    rewards = rng.normal(2.0, 5.0, size=(steps, num_envs))
+    dones = rng.random((steps, num_envs)) < 0.1
+    assert dones.any()
+    normalizer = trainer.RewardNormalizer(num_envs, gamma)
+    returns_seen, discounted = [], np.zeros(num_envs)
+    for t in range(steps):
+        discounted = gamma * discounted + rewards[t]
+        returns_seen.extend(discounted)
+        want = np.clip(rewards[t] / np.std(returns_seen), -10, 10)
+        got = normalizer(torch.as_tensor(rewards[t], dtype=torch.float32), torch.as_tensor(dones[t]))
+        assert got.dtype == torch.float32
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-3)
+        discounted[dones[t]] = 0.0
+    # equal first returns have no spread yet: the scaled reward is clipped
+    first = trainer.RewardNormalizer(num_envs, gamma)(torch.ones(num_envs), torch.zeros(num_envs, dtype=torch.bool))
+    assert first.tolist() == [10.0] * num_envs

@@ -117,12 +117,12 @@ def test_video_for_gymnasium_env(tmp_path):
 
 
 @pytest.mark.parametrize("script,flags,iterations,signal_after", [
-    ("ppo.py", {}, 300, 25),
+    ("ppo.py", dict(norm_reward=True), 300, 25),
     # 16-step rollouts end on PointMass's episode boundaries: no recurrent state is in flight at a checkpoint
     ("ppo_rnn.py", dict(seq_len=8, rnn_hidden_size=16), 120, 10),
 ], ids=["ppo", "ppo_rnn"])
 def test_sigterm_then_resume_equals_uninterrupted_run(tmp_path, script, flags, iterations, signal_after):
-    """Linear lr schedule, observation normalization and RNG streams all continue exactly."""
+    """Linear lr schedule, observation (and for ppo.py reward) normalization and RNG streams all continue exactly."""
     argv = dict(total_timesteps=32 * iterations, eval_freq=signal_after, norm_obs=True, lr_schedule="linear", **flags)
     full = run_script(script, fast_args(POINT_MASS, "full", **argv), tmp_path)
     assert full.returncode == 0, full.stderr
@@ -146,6 +146,9 @@ def test_sigterm_then_resume_equals_uninterrupted_run(tmp_path, script, flags, i
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
     assert a["optimizer"]["param_groups"][0]["lr"] == b["optimizer"]["param_groups"][0]["lr"]
+    if flags.get("norm_reward"):
+        # the statistics of every step's returns, not of the resumed part's alone
+        assert b["reward_normalizer"]["return_rms.count"] == a["reward_normalizer"]["return_rms.count"] > 32 * iterations
     # TensorBoard continues on the same step axis, without a gap or a repeat
     steps = [step for step, _ in scalars(run)["losses/value_loss"]]
     assert steps == list(range(32, 32 * (iterations + 1), 32))
