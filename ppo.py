@@ -96,6 +96,8 @@ class Args:
     """ManiSkill control mode (None: the task's default)"""
     num_envs: int = 512
     """number of parallel training environments (of each torchrun process)"""
+    async_envs: bool = False
+    """Gymnasium envs: step the training envs in worker processes, one per env (pays off for envs slower than ~0.1 ms a step, e.g. MuJoCo, with a core per env); ManiSkill's CPU envs always run in workers"""
     num_eval_envs: int = 8
     """number of parallel evaluation environments (of rank 0, which alone evaluates)"""
     partial_reset: bool = True
@@ -1194,7 +1196,10 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
             video_trigger = ResetEpisodeTrigger()
         env_fns = [functools.partial(build_gym_env, args.env_id, args.max_episode_steps, video_dir if i == 0 else None,
                                      video_trigger, max_steps_per_video, prefix) for i in range(num_envs)]
-        env = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        if args.async_envs and not evaluation:  # evaluation's video trigger must live in this process
+            env = gym.vector.AsyncVectorEnv(env_fns, context="forkserver", autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        else:
+            env = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         return TorchVecEnv(env, device, torch_native=False, reset_video_trigger=video_trigger if evaluation else None)
     except gym.error.DependencyNotInstalled as e:
         hint = "; or pass --no_capture_video" if args.capture_video else ""

@@ -5,6 +5,7 @@ import importlib.util
 import os
 import signal
 
+import gymnasium as gym
 import pytest
 import torch
 
@@ -42,6 +43,26 @@ def test_same_seed_same_numbers(tmp_path):
     c = run_script("ppo.py", fast_args("Pendulum-v1", "c", seed=2, **argv), tmp_path)
     assert c.returncode == 0
     assert scalars(tmp_path / "runs/c")["losses/policy_loss"] != scalars(tmp_path / "runs/a")["losses/policy_loss"]
+
+
+def test_async_envs_step_in_workers_with_the_same_numbers(tmp_path, monkeypatch):
+    """--async_envs moves the training envs into worker processes and changes nothing else; episodes terminate and
+    are truncated (final observations come back from the workers)."""
+    built = []
+
+    class SpyAsyncVectorEnv(gym.vector.AsyncVectorEnv):
+        def __init__(self, env_fns, **kwargs):
+            super().__init__(env_fns, **kwargs)
+            built.append(len(self.processes))
+
+    monkeypatch.setattr(gym.vector, "AsyncVectorEnv", SpyAsyncVectorEnv)
+    monkeypatch.chdir(tmp_path)
+    argv = dict(num_envs=3, num_steps=24, num_minibatches=3, total_timesteps=3 * 24 * 2)
+    assert ppo.cli(fast_args("tests.envs:PointMassEnds-v0", "sync", **argv)) == 0
+    assert built == []
+    assert ppo.cli(fast_args("tests.envs:PointMassEnds-v0", "async", async_envs=True, **argv)) == 0
+    assert built == [3]  # the training envs only: evaluation stays in this process
+    assert_same_numbers(tmp_path / "runs/sync", tmp_path / "runs/async")
 
 
 def test_checkpoint_contents(tmp_path):
