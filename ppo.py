@@ -65,6 +65,8 @@ class Args:
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
     """if toggled, the learner runs on CUDA when it is available"""
+    compile: bool = False
+    """torch.compile the rollout's policy step and the update's losses (changes numbers slightly; falls back to eager with one line where compiling fails)"""
     torch_threads: int = 1
     """CPU threads for torch (0: torch's default); more gain little for these small networks and slow everything down when they contend with simulator workers for cores"""
     track: bool = False
@@ -348,6 +350,29 @@ def adapt_learning_rate(lr: float, approx_kl: float, args: Args) -> float:
     return lr
 
 
+def compile_unless_unavailable(fn, enabled: bool):
+    """torch.compile(fn) under --compile, else fn. Where compiling fails (the CPU backend needs a C++ compiler; some
+    Python versions have no torch.compile), one line says so and fn runs eagerly from then on."""
+    if not enabled:
+        return fn
+    # Random draws (the policy's sampling) come from torch's own generator, as in eager mode.
+    torch._inductor.config.fallback_random = True
+    compiled = None
+
+    def call(*args):
+        nonlocal compiled
+        if compiled is not fn:
+            try:
+                compiled = compiled or torch.compile(fn)
+                return compiled(*args)
+            except Exception as e:  # whatever compiling raised: an error of fn itself raises again below
+                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                print(f"\nwarning: --compile: torch.compile failed ({reason}); running eagerly", file=sys.stderr)
+                compiled = fn
+        return fn(*args)
+    return call
+
+
 # ---------------------------------------------------------------------------------------------
 # Data parallel: torchrun starts one process (a rank) per GPU, each with its own envs; a plain run is one rank.
 # Whatever decides the course of the run is computed from numbers every rank shares, so that all ranks take it alike.
@@ -448,6 +473,24 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
         for tensor in agent.state_dict().values():  # each rank drew its own initial weights
             dist.broadcast(tensor, 0)
 
+    def minibatch_losses(obs, actions, old_logprobs, advantages, returns, old_values):
+        """The clipped surrogate, value and entropy terms of one minibatch; its log-ratios and ratios, detached."""
+        _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
+        logratio = newlogprob - old_logprobs
+        ratio = logratio.exp()
+        if args.norm_adv:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        pg_loss = torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)).mean()
+        if args.clip_vloss:
+            v_clipped = old_values + torch.clamp(newvalue - old_values, -args.clip_coef, args.clip_coef)
+            v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
+        else:
+            v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+        return pg_loss, v_loss, entropy.mean(), logratio.detach(), ratio.detach()
+
+    policy_step = compile_unless_unavailable(agent.get_action_and_value, args.compile)
+    update_losses = compile_unless_unavailable(minibatch_losses, args.compile)
+
     if resume_state is not None:
         optimizer.load_state_dict(resume_state["optimizer"])
         global_step, start_iteration = resume_state["global_step"], resume_state["iteration"]
@@ -536,7 +579,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                     if agent.obs_normalizer is not None:
                         agent.obs_normalizer.update(gather_rows(next_obs))  # so that every rank normalizes alike
                     obs = agent.normalize_obs(next_obs)
-                    action, logprob, _, value = agent.get_action_and_value(obs)
+                    action, logprob, _, value = policy_step(obs)
                 obs_buf[step], actions[step], logprobs[step], values[step] = obs, action, logprob, value
                 next_obs, reward, terminated, truncated, final_obs, finished = envs.step(action)
                 done = terminated | truncated
@@ -570,9 +613,8 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                 permutation = torch.randperm(batch_size, device=device)
                 for start in range(0, batch_size, minibatch_size):
                     mb = permutation[start:start + minibatch_size]
-                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb], b_actions[mb])
-                    logratio = newlogprob - b_logprobs[mb]
-                    ratio = logratio.exp()
+                    pg_loss, v_loss, entropy_loss, logratio, ratio = update_losses(
+                        b_obs[mb], b_actions[mb], b_logprobs[mb], b_advantages[mb], b_returns[mb], b_values[mb])
                     with torch.no_grad():
                         old_approx_kl, approx_kl = mean_over_ranks(torch.stack([(-logratio).mean(),
                                                                                 ((ratio - 1) - logratio).mean()]))
@@ -581,19 +623,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                     if args.target_kl is not None and approx_kl > args.target_kl:
                         kl_stop = True
                         break
-                    clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean().detach())
-
-                    mb_advantages = b_advantages[mb]
-                    if args.norm_adv:
-                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-                    pg_loss = torch.max(-mb_advantages * ratio,
-                                        -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)).mean()
-                    if args.clip_vloss:
-                        v_clipped = b_values[mb] + torch.clamp(newvalue - b_values[mb], -args.clip_coef, args.clip_coef)
-                        v_loss = 0.5 * torch.max((newvalue - b_returns[mb]) ** 2, (v_clipped - b_returns[mb]) ** 2).mean()
-                    else:
-                        v_loss = 0.5 * ((newvalue - b_returns[mb]) ** 2).mean()
-                    entropy_loss = entropy.mean()
+                    clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
                     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
 
                     optimizer.zero_grad()

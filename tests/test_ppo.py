@@ -65,6 +65,26 @@ def test_async_envs_step_in_workers_with_the_same_numbers(tmp_path, monkeypatch)
     assert_same_numbers(tmp_path / "runs/sync", tmp_path / "runs/async")
 
 
+def test_compile_stays_close_to_eager_and_falls_back_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = dict(total_timesteps=32 * 2, eval_freq=2)
+    assert ppo.cli(fast_args("Pendulum-v1", "eager", **argv)) == 0
+    assert ppo.cli(fast_args("Pendulum-v1", "compiled", compile=True, **argv)) == 0
+    assert "warning" not in capsys.readouterr().err
+    eager, compiled = scalars(tmp_path / "runs/eager"), scalars(tmp_path / "runs/compiled")
+    for tag in ("losses/policy_loss", "losses/value_loss", "eval/return"):
+        assert [v for _, v in compiled[tag]] == pytest.approx([v for _, v in eager[tag]], rel=1e-3, abs=1e-5), tag
+
+    def unavailable(fn, **kwargs):
+        raise RuntimeError("no C++ compiler found\nmore detail")
+
+    monkeypatch.setattr(torch, "compile", unavailable)
+    assert ppo.cli(fast_args("Pendulum-v1", "fallback", compile=True, **argv)) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning")]
+    assert warnings == ["warning: --compile: torch.compile failed (no C++ compiler found); running eagerly"] * 2
+    assert_same_numbers(tmp_path / "runs/eager", tmp_path / "runs/fallback")
+
+
 def test_checkpoint_contents(tmp_path):
     result = run_script("ppo.py", fast_args("CartPole-v1", "run", norm_obs=True, anneal_lr=True, learning_rate=0.001),
                         tmp_path)
