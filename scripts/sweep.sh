@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Run a trainer over seeds and flag values: every combination, N at a time, each its own run directory.
+#
+#   scripts/sweep.sh --seeds "1 2 3" cheetah -- python ppo.py --env_id=HalfCheetah-v5 --total_timesteps=1000000
+#   scripts/sweep.sh --seeds "1 2" --vary "--learning_rate=1e-4 --learning_rate=3e-4" --vary "--num_envs=1 --num_envs=4" \
+#       --jobs 2 lr_envs -- python ppo.py --env_id=Hopper-v5
+#
+# Each run is named NAME[__flag=value...]__seed{S} and writes runs/<that name>, its output in runs/<that name>.log.
+# A run whose final checkpoint exists is skipped; one that was interrupted is resumed (--resume). Run it again after
+# a crash or a reboot and it finishes what is missing. Then: python scripts/summarize.py runs/NAME__* and
+# python scripts/plot.py runs/NAME__* --out plots/NAME, which group the seeds of each combination.
+set -euo pipefail
+
+usage() { echo "usage: $0 [--seeds \"1 2 3\"] [--vary \"--flag=a --flag=b\"]... [--jobs N] NAME -- COMMAND..." >&2; exit 2; }
+
+seeds="1 2 3"
+jobs=1
+varies=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --seeds) [ $# -ge 2 ] || usage; seeds="$2"; shift 2 ;;
+    --vary) [ $# -ge 2 ] || usage; varies+=("$2"); shift 2 ;;
+    --jobs) [ $# -ge 2 ] || usage; jobs="$2"; shift 2 ;;
+    --) usage ;;
+    -*) echo "error: unknown option $1" >&2; usage ;;
+    *) break ;;
+  esac
+done
+[ $# -ge 3 ] && [ "$2" = "--" ] || usage
+name="$1"; shift 2
+command=("$@")
+[[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "error: --jobs must be a positive integer, not $jobs" >&2; exit 2; }
+for value in "${varies[@]}"; do
+  for flag in $value; do
+    [[ "$flag" == --*=* ]] || { echo "error: --vary takes --flag=value words, not $flag" >&2; exit 2; }
+  done
+done
+
+# Every combination of one value from each --vary, as lines of space-separated --flag=value words.
+combinations=("")
+for value in "${varies[@]}"; do
+  extended=()
+  for combination in "${combinations[@]}"; do
+    for flag in $value; do
+      extended+=("${combination:+$combination }$flag")
+    done
+  done
+  combinations=("${extended[@]}")
+done
+
+mkdir -p runs
+failed=0
+running=0
+for combination in "${combinations[@]}"; do
+  for seed in $seeds; do
+    suffix=""
+    for flag in $combination; do
+      suffix+="__${flag#--}"
+    done
+    run="${name}${suffix//\//-}__seed${seed}"
+    # shellcheck disable=SC2206  # the words of a combination are flags
+    argv=("${command[@]}" $combination --seed "$seed" --exp_name "$run")
+    if [ -f "runs/$run/final_ckpt.pt" ]; then
+      echo "done already: runs/$run"
+      continue
+    elif compgen -G "runs/$run/*.pt" >/dev/null; then
+      echo "resuming: runs/$run"
+      argv+=(--resume "runs/$run")
+    else
+      echo "starting: runs/$run"
+    fi
+    if [ "$running" -ge "$jobs" ]; then
+      wait -n || failed=$((failed + 1))
+      running=$((running - 1))
+    fi
+    "${argv[@]}" >"runs/$run.log" 2>&1 </dev/null &
+    running=$((running + 1))
+  done
+done
+while [ "$running" -gt 0 ]; do
+  wait -n || failed=$((failed + 1))
+  running=$((running - 1))
+done
+if [ "$failed" -gt 0 ]; then
+  echo "error: $failed run(s) failed; see runs/${name}*.log" >&2
+  exit 1
+fi

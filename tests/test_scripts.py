@@ -1,0 +1,87 @@
+"""scripts/sweep.sh, scripts/summarize.py and scripts/plot.py on real (tiny) runs."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.util import REPO, fast_args, load, scalars, script_env
+
+sys.path.insert(0, str(REPO / "scripts"))
+import plot  # noqa: E402
+
+
+def sweep(tmp_path, *options):
+    argv = fast_args("Pendulum-v1", "unused")
+    del argv[argv.index("--exp_name"):argv.index("--exp_name") + 2]  # the sweep names each run
+    command = [sys.executable, str(REPO / "ppo.py"), *argv]
+    return subprocess.run(["bash", str(REPO / "scripts/sweep.sh"), *options, "pend", "--", *command], cwd=tmp_path,
+                          env=script_env(), capture_output=True, text=True, timeout=600)
+
+
+def run_tool(tmp_path, script, *args):
+    return subprocess.run([sys.executable, str(REPO / "scripts" / script), *map(str, args)], cwd=tmp_path,
+                          env=script_env(), capture_output=True, text=True, timeout=300)
+
+
+def test_sweep_runs_every_combination_then_finishes_what_is_missing(tmp_path):
+    first = sweep(tmp_path, "--seeds", "1 2", "--vary", "--learning_rate=1e-3 --learning_rate=3e-4", "--jobs", "2")
+    assert first.returncode == 0, first.stderr
+    names = [f"pend__learning_rate={lr}__seed{seed}" for lr in ("1e-3", "3e-4") for seed in (1, 2)]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir() if p.is_dir()) == names
+    for name in names:
+        assert (tmp_path / "runs" / name / "final_ckpt.pt").exists()
+    # seeds and flag values reached the runs
+    saved = load(tmp_path / "runs" / names[3] / "final_ckpt.pt")["args"]
+    assert saved["seed"] == 2 and saved["learning_rate"] == 3e-4
+
+    for checkpoint in ("ckpt_4.pt", "final_ckpt.pt"):  # as if that run had been killed after ckpt_2.pt
+        (tmp_path / "runs" / names[0] / checkpoint).unlink()
+    again = sweep(tmp_path, "--seeds", "1 2", "--vary", "--learning_rate=1e-3 --learning_rate=3e-4")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("done already") == 3 and f"resuming: runs/{names[0]}" in again.stdout
+    assert (tmp_path / "runs" / names[0] / "final_ckpt.pt").exists()
+
+    # the table: final eval/return of each pair of seeds, mean ± std
+    table = run_tool(tmp_path, "summarize.py", *[f"runs/{name}" for name in names])
+    assert table.returncode == 0, table.stderr
+    rows = table.stdout.strip().splitlines()
+    assert rows[0].startswith("| runs | n | eval/return (final) |") and len(rows) == 4
+    for row, lr in zip(rows[2:], ("1e-3", "3e-4")):
+        finals = [scalars(tmp_path / "runs" / f"pend__learning_rate={lr}__seed{seed}")["eval/return"][-1][1]
+                  for seed in (1, 2)]
+        assert row.startswith(f"| pend__learning_rate={lr} | 2 | {np.mean(finals):.4g} ± {np.std(finals):.3g} | 128 |")
+
+    pictures = run_tool(tmp_path, "plot.py", *[f"runs/{name}" for name in names], "--metrics", "eval/return",
+                        "charts/SPS", "--out", "plots")
+    assert pictures.returncode == 0, pictures.stderr
+    for name in ("eval_return.png", "charts_SPS.png"):
+        png = (tmp_path / "plots" / name).read_bytes()
+        assert png.startswith(b"\x89PNG") and len(png) > 10_000
+
+    missing = run_tool(tmp_path, "plot.py", f"runs/{names[0]}", "--metrics", "eval/nothing")
+    assert missing.returncode == 2 and missing.stderr.strip().splitlines()[-1].startswith("error: no run logged 'eval/nothing'")
+    unmatched = run_tool(tmp_path, "summarize.py", f"runs/{names[0]}", "--group", "^cheetah")
+    assert unmatched.returncode == 2 and "does not match the run name" in unmatched.stderr
+
+
+def test_sweep_reports_failed_runs(tmp_path):
+    failed = sweep(tmp_path, "--seeds", "1", "--vary", "--learning_rate=-1")
+    assert failed.returncode == 1 and "1 run(s) failed" in failed.stderr
+    assert "error:" in (tmp_path / "runs/pend__learning_rate=-1__seed1.log").read_text()
+
+
+@pytest.mark.parametrize("name,group", [("cheetah__seed3", "cheetah"), ("HalfCheetah-v5__ppo__2__1763900000", "HalfCheetah-v5__ppo"),
+                                        ("my_run", "my_run")])
+def test_default_grouping_drops_the_seed(tmp_path, name, group):
+    (tmp_path / name).mkdir()
+    assert plot.group_runs([tmp_path / name], plot.DEFAULT_GROUP) == {group: [tmp_path / name]}
+
+
+def test_interval_is_students_t():
+    mean, half_width = plot.mean_and_interval(np.array([[1.0, 0.0], [3.0, 0.0]]))
+    assert mean.tolist() == [2.0, 0.0]
+    assert half_width == pytest.approx([12.706 * np.sqrt(2) / np.sqrt(2), 0.0])
+    five = np.array([[1.0], [2.0], [3.0], [4.0], [5.0]])
+    assert plot.mean_and_interval(five)[1] == pytest.approx([2.776 * np.std(five, ddof=1) / np.sqrt(5)])
