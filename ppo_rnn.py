@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import tyro
-from torch.distributions import Categorical, Normal
+from torch.distributions import Categorical
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
@@ -53,6 +53,8 @@ TRAINER = "ppo_rnn"
 CPU_WORKERS_PER_CORE = 4
 # The flags that shape the network: a checkpoint's weights fit only a network built with the same.
 NETWORK_FIELDS = ("norm_obs", "rnn_type", "rnn_hidden_size", "rnn_num_layers", "shared_rnn")
+LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
+NORMAL_ENTROPY_AT_UNIT_STD = 0.5 + 0.5 * math.log(2 * math.pi)
 
 
 @dataclass
@@ -65,6 +67,8 @@ class Args:
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
     """if toggled, the learner runs on CUDA when it is available"""
+    compile: bool = False
+    """torch.compile the rollout's policy step and the update's losses (changes numbers slightly; falls back to eager with one line where compiling fails)"""
     torch_threads: int = 1
     """CPU threads for torch (0: torch's default); more gain little for these small networks and slow everything down when they contend with simulator workers for cores"""
     track: bool = False
@@ -96,6 +100,8 @@ class Args:
     """ManiSkill control mode (None: the task's default)"""
     num_envs: int = 512
     """number of parallel training environments (of each torchrun process)"""
+    async_envs: bool = False
+    """Gymnasium envs: step the training envs in worker processes, one per env (pays off for envs slower than ~0.1 ms a step, e.g. MuJoCo, with a core per env); ManiSkill's CPU envs always run in workers"""
     num_eval_envs: int = 8
     """number of parallel evaluation environments (of rank 0, which alone evaluates)"""
     partial_reset: bool = True
@@ -112,6 +118,8 @@ class Args:
     """ManiSkill: reconfigure the evaluation scenes every this many resets"""
     norm_obs: bool = False
     """normalize observations with running mean/std (float64 statistics, saved in checkpoints)"""
+    norm_reward: bool = False
+    """divide rewards by a running std of the discounted return, clipped to +-10 (as SB3's VecNormalize and CleanRL's MuJoCo script; statistics saved in checkpoints)"""
     bootstrap_at_done: Literal["auto", "always", "truncated", "never"] = "auto"
     """which finished episodes bootstrap from V(final obs): always (ManiSkill's rule), truncated (terminations are terminal), never. auto = always for ManiSkill tasks, truncated otherwise"""
 
@@ -249,6 +257,25 @@ class RunningMeanStd(nn.Module):
         return ((x.double() - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-self.clip, self.clip).float()
 
 
+class RewardNormalizer(nn.Module):
+    """Divides rewards by the running std of each env's discounted return (SB3's VecNormalize): the critic then
+    learns values of about unit scale whatever the task's reward scale. The return restarts when an episode ends."""
+
+    def __init__(self, num_envs: int, gamma: float, clip: float = 10.0):
+        super().__init__()
+        self.gamma, self.clip = gamma, clip
+        self.return_rms = RunningMeanStd(1)
+        # Not saved: a resumed run resets its envs, so their returns start again from 0.
+        self.register_buffer("discounted_return", torch.zeros(num_envs, dtype=torch.float64), persistent=False)
+
+    @torch.no_grad()
+    def forward(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        self.discounted_return.mul_(self.gamma).add_(reward)
+        self.return_rms.update(gather_rows(self.discounted_return[:, None]))  # so that every rank scales alike
+        self.discounted_return.masked_fill_(done, 0.0)
+        return (reward / torch.sqrt(self.return_rms.var + 1e-8)).clamp(-self.clip, self.clip).float()
+
+
 class Agent(nn.Module):
     """Actor and critic heads on recurrent cores: one core each, or one shared core (--shared_rnn).
 
@@ -295,30 +322,35 @@ class Agent(nn.Module):
             features, _ = self.critic_core(obs, state.chunk(2, dim=-1)[1], episode_starts)
         return self.critic(features).squeeze(-1)
 
-    def distribution(self, features: torch.Tensor):
-        if self.discrete:
-            return Categorical(logits=self.actor(features), validate_args=False)  # validation syncs with the GPU
-        mean = self.actor(features)
-        return Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
-
     def get_action(self, obs: torch.Tensor, state: torch.Tensor, episode_starts: torch.Tensor,
                    deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        features, _, state = self.cores(obs, state, episode_starts)
         if not deterministic:
-            return self.distribution(features).sample(), state
+            action, _, _, _, state = self.get_action_and_value(obs, state, episode_starts)
+            return action, state
+        features, _, state = self.cores(obs, state, episode_starts)
         logits_or_mean = self.actor(features)
         return (logits_or_mean.argmax(-1) if self.discrete else logits_or_mean), state
 
     def get_action_and_value(self, obs: torch.Tensor, state: torch.Tensor, episode_starts: torch.Tensor,
                              action: Optional[torch.Tensor] = None):
         actor_features, critic_features, state = self.cores(obs, state, episode_starts)
-        dist = self.distribution(actor_features)
+        value = self.critic(critic_features).squeeze(-1)
+        if self.discrete:
+            dist = Categorical(logits=self.actor(actor_features), validate_args=False)  # validation syncs with the GPU
+            if action is None:
+                action = dist.sample()
+            return action, dist.log_prob(action), dist.entropy(), value, state
+        # torch.distributions.Normal's sample, log_prob and entropy, written out: building its object costs more than
+        # the arithmetic at the batch size of a rollout step. The same operations, so the same numbers.
+        mean = self.actor(actor_features)
+        std = self.actor_logstd.expand_as(mean).exp()
         if action is None:
-            action = dist.sample()
-        logprob, entropy = dist.log_prob(action), dist.entropy()
-        if not self.discrete:
-            logprob, entropy = logprob.sum(-1), entropy.sum(-1)
-        return action, logprob, entropy, self.critic(critic_features).squeeze(-1), state
+            with torch.no_grad():
+                action = torch.normal(mean, std)
+        log_std = std.log()
+        logprob = -((action - mean) ** 2) / (2 * std**2) - log_std - LOG_SQRT_2PI
+        entropy = NORMAL_ENTROPY_AT_UNIT_STD + log_std
+        return action, logprob.sum(-1), entropy.sum(-1), value, state
 
 
 def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
@@ -362,23 +394,26 @@ def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch
     finite_horizon: ManiSkill's variant, whose lambda-weights are renormalized over the steps left before the
     rollout or episode ends, so a short tail is not dominated by its last value.
     """
-    num_steps = rewards.shape[0]
+    # Whatever does not depend on the next step's result is computed for all steps at once, outside the loop.
+    not_dones = 1.0 - dones
+    real_next_values = not_dones * torch.cat([values[1:], next_value[None]]) + bootstrap_values
     advantages = torch.zeros_like(rewards)
-    last_gae = torch.zeros_like(next_value)
-    lam_coef_sum = reward_term_sum = value_term_sum = torch.zeros_like(next_value)
-    for t in reversed(range(num_steps)):
-        next_values = next_value if t == num_steps - 1 else values[t + 1]
-        not_done = 1.0 - dones[t]
-        real_next_values = not_done * next_values + bootstrap_values[t]
-        if finite_horizon:
-            lam_coef_sum = 1.0 + gae_lambda * not_done * lam_coef_sum
-            reward_term_sum = gae_lambda * gamma * not_done * reward_term_sum + lam_coef_sum * rewards[t]
-            value_term_sum = gae_lambda * gamma * not_done * value_term_sum + gamma * real_next_values
+    if finite_horizon:
+        lam_decay, decay = gae_lambda * not_dones, gae_lambda * gamma * not_dones
+        discounted_next_values = gamma * real_next_values
+        lam_coef_sum = reward_term_sum = value_term_sum = torch.zeros_like(next_value)
+        for t in reversed(range(rewards.shape[0])):
+            lam_coef_sum = 1.0 + lam_decay[t] * lam_coef_sum
+            reward_term_sum = decay[t] * reward_term_sum + lam_coef_sum * rewards[t]
+            value_term_sum = decay[t] * value_term_sum + discounted_next_values[t]
             advantages[t] = (reward_term_sum + value_term_sum) / lam_coef_sum - values[t]
-        else:
-            delta = rewards[t] + gamma * real_next_values - values[t]
-            last_gae = delta + gamma * gae_lambda * not_done * last_gae
-            advantages[t] = last_gae
+        return advantages
+    deltas = rewards + gamma * real_next_values - values
+    decay = gamma * gae_lambda * not_dones
+    last_gae = torch.zeros_like(next_value)
+    for t in reversed(range(rewards.shape[0])):
+        last_gae = deltas[t] + decay[t] * last_gae
+        advantages[t] = last_gae
     return advantages
 
 
@@ -389,6 +424,29 @@ def adapt_learning_rate(lr: float, approx_kl: float, args: Args) -> float:
     if approx_kl < 0.5 * args.kl_target:
         return min(args.max_learning_rate, lr * args.lr_factor)
     return lr
+
+
+def compile_unless_unavailable(fn, enabled: bool):
+    """torch.compile(fn) under --compile, else fn. Where compiling fails (the CPU backend needs a C++ compiler; some
+    Python versions have no torch.compile), one line says so and fn runs eagerly from then on."""
+    if not enabled:
+        return fn
+    # Random draws (the policy's sampling) come from torch's own generator, as in eager mode.
+    torch._inductor.config.fallback_random = True
+    compiled = None
+
+    def call(*args):
+        nonlocal compiled
+        if compiled is not fn:
+            try:
+                compiled = compiled or torch.compile(fn)
+                return compiled(*args)
+            except Exception as e:  # whatever compiling raised: an error of fn itself raises again below
+                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                print(f"\nwarning: --compile: torch.compile failed ({reason}); running eagerly", file=sys.stderr)
+                compiled = fn
+        return fn(*args)
+    return call
 
 
 # ---------------------------------------------------------------------------------------------
@@ -477,14 +535,38 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
     observation_space = space_to_dict(envs.single_observation_space)
     action_space = space_to_dict(envs.single_action_space)
     agent = make_agent(args, envs).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    # foreach: one kernel for all parameters instead of one per parameter; on the CPU too, where torch's default
+    # is one per parameter. The same numbers.
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, foreach=True)
+    reward_normalizer = RewardNormalizer(args.num_envs, args.gamma).to(device) if args.norm_reward else None
     global_step, start_iteration = 0, 0
     for state in (init_state, resume_state):
         if state is not None:
             load_weights(agent, state, args, envs)
+            if reward_normalizer is not None and state.get("reward_normalizer") is not None:
+                reward_normalizer.load_state_dict(state["reward_normalizer"])
     if num_ranks > 1:
         for tensor in agent.state_dict().values():  # each rank drew its own initial weights
             dist.broadcast(tensor, 0)
+
+    def minibatch_losses(obs, states, starts, actions, old_logprobs, advantages, returns, old_values):
+        """The clipped surrogate, value and entropy terms of one minibatch of sequences, replayed from their
+        stored states; its log-ratios and ratios, detached."""
+        _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(obs, states, starts, actions)
+        logratio = newlogprob - old_logprobs
+        ratio = logratio.exp()
+        if args.norm_adv:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        pg_loss = torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)).mean()
+        if args.clip_vloss:
+            v_clipped = old_values + torch.clamp(newvalue - old_values, -args.clip_coef, args.clip_coef)
+            v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
+        else:
+            v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+        return pg_loss, v_loss, entropy.mean(), logratio.detach(), ratio.detach()
+
+    policy_step = compile_unless_unavailable(agent.get_action_and_value, args.compile)
+    update_losses = compile_unless_unavailable(minibatch_losses, args.compile)
 
     if resume_state is not None:
         optimizer.load_state_dict(resume_state["optimizer"])
@@ -508,6 +590,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
             return None
         state = {"format": CHECKPOINT_FORMAT, "trainer": TRAINER, "run_name": run_name, "args": dataclasses.asdict(args),
                  "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
+                 "reward_normalizer": None if reward_normalizer is None else reward_normalizer.state_dict(),
                  "observation_space": observation_space, "action_space": action_space,
                  "global_step": global_step, "iteration": iteration, "world_size": num_ranks,
                  "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:]}
@@ -582,12 +665,14 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                     if agent.obs_normalizer is not None:
                         agent.obs_normalizer.update(gather_rows(next_obs))  # so that every rank normalizes alike
                     obs = agent.normalize_obs(next_obs)
-                    action, logprob, _, value, state = agent.get_action_and_value(obs[None], state, next_start[None])
+                    action, logprob, _, value, state = policy_step(obs[None], state, next_start[None])
                 obs_buf[step], actions[step], logprobs[step], values[step] = obs, action[0], logprob[0], value[0]
                 episode_starts[step] = next_start
                 next_obs, reward, terminated, truncated, final_obs, finished = envs.step(action[0])
-                rewards[step] = reward * args.reward_scale
                 next_start = terminated | truncated
+                if reward_normalizer is not None:
+                    reward = reward_normalizer(reward, next_start)
+                rewards[step] = reward * args.reward_scale
                 dones[step] = next_start.float()
                 if finished is not None:
                     bootstraps = bootstrap_mask(bootstrap_rule, terminated, truncated)
@@ -621,10 +706,9 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                 permutation = torch.randperm(num_sequences, device=device)
                 for start in range(0, num_sequences, minibatch_size // seq_len):
                     mb = permutation[start:start + minibatch_size // seq_len]
-                    _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(
-                        b_obs[:, mb], b_states[:, mb], b_starts[:, mb], b_actions[:, mb])
-                    logratio = newlogprob - b_logprobs[:, mb]
-                    ratio = logratio.exp()
+                    pg_loss, v_loss, entropy_loss, logratio, ratio = update_losses(
+                        b_obs[:, mb], b_states[:, mb], b_starts[:, mb], b_actions[:, mb], b_logprobs[:, mb],
+                        b_advantages[:, mb], b_returns[:, mb], b_values[:, mb])
                     with torch.no_grad():
                         old_approx_kl, approx_kl = mean_over_ranks(torch.stack([(-logratio).mean(),
                                                                                 ((ratio - 1) - logratio).mean()]))
@@ -633,19 +717,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                     if args.target_kl is not None and approx_kl > args.target_kl:
                         kl_stop = True
                         break
-                    clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean().detach())
-
-                    mb_advantages = b_advantages[:, mb]
-                    if args.norm_adv:
-                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-                    pg_loss = torch.max(-mb_advantages * ratio,
-                                        -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)).mean()
-                    if args.clip_vloss:
-                        v_clipped = b_values[:, mb] + torch.clamp(newvalue - b_values[:, mb], -args.clip_coef, args.clip_coef)
-                        v_loss = 0.5 * torch.max((newvalue - b_returns[:, mb]) ** 2, (v_clipped - b_returns[:, mb]) ** 2).mean()
-                    else:
-                        v_loss = 0.5 * ((newvalue - b_returns[:, mb]) ** 2).mean()
-                    entropy_loss = entropy.mean()
+                    clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
                     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
 
                     optimizer.zero_grad()
@@ -653,7 +725,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                     loss_finite = torch.isfinite(loss)
                     if num_ranks > 1:
                         loss_finite = average_gradients(agent, loss_finite)
-                    grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                    grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
                     if not loss_finite or not torch.isfinite(grad_norm):
                         raise NonFiniteError(f"non-finite {'gradient' if loss_finite else 'loss'} "
                                              f"at iteration {iteration} (global step {global_step})")
@@ -1260,7 +1332,10 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
             video_trigger = ResetEpisodeTrigger()
         env_fns = [functools.partial(build_gym_env, args.env_id, args.max_episode_steps, video_dir if i == 0 else None,
                                      video_trigger, max_steps_per_video, prefix) for i in range(num_envs)]
-        env = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        if args.async_envs and not evaluation:  # evaluation's video trigger must live in this process
+            env = gym.vector.AsyncVectorEnv(env_fns, context="forkserver", autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        else:
+            env = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         return TorchVecEnv(env, device, torch_native=False, reset_video_trigger=video_trigger if evaluation else None)
     except gym.error.DependencyNotInstalled as e:
         hint = "; or pass --no_capture_video" if args.capture_video else ""

@@ -58,20 +58,21 @@ for combination in "${combinations[@]}"; do
       suffix+="__${flag#--}"
     done
     run="${name}${suffix//\//-}__seed${seed}"
-    # shellcheck disable=SC2206  # the words of a combination are flags
-    argv=("${command[@]}" $combination --seed "$seed" --exp_name "$run")
     if [ -f "runs/$run/final_ckpt.pt" ]; then
       echo "done already: runs/$run"
       continue
-    elif compgen -G "runs/$run/*.pt" >/dev/null; then
-      echo "resuming: runs/$run"
-      argv+=(--resume "runs/$run")
-    else
-      echo "starting: runs/$run"
     fi
     if [ "$running" -ge "$jobs" ]; then
       wait -n || failed=$((failed + 1))
       running=$((running - 1))
+    fi
+    # shellcheck disable=SC2206  # the words of a combination are flags
+    argv=("${command[@]}" $combination --seed "$seed" --exp_name "$run")
+    if compgen -G "runs/$run/*.pt" >/dev/null; then
+      echo "resuming: runs/$run"
+      argv+=(--resume "runs/$run")
+    else
+      echo "starting: runs/$run"
     fi
     "${argv[@]}" >"runs/$run.log" 2>&1 </dev/null &
     running=$((running + 1))

@@ -136,7 +136,7 @@ def test_rollout_bootstraps_from_the_final_observation(tmp_path, monkeypatch, ru
         assert not bootstrap_values[dones == 0].any()
 
 
-@pytest.mark.parametrize("trainer", [ppo], ids=["ppo"])
+@pytest.mark.parametrize("trainer", [ppo, ppo_rnn], ids=["ppo", "ppo_rnn"])
 def test_reward_normalizer_matches_reference(trainer):
     """Rewards divided by the std of every discounted return seen so far; a return restarts after its episode ends."""
     rng = np.random.default_rng(0)

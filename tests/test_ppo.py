@@ -45,7 +45,8 @@ def test_same_seed_same_numbers(tmp_path):
     assert scalars(tmp_path / "runs/c")["losses/policy_loss"] != scalars(tmp_path / "runs/a")["losses/policy_loss"]
 
 
-def test_async_envs_step_in_workers_with_the_same_numbers(tmp_path, monkeypatch):
+@pytest.mark.parametrize("trainer", [ppo, ppo_rnn], ids=["ppo", "ppo_rnn"])
+def test_async_envs_step_in_workers_with_the_same_numbers(tmp_path, monkeypatch, trainer):
     """--async_envs moves the training envs into worker processes and changes nothing else; episodes terminate and
     are truncated (final observations come back from the workers)."""
     built = []
@@ -58,18 +59,19 @@ def test_async_envs_step_in_workers_with_the_same_numbers(tmp_path, monkeypatch)
     monkeypatch.setattr(gym.vector, "AsyncVectorEnv", SpyAsyncVectorEnv)
     monkeypatch.chdir(tmp_path)
     argv = dict(num_envs=3, num_steps=24, num_minibatches=3, total_timesteps=3 * 24 * 2)
-    assert ppo.cli(fast_args("tests.envs:PointMassEnds-v0", "sync", **argv)) == 0
+    assert trainer.cli(fast_args("tests.envs:PointMassEnds-v0", "sync", **argv)) == 0
     assert built == []
-    assert ppo.cli(fast_args("tests.envs:PointMassEnds-v0", "async", async_envs=True, **argv)) == 0
+    assert trainer.cli(fast_args("tests.envs:PointMassEnds-v0", "async", async_envs=True, **argv)) == 0
     assert built == [3]  # the training envs only: evaluation stays in this process
     assert_same_numbers(tmp_path / "runs/sync", tmp_path / "runs/async")
 
 
-def test_compile_stays_close_to_eager_and_falls_back_in_one_line(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("trainer", [ppo, ppo_rnn], ids=["ppo", "ppo_rnn"])
+def test_compile_stays_close_to_eager_and_falls_back_in_one_line(tmp_path, monkeypatch, capsys, trainer):
     monkeypatch.chdir(tmp_path)
     argv = dict(total_timesteps=32 * 2, eval_freq=2)
-    assert ppo.cli(fast_args("Pendulum-v1", "eager", **argv)) == 0
-    assert ppo.cli(fast_args("Pendulum-v1", "compiled", compile=True, **argv)) == 0
+    assert trainer.cli(fast_args("Pendulum-v1", "eager", **argv)) == 0
+    assert trainer.cli(fast_args("Pendulum-v1", "compiled", compile=True, **argv)) == 0
     assert "warning" not in capsys.readouterr().err
     eager, compiled = scalars(tmp_path / "runs/eager"), scalars(tmp_path / "runs/compiled")
     for tag in ("losses/policy_loss", "losses/value_loss", "eval/return"):
@@ -79,7 +81,7 @@ def test_compile_stays_close_to_eager_and_falls_back_in_one_line(tmp_path, monke
         raise RuntimeError("no C++ compiler found\nmore detail")
 
     monkeypatch.setattr(torch, "compile", unavailable)
-    assert ppo.cli(fast_args("Pendulum-v1", "fallback", compile=True, **argv)) == 0
+    assert trainer.cli(fast_args("Pendulum-v1", "fallback", compile=True, **argv)) == 0
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning")]
     assert warnings == ["warning: --compile: torch.compile failed (no C++ compiler found); running eagerly"] * 2
     assert_same_numbers(tmp_path / "runs/eager", tmp_path / "runs/fallback")
@@ -158,13 +160,14 @@ def test_video_for_gymnasium_env(tmp_path):
 
 
 @pytest.mark.parametrize("script,flags,iterations,signal_after", [
-    ("ppo.py", dict(norm_reward=True), 300, 25),
+    ("ppo.py", {}, 300, 25),
     # 16-step rollouts end on PointMass's episode boundaries: no recurrent state is in flight at a checkpoint
     ("ppo_rnn.py", dict(seq_len=8, rnn_hidden_size=16), 120, 10),
 ], ids=["ppo", "ppo_rnn"])
 def test_sigterm_then_resume_equals_uninterrupted_run(tmp_path, script, flags, iterations, signal_after):
-    """Linear lr schedule, observation (and for ppo.py reward) normalization and RNG streams all continue exactly."""
-    argv = dict(total_timesteps=32 * iterations, eval_freq=signal_after, norm_obs=True, lr_schedule="linear", **flags)
+    """Linear lr schedule, observation and reward normalization and RNG streams all continue exactly."""
+    argv = dict(total_timesteps=32 * iterations, eval_freq=signal_after, norm_obs=True, norm_reward=True,
+                lr_schedule="linear", **flags)
     full = run_script(script, fast_args(POINT_MASS, "full", **argv), tmp_path)
     assert full.returncode == 0, full.stderr
 
@@ -187,9 +190,8 @@ def test_sigterm_then_resume_equals_uninterrupted_run(tmp_path, script, flags, i
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
     assert a["optimizer"]["param_groups"][0]["lr"] == b["optimizer"]["param_groups"][0]["lr"]
-    if flags.get("norm_reward"):
-        # the statistics of every step's returns, not of the resumed part's alone
-        assert b["reward_normalizer"]["return_rms.count"] == a["reward_normalizer"]["return_rms.count"] > 32 * iterations
+    # the reward statistics of every step's returns, not of the resumed part's alone
+    assert b["reward_normalizer"]["return_rms.count"] == a["reward_normalizer"]["return_rms.count"] > 32 * iterations
     # TensorBoard continues on the same step axis, without a gap or a repeat
     steps = [step for step, _ in scalars(run)["losses/value_loss"]]
     assert steps == list(range(32, 32 * (iterations + 1), 32))
