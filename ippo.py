@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import tyro
-from torch.distributions import Categorical, Normal
+from torch.distributions import Categorical
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
@@ -55,6 +55,8 @@ TRAINER = "ippo"
 CPU_WORKERS_PER_CORE = 4
 # The flags that shape the network: a checkpoint's weights fit only a network built with the same.
 NETWORK_FIELDS = ("norm_obs", "hidden_sizes", "share_parameters", "centralized_critic", "agent_obs")
+LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
+NORMAL_ENTROPY_AT_UNIT_STD = 0.5 + 0.5 * math.log(2 * math.pi)
 
 
 @dataclass
@@ -67,6 +69,8 @@ class Args:
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
     """if toggled, the learner runs on CUDA when it is available"""
+    compile: bool = False
+    """torch.compile the rollout's policy step and the update's losses (changes numbers slightly; falls back to eager with one line where compiling fails)"""
     torch_threads: int = 1
     """CPU threads for torch (0: torch's default); more gain little for these small networks and slow everything down when they contend with simulator workers for cores"""
     track: bool = False
@@ -118,6 +122,8 @@ class Args:
     """ManiSkill: reconfigure the evaluation scenes every this many resets"""
     norm_obs: bool = False
     """normalize each agent's observations with its own running mean/std (float64 statistics, saved in checkpoints)"""
+    norm_reward: bool = False
+    """divide each agent's rewards by a running std of its discounted return, clipped to +-10 (as SB3's VecNormalize and CleanRL's MuJoCo script, one per agent; statistics saved in checkpoints)"""
     hidden_sizes: tuple[int, ...] = (256, 256, 256)
     """widths of the hidden tanh layers of every actor and critic"""
     share_parameters: bool = False
@@ -231,6 +237,30 @@ class RunningMeanStd(nn.Module):
         return ((x.double() - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-self.clip, self.clip).float()
 
 
+class RewardNormalizer(nn.Module):
+    """Divides rewards by the running std of each env's discounted return (SB3's VecNormalize): the critic then
+    learns values of about unit scale whatever the task's reward scale. The return restarts when an episode ends.
+
+    One statistic per agent, over that agent's returns in every env (one VecNormalize per agent's reward stream):
+    each agent's critic learns its own rewards, whose scales may differ (a ManiSkill team reward is the same for
+    every agent, and so are then their statistics)."""
+
+    def __init__(self, num_envs: int, num_agents: int, gamma: float, clip: float = 10.0):
+        super().__init__()
+        self.gamma, self.clip = gamma, clip
+        self.return_rms = RunningMeanStd((num_agents,))
+        # Not saved: a resumed run resets its envs, so their returns start again from 0.
+        self.register_buffer("discounted_return", torch.zeros(num_envs, num_agents, dtype=torch.float64), persistent=False)
+
+    @torch.no_grad()
+    def forward(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        """reward (num_envs, num_agents); done (num_envs,), as every agent's episode ends with its env's."""
+        self.discounted_return.mul_(self.gamma).add_(reward)
+        self.return_rms.update(gather_rows(self.discounted_return))  # so that every rank scales alike
+        self.discounted_return.masked_fill_(done[:, None], 0.0)
+        return (reward / torch.sqrt(self.return_rms.var + 1e-8)).clamp(-self.clip, self.clip).float()
+
+
 class Agent(nn.Module):
     """Every agent's actor and critic. Inputs and outputs are (batch, num_agents, ...).
 
@@ -270,26 +300,30 @@ class Agent(nn.Module):
             obs = obs.flatten(1)[:, self.state_index].unsqueeze(1).expand(-1, self.num_agents, -1)
         return self.run(self.critic, obs).squeeze(-1)
 
-    def distribution(self, obs: torch.Tensor):
-        if self.discrete:
-            return Categorical(logits=self.run(self.actor, obs), validate_args=False)  # validation syncs with the GPU
-        mean = self.run(self.actor, obs)
-        return Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False)
-
     def get_action(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         if not deterministic:
-            return self.distribution(obs).sample()
+            return self.get_action_and_value(obs)[0]
         logits_or_mean = self.run(self.actor, obs)
         return logits_or_mean.argmax(-1) if self.discrete else logits_or_mean
 
     def get_action_and_value(self, obs: torch.Tensor, action: Optional[torch.Tensor] = None):
-        dist = self.distribution(obs)
+        if self.discrete:
+            dist = Categorical(logits=self.run(self.actor, obs), validate_args=False)  # validation syncs with the GPU
+            if action is None:
+                action = dist.sample()
+            return action, dist.log_prob(action), dist.entropy(), self.get_value(obs)
+        # torch.distributions.Normal's sample, log_prob and entropy, written out: building its object costs more than
+        # the arithmetic at the batch size of a rollout step. The same operations, so the same numbers.
+        mean = self.run(self.actor, obs)
+        std = self.actor_logstd.expand_as(mean).exp()
         if action is None:
-            action = dist.sample()
-        logprob, entropy = dist.log_prob(action), dist.entropy()
-        if not self.discrete:
-            logprob, entropy = logprob.sum(-1), entropy.sum(-1)
-        return action, logprob, entropy, self.get_value(obs)
+            with torch.no_grad():
+                action = torch.normal(mean, std)
+        # Two logs of std, as Normal takes: one shared log would add the entropy's gradient to the log-probability's
+        # before dividing by std, which rounds otherwise (with ent_coef > 0).
+        logprob = -((action - mean) ** 2) / (2 * std**2) - std.log() - LOG_SQRT_2PI
+        entropy = NORMAL_ENTROPY_AT_UNIT_STD + std.log()
+        return action, logprob.sum(-1), entropy.sum(-1), self.get_value(obs)
 
 
 def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
@@ -347,23 +381,26 @@ def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch
     finite_horizon: ManiSkill's variant, whose lambda-weights are renormalized over the steps left before the
     rollout or episode ends, so a short tail is not dominated by its last value.
     """
-    num_steps = rewards.shape[0]
+    # Whatever does not depend on the next step's result is computed for all steps at once, outside the loop.
+    not_dones = 1.0 - dones
+    real_next_values = not_dones * torch.cat([values[1:], next_value[None]]) + bootstrap_values
     advantages = torch.zeros_like(rewards)
-    last_gae = torch.zeros_like(next_value)
-    lam_coef_sum = reward_term_sum = value_term_sum = torch.zeros_like(next_value)
-    for t in reversed(range(num_steps)):
-        next_values = next_value if t == num_steps - 1 else values[t + 1]
-        not_done = 1.0 - dones[t]
-        real_next_values = not_done * next_values + bootstrap_values[t]
-        if finite_horizon:
-            lam_coef_sum = 1.0 + gae_lambda * not_done * lam_coef_sum
-            reward_term_sum = gae_lambda * gamma * not_done * reward_term_sum + lam_coef_sum * rewards[t]
-            value_term_sum = gae_lambda * gamma * not_done * value_term_sum + gamma * real_next_values
+    if finite_horizon:
+        lam_decay, decay = gae_lambda * not_dones, gae_lambda * gamma * not_dones
+        discounted_next_values = gamma * real_next_values
+        lam_coef_sum = reward_term_sum = value_term_sum = torch.zeros_like(next_value)
+        for t in reversed(range(rewards.shape[0])):
+            lam_coef_sum = 1.0 + lam_decay[t] * lam_coef_sum
+            reward_term_sum = decay[t] * reward_term_sum + lam_coef_sum * rewards[t]
+            value_term_sum = decay[t] * value_term_sum + discounted_next_values[t]
             advantages[t] = (reward_term_sum + value_term_sum) / lam_coef_sum - values[t]
-        else:
-            delta = rewards[t] + gamma * real_next_values - values[t]
-            last_gae = delta + gamma * gae_lambda * not_done * last_gae
-            advantages[t] = last_gae
+        return advantages
+    deltas = rewards + gamma * real_next_values - values
+    decay = gamma * gae_lambda * not_dones
+    last_gae = torch.zeros_like(next_value)
+    for t in reversed(range(rewards.shape[0])):
+        last_gae = deltas[t] + decay[t] * last_gae
+        advantages[t] = last_gae
     return advantages
 
 
@@ -374,6 +411,29 @@ def adapt_learning_rate(lr: float, approx_kl: float, args: Args) -> float:
     if approx_kl < 0.5 * args.kl_target:
         return min(args.max_learning_rate, lr * args.lr_factor)
     return lr
+
+
+def compile_unless_unavailable(fn, enabled: bool):
+    """torch.compile(fn) under --compile, else fn. Where compiling fails (the CPU backend needs a C++ compiler; some
+    Python versions have no torch.compile), one line says so and fn runs eagerly from then on."""
+    if not enabled:
+        return fn
+    # Random draws (the policy's sampling) come from torch's own generator, as in eager mode.
+    torch._inductor.config.fallback_random = True
+    compiled = None
+
+    def call(*args):
+        nonlocal compiled
+        if compiled is not fn:
+            try:
+                compiled = compiled or torch.compile(fn)
+                return compiled(*args)
+            except Exception as e:  # whatever compiling raised: an error of fn itself raises again below
+                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                print(f"\nwarning: --compile: torch.compile failed ({reason}); running eagerly", file=sys.stderr)
+                compiled = fn
+        return fn(*args)
+    return call
 
 
 # ---------------------------------------------------------------------------------------------
@@ -464,14 +524,37 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
     agents, num_agents = envs.agents, envs.num_agents
     agent = make_agent(args, envs).to(device)
     # Adam is elementwise, so each agent's slice of a stacked weight moves with that agent's gradients alone.
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    # foreach: one kernel for all parameters instead of one per parameter; on the CPU too, where torch's default
+    # is one per parameter. The same numbers.
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, foreach=True)
+    reward_normalizer = RewardNormalizer(args.num_envs, num_agents, args.gamma).to(device) if args.norm_reward else None
     global_step, start_iteration = 0, 0
     for state in (init_state, resume_state):
         if state is not None:
             load_weights(agent, state, args, envs)
+            if reward_normalizer is not None and state.get("reward_normalizer") is not None:
+                reward_normalizer.load_state_dict(state["reward_normalizer"])
     if num_ranks > 1:
         for tensor in agent.state_dict().values():  # each rank drew its own initial weights
             dist.broadcast(tensor, 0)
+
+    def minibatch_losses(obs, actions, old_logprobs, advantages, returns, old_values):
+        """Each agent's clipped surrogate, value and entropy terms of one minibatch; its log-ratios and ratios, detached."""
+        _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
+        logratio = newlogprob - old_logprobs
+        ratio = logratio.exp()
+        if args.norm_adv:
+            advantages = (advantages - advantages.mean(0)) / (advantages.std(0) + 1e-8)
+        pg_loss = torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)).mean(0)
+        if args.clip_vloss:
+            v_clipped = old_values + torch.clamp(newvalue - old_values, -args.clip_coef, args.clip_coef)
+            v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean(0)
+        else:
+            v_loss = 0.5 * ((newvalue - returns) ** 2).mean(0)
+        return (pg_loss, v_loss, entropy.mean(0)), logratio.detach(), ratio.detach()
+
+    policy_step = compile_unless_unavailable(agent.get_action_and_value, args.compile)
+    update_losses = compile_unless_unavailable(minibatch_losses, args.compile)
 
     if resume_state is not None:
         optimizer.load_state_dict(resume_state["optimizer"])
@@ -496,6 +579,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
             return None
         state = {"format": CHECKPOINT_FORMAT, "trainer": TRAINER, "run_name": run_name, "args": dataclasses.asdict(args),
                  "model": agent.state_dict(), "optimizer": optimizer.state_dict(), "agents": agents,
+                 "reward_normalizer": None if reward_normalizer is None else reward_normalizer.state_dict(),
                  "observation_space": observation_space, "action_space": action_space,
                  "global_step": global_step, "iteration": iteration, "world_size": num_ranks,
                  "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:]}
@@ -563,11 +647,14 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                     if agent.obs_normalizer is not None:
                         agent.obs_normalizer.update(gather_rows(next_obs))  # so that every rank normalizes alike
                     obs = agent.normalize_obs(next_obs)
-                    action, logprob, _, value = agent.get_action_and_value(obs)
+                    action, logprob, _, value = policy_step(obs)
                 obs_buf[step], actions[step], logprobs[step], values[step] = obs, action, logprob, value
                 next_obs, reward, terminated, truncated, final_obs, finished = envs.step(action)
+                done = terminated | truncated
+                if reward_normalizer is not None:
+                    reward = reward_normalizer(reward, done)
                 rewards[step] = reward * args.reward_scale
-                dones[step] = (terminated | truncated).float().unsqueeze(1)
+                dones[step] = done.float().unsqueeze(1)
                 if finished is not None:
                     if bootstrap_rule != "never":
                         with torch.no_grad():
@@ -597,9 +684,8 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                 permutation = torch.randperm(batch_size, device=device)
                 for start in range(0, batch_size, minibatch_size):
                     mb = permutation[start:start + minibatch_size]
-                    _, newlogprob, entropy, newvalue = agent.get_action_and_value(b_obs[mb], b_actions[mb])
-                    logratio = newlogprob - b_logprobs[mb]
-                    ratio = logratio.exp()
+                    minibatch_loss_terms, logratio, ratio = update_losses(
+                        b_obs[mb], b_actions[mb], b_logprobs[mb], b_advantages[mb], b_returns[mb], b_values[mb])
                     with torch.no_grad():
                         old_approx_kl, approx_kl = mean_over_ranks(torch.stack([(-logratio).mean(0),
                                                                                 ((ratio - 1) - logratio).mean(0)]))
@@ -610,19 +696,8 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                     if args.target_kl is not None and approx_kl.max() > args.target_kl:
                         kl_stop = True
                         break
+                    pg_loss, v_loss, entropy_loss = minibatch_loss_terms  # logs show the last minibatch that stepped
                     clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean(0))
-
-                    mb_advantages = b_advantages[mb]
-                    if args.norm_adv:
-                        mb_advantages = (mb_advantages - mb_advantages.mean(0)) / (mb_advantages.std(0) + 1e-8)
-                    pg_loss = torch.max(-mb_advantages * ratio,
-                                        -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)).mean(0)
-                    if args.clip_vloss:
-                        v_clipped = b_values[mb] + torch.clamp(newvalue - b_values[mb], -args.clip_coef, args.clip_coef)
-                        v_loss = 0.5 * torch.max((newvalue - b_returns[mb]) ** 2, (v_clipped - b_returns[mb]) ** 2).mean(0)
-                    else:
-                        v_loss = 0.5 * ((newvalue - b_returns[mb]) ** 2).mean(0)
-                    entropy_loss = entropy.mean(0)
                     loss = (pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef).sum()
 
                     optimizer.zero_grad()

@@ -270,9 +270,10 @@ class Agent(nn.Module):
         if action is None:
             with torch.no_grad():
                 action = torch.normal(mean, std)
-        log_std = std.log()
-        logprob = -((action - mean) ** 2) / (2 * std**2) - log_std - LOG_SQRT_2PI
-        entropy = NORMAL_ENTROPY_AT_UNIT_STD + log_std
+        # Two logs of std, as Normal takes: one shared log would add the entropy's gradient to the log-probability's
+        # before dividing by std, which rounds otherwise (with ent_coef > 0).
+        logprob = -((action - mean) ** 2) / (2 * std**2) - std.log() - LOG_SQRT_2PI
+        entropy = NORMAL_ENTROPY_AT_UNIT_STD + std.log()
         return action, logprob.sum(-1), entropy.sum(-1), self.get_value(obs)
 
 
@@ -486,7 +487,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
             v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
         else:
             v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
-        return pg_loss, v_loss, entropy.mean(), logratio.detach(), ratio.detach()
+        return (pg_loss, v_loss, entropy.mean()), logratio.detach(), ratio.detach()
 
     policy_step = compile_unless_unavailable(agent.get_action_and_value, args.compile)
     update_losses = compile_unless_unavailable(minibatch_losses, args.compile)
@@ -613,7 +614,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                 permutation = torch.randperm(batch_size, device=device)
                 for start in range(0, batch_size, minibatch_size):
                     mb = permutation[start:start + minibatch_size]
-                    pg_loss, v_loss, entropy_loss, logratio, ratio = update_losses(
+                    minibatch_loss_terms, logratio, ratio = update_losses(
                         b_obs[mb], b_actions[mb], b_logprobs[mb], b_advantages[mb], b_returns[mb], b_values[mb])
                     with torch.no_grad():
                         old_approx_kl, approx_kl = mean_over_ranks(torch.stack([(-logratio).mean(),
@@ -623,6 +624,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                     if args.target_kl is not None and approx_kl > args.target_kl:
                         kl_stop = True
                         break
+                    pg_loss, v_loss, entropy_loss = minibatch_loss_terms  # logs show the last minibatch that stepped
                     clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
                     loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
 

@@ -1,5 +1,5 @@
-"""ippo.py: agents that learn independently, GAE and bootstrapping per agent, VMAS and ManiSkill end to end,
-determinism, resume, non-finite guard, bad input."""
+"""ippo.py: agents that learn independently, GAE and bootstrapping per agent, reward normalization per agent, VMAS
+and ManiSkill end to end, determinism, resume, --compile, non-finite guard, bad input."""
 
 import importlib.util
 import signal
@@ -70,6 +70,66 @@ def test_shared_parameters_tell_agents_apart_by_their_id():
     no_ids = ippo.Agent(3, 4, BOX, norm_obs=False, hidden_sizes=(16,), share_parameters=True, state_index=None)
     no_ids.agent_ids.zero_()  # without the id, one network gives identical agents identical outputs
     assert torch.equal(no_ids.get_value(obs)[:, 0], no_ids.get_value(obs)[:, 1])
+
+
+@pytest.mark.parametrize("share_parameters", [False, True], ids=["own-networks", "shared-network"])
+def test_written_out_normal_gives_torch_distributions_numbers(share_parameters):
+    """Sample, log-probability and entropy of every agent's Gaussian, bit for bit torch.distributions.Normal's
+    (summed over the action dimension, one per agent), each agent with its own log-std."""
+    torch.manual_seed(0)
+    agent = ippo.Agent(3, 5, {**BOX, "shape": [4]}, norm_obs=False, hidden_sizes=(16,), share_parameters=share_parameters,
+                       state_index=None)
+    with torch.no_grad():
+        agent.actor_logstd.copy_(torch.randn_like(agent.actor_logstd))
+    obs = torch.randn(32, 3, 5)
+    torch.manual_seed(1)
+    action, logprob, entropy, value = agent.get_action_and_value(obs)
+    mean = agent.run(agent.actor, obs)
+    dist = torch.distributions.Normal(mean, agent.actor_logstd.expand_as(mean).exp())
+    torch.manual_seed(1)
+    assert torch.equal(action, dist.sample()) and action.shape == (32, 3, 4)
+    assert torch.equal(logprob, dist.log_prob(action).sum(-1)) and logprob.shape == (32, 3)
+    assert torch.equal(entropy, dist.entropy().sum(-1)) and entropy.shape == (32, 3)
+    assert torch.equal(value, agent.get_value(obs))
+    torch.manual_seed(1)
+    assert torch.equal(agent.get_action(obs), action)
+
+    def gradients(logprob, entropy):  # of a loss with an entropy bonus
+        agent.zero_grad()
+        (logprob.mean() - 0.01 * entropy.mean()).backward()
+        return [p.grad.clone() for p in (agent.actor_logstd, *agent.actor.parameters())]
+
+    # the same gradients as well
+    mean = agent.run(agent.actor, obs)
+    dist = torch.distributions.Normal(mean, agent.actor_logstd.expand_as(mean).exp())
+    want = gradients(dist.log_prob(action).sum(-1), dist.entropy().sum(-1))
+    _, logprob, entropy, _ = agent.get_action_and_value(obs, action)
+    got = gradients(logprob, entropy)
+    assert all(torch.equal(g, w) for g, w in zip(got, want)) and agent.actor_logstd.grad.abs().min() > 0
+
+
+def test_reward_normalizer_scales_each_agent_by_its_own_returns():
+    """Agent i's rewards divided by the std of every discounted return of agent i seen so far, whatever the other
+    agents' reward scale; the returns restart after their env's episode ends."""
+    rng = np.random.default_rng(0)
+    steps, num_envs, num_agents, gamma = 60, 3, 2, 0.9
+    rewards = rng.normal(2.0, 5.0, size=(steps, num_envs, num_agents)) * np.array([1.0, 100.0])
+    dones = rng.random((steps, num_envs)) < 0.1
+    assert dones.any()
+    normalizer = ippo.RewardNormalizer(num_envs, num_agents, gamma)
+    returns_seen, discounted = [], np.zeros((num_envs, num_agents))
+    for t in range(steps):
+        discounted = gamma * discounted + rewards[t]
+        returns_seen.append(discounted.copy())
+        want = np.clip(rewards[t] / np.concatenate(returns_seen).std(0), -10, 10)
+        got = normalizer(torch.as_tensor(rewards[t], dtype=torch.float32), torch.as_tensor(dones[t]))
+        assert got.dtype == torch.float32 and got.shape == (num_envs, num_agents)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-3)
+        discounted[dones[t]] = 0.0
+    # equal first returns have no spread yet: the scaled reward is clipped
+    first = ippo.RewardNormalizer(num_envs, num_agents, gamma)(torch.ones(num_envs, num_agents),
+                                                              torch.zeros(num_envs, dtype=torch.bool))
+    assert first.tolist() == [[10.0, 10.0]] * num_envs
 
 
 @pytest.mark.parametrize("finite_horizon", [False, True])
@@ -180,8 +240,10 @@ def test_checkpoint_rebuilds_every_agent_and_refuses_another_network(tmp_path):
 
 
 def test_sigterm_then_resume_equals_uninterrupted_run(tmp_path):
-    """Clock's resets ignore the random stream and 16-step rollouts end on its episode boundaries."""
-    argv = dict(total_timesteps=32 * 150, eval_freq=10, norm_obs=True, lr_schedule="linear", max_episode_steps=16)
+    """Clock's resets ignore the random stream and 16-step rollouts end on its episode boundaries; the linear lr
+    schedule, observation and reward normalization and RNG streams all continue exactly."""
+    argv = dict(total_timesteps=32 * 150, eval_freq=10, norm_obs=True, norm_reward=True, lr_schedule="linear",
+                max_episode_steps=16)
     full = run_script("ippo.py", fast_args(CLOCK, "full", **argv), tmp_path)
     assert full.returncode == 0, full.stderr
     proc = start_script("ippo.py", fast_args(CLOCK, "cut", **argv), tmp_path)
@@ -200,8 +262,33 @@ def test_sigterm_then_resume_equals_uninterrupted_run(tmp_path):
     assert a["global_step"] == b["global_step"] == 32 * 150
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
+    # the statistics of every step's returns, not of the resumed part's alone; one per agent
+    for key in ("return_rms.mean", "return_rms.var", "return_rms.count"):
+        assert torch.equal(a["reward_normalizer"][key], b["reward_normalizer"][key]), key
+    assert b["reward_normalizer"]["return_rms.count"] > 32 * 150 and b["reward_normalizer"]["return_rms.var"].shape == (2,)
     steps = [step for step, _ in scalars(run)["losses/agent_0/value_loss"]]
     assert steps == list(range(32, 32 * 151, 32))
+
+
+def test_compile_stays_close_to_eager_and_falls_back_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = dict(total_timesteps=32 * 2, eval_freq=2, max_episode_steps=8)
+    assert ippo.cli(fast_args(CLOCK, "eager", **argv)) == 0
+    assert ippo.cli(fast_args(CLOCK, "compiled", compile=True, **argv)) == 0
+    assert "warning" not in capsys.readouterr().err
+    eager, compiled = scalars(tmp_path / "runs/eager"), scalars(tmp_path / "runs/compiled")
+    for tag in ("losses/agent_0/policy_loss", "losses/agent_1/policy_loss", "losses/agent_0/value_loss",
+                "losses/agent_1/value_loss", "eval/return"):
+        assert [v for _, v in compiled[tag]] == pytest.approx([v for _, v in eager[tag]], rel=1e-3, abs=1e-5), tag
+
+    def unavailable(fn, **kwargs):
+        raise RuntimeError("no C++ compiler found\nmore detail")
+
+    monkeypatch.setattr(torch, "compile", unavailable)
+    assert ippo.cli(fast_args(CLOCK, "fallback", compile=True, **argv)) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning")]
+    assert warnings == ["warning: --compile: torch.compile failed (no C++ compiler found); running eagerly"] * 2
+    assert_same_numbers(tmp_path / "runs/eager", tmp_path / "runs/fallback", tags={"losses/agent_0/policy_loss", "eval/return"})
 
 
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path):

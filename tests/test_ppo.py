@@ -35,6 +35,30 @@ def test_target_kl_stops_the_update(tmp_path):
     assert all(v <= 1.0 for _, v in scalars(tmp_path / "runs/kl")["losses/minibatch_steps"])
 
 
+@pytest.mark.parametrize("trainer", [ppo, ppo_rnn], ids=["ppo", "ppo_rnn"])
+def test_a_kl_stop_logs_the_losses_of_the_last_minibatch_that_stepped(tmp_path, monkeypatch, trainer):
+    """Here the update stops after one or two of its 8 minibatches: the logs show the last one that stepped."""
+    policy_losses = []
+
+    def recording(fn, enabled):
+        def call(*args):
+            result = fn(*args)
+            if isinstance(result[0], tuple):  # the update's losses, not the rollout's policy step
+                policy_losses.append(result[0][0].item())
+            return result
+        return call
+
+    monkeypatch.setattr(trainer, "compile_unless_unavailable", recording)
+    monkeypatch.chdir(tmp_path)
+    argv = fast_args("Pendulum-v1", "kl", total_timesteps=32, ent_coef=0.01, learning_rate=3e-3, target_kl=0.003,
+                     update_epochs=4, save_model=False, **({"seq_len": 8} if trainer is ppo_rnn else {}))
+    assert trainer.cli(argv) == 0
+    tags = scalars(tmp_path / "runs/kl")
+    [(_, steps)] = tags["losses/minibatch_steps"]
+    assert 1 <= steps < 8 and len(policy_losses) == steps + 1  # the last minibatch computed stopped the update
+    assert tags["losses/policy_loss"][0][1] == pytest.approx(policy_losses[-2], rel=1e-6) != policy_losses[-1]
+
+
 def test_same_seed_same_numbers(tmp_path):
     argv = dict(norm_obs=True, total_timesteps=32 * 4, lr_schedule="adaptive")
     for name in ("a", "b"):
