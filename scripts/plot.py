@@ -122,20 +122,30 @@ def plot(run_dirs: list[Path], metrics: list[str], pattern: str, out_dir: Path) 
     return written
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def run_dirs_parser(doc: str) -> argparse.ArgumentParser:
+    """The arguments plot.py and summarize.py share: run directories, metrics and how runs are grouped."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (runs/NAME)")
-    parser.add_argument("--metrics", nargs="+", default=["eval/return"], help="TensorBoard scalar tags to plot")
-    parser.add_argument("--group", default=DEFAULT_GROUP, help="regular expression naming a run's curve")
-    parser.add_argument("--out", type=Path, default=Path("plots"), help="directory for the PNG files")
-    options = parser.parse_args(argv)
+    parser.add_argument("--metrics", nargs="+", default=["eval/return"], help="TensorBoard scalar tags")
+    parser.add_argument("--group", default=DEFAULT_GROUP, help="regular expression naming a run's curve or row")
+    return parser
+
+
+def report_user_errors(work) -> int:
+    """Run work(); a UserError becomes one error line and exit status 2."""
     try:
-        for path in plot(options.runs, options.metrics, options.group, options.out):
-            print(path)
+        work()
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = run_dirs_parser(__doc__)
+    parser.add_argument("--out", type=Path, default=Path("plots"), help="directory for the PNG files")
+    options = parser.parse_args(argv)
+    return report_user_errors(lambda: print(*plot(options.runs, options.metrics, options.group, options.out), sep="\n"))
 
 
 if __name__ == "__main__":

@@ -9,14 +9,13 @@ of a run; std is over the group's runs (numpy's default, ddof=0, as CleanRL's be
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plot import DEFAULT_GROUP, UserError, group_runs, read_scalars  # noqa: E402
+from plot import group_runs, read_scalars, report_user_errors, run_dirs_parser  # noqa: E402
 
 
 def table(run_dirs: list[Path], metrics: list[str], pattern: str) -> str:
@@ -41,17 +40,8 @@ def table(run_dirs: list[Path], metrics: list[str], pattern: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="+", type=Path, help="run directories (runs/NAME)")
-    parser.add_argument("--metrics", nargs="+", default=["eval/return"], help="TensorBoard scalar tags")
-    parser.add_argument("--group", default=DEFAULT_GROUP, help="regular expression naming a run's row (see plot.py)")
-    options = parser.parse_args(argv)
-    try:
-        print(table(options.runs, options.metrics, options.group))
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    options = run_dirs_parser(__doc__).parse_args(argv)
+    return report_user_errors(lambda: print(table(options.runs, options.metrics, options.group)))
 
 
 if __name__ == "__main__":
