@@ -39,5 +39,11 @@ for task in HalfCheetah-v5 Hopper-v5 Walker2d-v5; do
   all_runs+=("${runs[@]}")
   "$python" "$repo/scripts/plot.py" "${runs[@]}" --metrics eval/return --out "$out/$task" >/dev/null
 done
-"$python" "$repo/scripts/summarize.py" "${all_runs[@]}" --metrics eval/return charts/SPS > "$out/table.md"
+{
+  echo "ppo.py on MuJoCo v5, $(date -u +%Y-%m-%d), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), $jobs runs at a time"
+  echo "seeds: $seeds; command: ppo.py ${settings[*]} --total_timesteps $steps --env_id <task> --seed <seed>"
+  echo "eval/return: the mean return of 4 episodes of the deterministic policy at the last evaluation"
+  echo
+  "$python" "$repo/scripts/summarize.py" "${all_runs[@]}" --metrics eval/return charts/SPS
+} > "$out/table.md"
 cat "$out/table.md"

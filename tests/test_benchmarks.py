@@ -16,8 +16,9 @@ def test_mujoco_benchmark_writes_its_table_and_plots(tmp_path):
                  {"OUT": str(tmp_path / "out"), "PYTHON": sys.executable})
     assert result.returncode == 0, result.stderr[-3000:]
     table = (tmp_path / "out/table.md").read_text().splitlines()
-    assert table[0].startswith("| runs | n | eval/return (final) | charts/SPS (final) |")
-    assert [row.split(" | ")[0] for row in table[2:]] == [f"| mujoco__env_id={task}" for task in
+    assert table[1].startswith("seeds: 1; command: ppo.py --hidden_sizes 64 64 ")
+    assert table[4].startswith("| runs | n | eval/return (final) | charts/SPS (final) |")
+    assert [row.split(" | ")[0] for row in table[6:]] == [f"| mujoco__env_id={task}" for task in
                                                            ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")]
     for task in ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5"):
         assert (tmp_path / "out" / task / "eval_return.png").stat().st_size > 10_000
