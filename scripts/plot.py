@@ -7,7 +7,8 @@
 Runs are grouped into curves by name: --group is a regular expression whose first group (else whole match) names
 the curve; by default a trailing seed is dropped from the run name (`__seed3` as scripts/sweep.sh names runs, or
 the trainers' default `__{seed}__{unix time}`). Each run's curve is interpolated onto the steps (or seconds) of the
-group's shortest run; the band is the 95% Student-t interval of the mean across the group's runs.
+group's shortest run; the band is the 95% Student-t interval of the mean across the group's runs, and each run
+is drawn thin. The y-axis spans the runs' values (the band of two or three seeds can reach far beyond them).
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def plot(run_dirs: list[Path], metrics: list[str], pattern: str, out_dir: Path) 
     written = []
     for metric in metrics:
         figure, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-        plotted = 0
+        plotted, low, high = 0, np.inf, -np.inf
         for name, runs in groups.items():
             series = [read_scalars(run, metric) for run in runs]
             series = [s for s in series if len(s[0]) > 0]
@@ -101,15 +102,22 @@ def plot(run_dirs: list[Path], metrics: list[str], pattern: str, out_dir: Path) 
             plotted += 1
             label = f"{name} ({len(series)} run{'s' if len(series) > 1 else ''})"
             for axis, index, scale in ((by_step, 0, 1.0), (by_time, 1, 60.0)):
-                x, mean, half_width = group_curve([(s[index] / scale, s[2]) for s in series])
+                curves = [(s[index] / scale, s[2]) for s in series]
+                x, mean, half_width = group_curve(curves)
                 line, = axis.plot(x, mean, label=label)
                 axis.fill_between(x, mean - half_width, mean + half_width, color=line.get_color(), alpha=0.2)
+                for run_x, run_y in curves:  # each run thin: with few seeds the t-interval is wide
+                    axis.plot(run_x, run_y, color=line.get_color(), linewidth=0.6, alpha=0.5)
+            values = np.concatenate([s[2] for s in series])
+            low, high = min(low, values.min()), max(high, values.max())
         if plotted == 0:
             plt.close(figure)
             raise UserError(f"no run logged {metric!r}; the metrics are tags such as eval/return or charts/SPS")
         by_step.set_xlabel("global step")
         by_time.set_xlabel("wall time (minutes)")
         by_step.set_ylabel(metric)
+        margin = 0.1 * (high - low) or 1.0
+        by_step.set_ylim(low - margin, high + margin)  # the runs' range, not the band's, which few seeds widen a lot
         by_step.legend(fontsize="small")
         for axis in (by_step, by_time):
             axis.grid(alpha=0.3)
