@@ -28,7 +28,8 @@ sys.path.insert(0, str(REPO))
 
 from tests.util import scalars  # noqa: E402
 
-CLEANRL_SETTINGS = ["--num_envs", "1", "--num_steps", "2048", "--num_minibatches", "32", "--update_epochs", "10",
+NUM_STEPS = 2048  # per rollout, of the one env
+CLEANRL_SETTINGS = ["--num_envs", "1", "--num_steps", str(NUM_STEPS), "--num_minibatches", "32", "--update_epochs", "10",
                     "--gamma", "0.99", "--gae_lambda", "0.95", "--norm_obs", "--norm_reward", "--clip_vloss",
                     "--lr_schedule", "linear", "--target_kl", "None", "--ent_coef", "0"]
 VARIANTS = {
@@ -65,7 +66,7 @@ def ppo_speed(env_id: str, total_timesteps: int, flags: list[str]) -> tuple[floa
     later = slice(1, None) if len(tags["time/rollout_time"]) > 1 else slice(None)
     rollout = [v for _, v in tags["time/rollout_time"]][later]
     update = [v for _, v in tags["time/update_time"]][later]
-    return tags["charts/SPS"][-1][1], 2048 * len(rollout) / sum(rollout), float(np.mean(update))
+    return tags["charts/SPS"][-1][1], NUM_STEPS * len(rollout) / sum(rollout), float(np.mean(update))
 
 
 def cleanrl_speed(script: Path, env_id: str, total_timesteps: int) -> float:
