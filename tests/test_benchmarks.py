@@ -34,8 +34,63 @@ def test_speed_benchmark_prints_its_table(tmp_path):
     assert lines[-1].startswith("| ppo.py | 64 64 | ")
 
 
-def test_pushcube_throughput_benchmark_prints_its_table(tmp_path):
-    result = run([sys.executable, str(REPO / "benchmarks/sps_pushcube.py"), "--num_envs", "1", "--steps", "20",
-                  "--iterations", "2"], tmp_path)
+def test_throughput_benchmark_prints_its_table(tmp_path):
+    result = run([sys.executable, str(REPO / "benchmarks/throughput.py"), "--runs", "PushCube-v1:1", "Pendulum-v1:2",
+                  "--steps", "20", "--iterations", "2"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.strip().splitlines()[-1].startswith("| 1 | ")
+    rows = [line.strip("| ").split(" | ") for line in result.stdout.strip().splitlines()[2:]]
+    assert [row[:2] for row in rows] == [["PushCube-v1", "1"], ["Pendulum-v1", "2"]]
+    for row in rows:  # rollout and training rates, each with its ratio to random stepping
+        random_rate, (rollout, rollout_ratio), (training, training_ratio) = float(row[2]), row[3].split(), row[4].split()
+        assert abs(float(rollout) / random_rate - float(rollout_ratio.strip("()"))) < 0.01
+        assert 0 < float(training) / random_rate < float(rollout) / random_rate + 0.01
+        assert abs(float(training) / random_rate - float(training_ratio.strip("()"))) < 0.01
+
+
+def test_throughput_benchmark_rejects_a_malformed_run(tmp_path):
+    result = run([sys.executable, str(REPO / "benchmarks/throughput.py"), "--runs", "PushCube-v1"], tmp_path)
+    assert result.returncode == 2 and "is not ENV_ID:NUM_ENVS" in result.stderr.strip().splitlines()[-1]
+
+
+def test_recurrent_benchmark_writes_its_table_and_plots(tmp_path):
+    result = run([sys.executable, str(REPO / "benchmarks/rnn_pomdp.py"), "--tasks", "cartpole", "--seeds", "1", "2",
+                  "--total_timesteps", "2048", "--out", str(tmp_path / "out")], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = (tmp_path / "out/table.md").read_text().splitlines()
+    assert "--total_timesteps 2048" in table[1] and table[1].endswith("--seed SEED")
+    assert [row.split(" | ")[:2] for row in table[-2:]] == [["| cartpole", "1"], ["| cartpole", "2"]]
+    assert (tmp_path / "out/cartpole/eval_return.png").stat().st_size > 10_000
+    assert len(list((tmp_path / "runs").glob("cartpole_s*/final_ckpt.pt"))) == 2
+
+
+def test_multi_agent_benchmark_writes_its_table_and_plots(tmp_path):
+    result = run([sys.executable, str(REPO / "benchmarks/vmas_navigation.py"), "--variants", "ippo", "shared",
+                  "--seeds", "1", "--frames", "6000", "--out", str(tmp_path / "out")], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = (tmp_path / "out/table.md").read_text().splitlines()
+    assert table[1].startswith("command: python ippo.py --env_id vmas:navigation ")
+    assert [row.split(" | ")[:2] for row in table[-2:]] == [["| ippo", "1"], ["| shared", "1"]]
+    assert (tmp_path / "out/eval_return.png").stat().st_size > 10_000
+
+
+def test_pushcube_benchmark_writes_its_table_and_plots(tmp_path):
+    result = run(["bash", str(REPO / "benchmarks/learn_pushcube_cpu.sh"), "400", "2"], tmp_path,
+                 {"OUT": str(tmp_path / "out"), "PYTHON": sys.executable})
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = (tmp_path / "out/table.md").read_text().splitlines()
+    assert table[1].startswith("seeds: 2; command: ppo.py --env_id=PushCube-v1 --num_envs=4 ")
+    assert [line.split(" | ")[:2] for line in table if line.startswith("| pushcube")] == [
+        ["| pushcube_cpu", "1"], ["| pushcube_cpu__seed2", "1"]]  # the mean over seeds, then each run
+    for metric in ("eval_success_once", "eval_return"):
+        assert (tmp_path / "out" / f"{metric}.png").stat().st_size > 10_000
+    assert (tmp_path / "runs/pushcube_cpu__seed2/final_ckpt.pt").exists()
+
+
+def test_memory_benchmark_prints_its_tenths(tmp_path):
+    result = run([sys.executable, str(REPO / "benchmarks/rss.py"), "--", "--env_id", "CartPole-v1", "--num_envs", "1",
+                  "--num_steps", "16", "--num_minibatches", "1", "--update_epochs", "1", "--total_timesteps", "6400",
+                  "--eval_freq", "1000", "--no_capture_video"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert [line.split(" | ")[0] for line in lines[3:13]] == [f"| {k}" for k in range(1, 11)]
+    assert lines[-1].startswith("last tenth over first: ")

@@ -37,6 +37,14 @@ def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(s.step, s.value) for s in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
+def machine() -> str:
+    """This machine as benchmark tables name it: its cores and its CPU's model name."""
+    cpuinfo = Path("/proc/cpuinfo")
+    models = [line.split(":", 1)[1].strip() for line in (cpuinfo.read_text().splitlines() if cpuinfo.exists() else [])
+              if line.startswith("model name")]
+    return f"{os.cpu_count()} cores ({models[0] if models else 'CPU model unknown'})"
+
+
 def load(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
