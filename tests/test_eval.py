@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import pickle
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -196,8 +197,9 @@ def test_bad_checkpoints_are_one_clear_line(tmp_path):
         (["runs/ids", "--max_episode_steps", "0"], "--max_episode_steps must be positive"),
         (["runs/ids", "--output", "runs"], "is a directory"),
     ]
-    for argv, mentions in cases:
-        result = run_script("ppo_eval.py", argv, tmp_path, timeout=120)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # independent processes: two at a time, one per core
+        results = list(pool.map(lambda case: run_script("ppo_eval.py", case[0], tmp_path, timeout=120), cases))
+    for (argv, mentions), result in zip(cases, results):
         assert result.returncode == 2, (argv, result.stderr)
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and mentions in lines[0], (argv, result.stderr)
