@@ -283,12 +283,13 @@ class RewardNormalizer(nn.Module):
 
     @torch.inference_mode()
     def forward(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
-        xp, reward, done, discounted_return = numpy_on_cpu(reward, done, self.discounted_return)
+        xp, reward, done, discounted_return, return_var = numpy_on_cpu(reward, done, self.discounted_return,
+                                                                        self.return_rms.var)
         discounted_return *= self.gamma
         discounted_return += reward
         self.return_rms.update(gather_rows(self.discounted_return[:, None]))  # so that every rank scales alike
         discounted_return[...] = xp.where(done, 0.0, discounted_return)
-        scaled = xp.clip(reward / xp.sqrt(numpy_on_cpu(self.return_rms.var)[1] + 1e-8), -self.clip, self.clip)
+        scaled = xp.clip(reward / xp.sqrt(return_var + 1e-8), -self.clip, self.clip)  # the variance just updated
         return torch.as_tensor(xp.asarray(scaled, dtype=xp.float32))
 
 
