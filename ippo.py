@@ -54,9 +54,10 @@ CHECKPOINT_FORMAT = 2
 TRAINER = "ippo"
 CPU_WORKERS_PER_CORE = 4
 # The flags that shape the network: a checkpoint's weights fit only a network built with the same.
-NETWORK_FIELDS = ("norm_obs", "hidden_sizes", "share_parameters", "centralized_critic", "agent_obs")
+NETWORK_FIELDS = ("norm_obs", "hidden_sizes", "activation", "share_parameters", "centralized_critic", "agent_obs")
 LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
 NORMAL_ENTROPY_AT_UNIT_STD = 0.5 + 0.5 * math.log(2 * math.pi)
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
 @dataclass
@@ -125,7 +126,11 @@ class Args:
     norm_reward: bool = False
     """divide each agent's rewards by a running std of its discounted return, clipped to +-10 (as SB3's VecNormalize and CleanRL's MuJoCo script, one per agent; statistics saved in checkpoints)"""
     hidden_sizes: tuple[int, ...] = (256, 256, 256)
-    """widths of the hidden tanh layers of every actor and critic"""
+    """widths of the hidden layers of every actor and critic"""
+    activation: Literal["tanh", "relu"] = "tanh"
+    """the hidden layers' nonlinearity"""
+    log_std_init: float = -0.5
+    """the Gaussian policy's initial log standard deviation, for continuous actions (CleanRL: 0, rl-baselines3-zoo's MuJoCo settings: -2)"""
     share_parameters: bool = False
     """one actor and one critic for all agents, each agent's inputs tagged with a one-hot agent id"""
     centralized_critic: bool = False
@@ -204,10 +209,11 @@ class AgentLinear(nn.Module):
         return torch.matmul(x, self.weight) + self.bias
 
 
-def mlp(num_nets: int, in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float) -> nn.Sequential:
+def mlp(num_nets: int, in_dim: int, hidden_sizes: tuple[int, ...], activation: str, out_dim: int,
+        out_std: float) -> nn.Sequential:
     layers, width = [], in_dim
     for size in hidden_sizes:
-        layers += [AgentLinear(num_nets, width, size), nn.Tanh()]
+        layers += [AgentLinear(num_nets, width, size), ACTIVATIONS[activation]()]
         width = size
     return nn.Sequential(*layers, AgentLinear(num_nets, width, out_dim, std=out_std))
 
@@ -286,7 +292,7 @@ class Agent(nn.Module):
     """
 
     def __init__(self, num_agents: int, obs_dim: int, action_space: dict, norm_obs: bool, hidden_sizes: tuple[int, ...],
-                 share_parameters: bool, state_index: Optional[torch.Tensor]):
+                 activation: str, log_std_init: float, share_parameters: bool, state_index: Optional[torch.Tensor]):
         super().__init__()
         self.num_agents = num_agents
         num_nets = 1 if share_parameters else num_agents
@@ -297,13 +303,13 @@ class Agent(nn.Module):
         self.register_buffer("state_index", state_index)
         id_dim = self.agent_ids.shape[1]
         critic_in = obs_dim if state_index is None else len(state_index)
-        self.critic = mlp(num_nets, critic_in + id_dim, hidden_sizes, 1, out_std=1.0)
+        self.critic = mlp(num_nets, critic_in + id_dim, hidden_sizes, activation, 1, out_std=1.0)
         if self.discrete:
-            self.actor = mlp(num_nets, obs_dim + id_dim, hidden_sizes, action_space["n"], out_std=0.01)
+            self.actor = mlp(num_nets, obs_dim + id_dim, hidden_sizes, activation, action_space["n"], out_std=0.01)
         else:
             action_dim = action_space["shape"][0]
-            self.actor = mlp(num_nets, obs_dim + id_dim, hidden_sizes, action_dim, out_std=0.01 * np.sqrt(2))
-            self.actor_logstd = nn.Parameter(torch.ones(num_nets, action_dim) * -0.5)
+            self.actor = mlp(num_nets, obs_dim + id_dim, hidden_sizes, activation, action_dim, out_std=0.01 * np.sqrt(2))
+            self.actor_logstd = nn.Parameter(torch.ones(num_nets, action_dim) * log_std_init)
 
     def normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
         return obs if self.obs_normalizer is None else self.obs_normalizer(obs)
@@ -345,7 +351,8 @@ class Agent(nn.Module):
 
 def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
     return Agent(envs.num_agents, envs.obs_dim, space_to_dict(envs.single_action_space), args.norm_obs, args.hidden_sizes,
-                 args.share_parameters, envs.state_index if args.centralized_critic else None)
+                 args.activation, args.log_std_init, args.share_parameters,
+                 envs.state_index if args.centralized_critic else None)
 
 
 def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
@@ -1013,6 +1020,7 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     require(args.target_kl is None or args.target_kl > 0, "target_kl", "positive (or None: never stop early)")
     require(finite(args.gamma) and 0.0 < args.gamma <= 1.0, "gamma", "in (0, 1]")
     require(finite(args.gae_lambda) and 0.0 <= args.gae_lambda <= 1.0, "gae_lambda", "in [0, 1]")
+    require(finite(args.log_std_init), "log_std_init", "a finite number")
     if args.anneal_lr and args.lr_schedule not in ("constant", "linear"):
         raise UserError(f"--anneal_lr means --lr_schedule=linear and conflicts with --lr_schedule={args.lr_schedule}")
     if args.anneal_lr:

@@ -50,9 +50,10 @@ CHECKPOINT_FORMAT = 2
 TRAINER = "ppo"
 CPU_WORKERS_PER_CORE = 4
 # The flags that shape the network: a checkpoint's weights fit only a network built with the same.
-NETWORK_FIELDS = ("norm_obs", "hidden_sizes")
+NETWORK_FIELDS = ("norm_obs", "hidden_sizes", "activation")
 LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
 NORMAL_ENTROPY_AT_UNIT_STD = 0.5 + 0.5 * math.log(2 * math.pi)
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
 @dataclass
@@ -119,7 +120,11 @@ class Args:
     norm_reward: bool = False
     """divide rewards by a running std of the discounted return, clipped to +-10 (as SB3's VecNormalize and CleanRL's MuJoCo script; statistics saved in checkpoints)"""
     hidden_sizes: tuple[int, ...] = (256, 256, 256)
-    """widths of the hidden tanh layers of the actor and of the critic (CleanRL's MuJoCo networks: 64 64)"""
+    """widths of the hidden layers of the actor and of the critic (CleanRL's MuJoCo networks: 64 64)"""
+    activation: Literal["tanh", "relu"] = "tanh"
+    """the hidden layers' nonlinearity (rl-baselines3-zoo's MuJoCo networks: relu)"""
+    log_std_init: float = -0.5
+    """the Gaussian policy's initial log standard deviation, for continuous actions (CleanRL: 0, rl-baselines3-zoo's MuJoCo settings: -2)"""
     bootstrap_at_done: Literal["auto", "always", "truncated", "never"] = "auto"
     """which finished episodes bootstrap from V(final obs): always (ManiSkill's rule), truncated (terminations are terminal), never. auto = always for ManiSkill tasks, truncated otherwise"""
 
@@ -181,10 +186,10 @@ def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.
     return layer
 
 
-def mlp(in_dim: int, hidden_sizes: tuple[int, ...], out_dim: int, out_std: float) -> nn.Sequential:
+def mlp(in_dim: int, hidden_sizes: tuple[int, ...], activation: str, out_dim: int, out_std: float) -> nn.Sequential:
     layers, width = [], in_dim
     for size in hidden_sizes:
-        layers += [layer_init(nn.Linear(width, size)), nn.Tanh()]
+        layers += [layer_init(nn.Linear(width, size)), ACTIVATIONS[activation]()]
         width = size
     return nn.Sequential(*layers, layer_init(nn.Linear(width, out_dim), std=out_std))
 
@@ -250,17 +255,18 @@ class RewardNormalizer(nn.Module):
 
 
 class Agent(nn.Module):
-    def __init__(self, obs_dim: int, action_space: dict, norm_obs: bool, hidden_sizes: tuple[int, ...]):
+    def __init__(self, obs_dim: int, action_space: dict, norm_obs: bool, hidden_sizes: tuple[int, ...], activation: str,
+                 log_std_init: float):
         super().__init__()
         self.discrete = action_space["type"] == "Discrete"
         self.obs_normalizer = RunningMeanStd(obs_dim) if norm_obs else None
-        self.critic = mlp(obs_dim, hidden_sizes, 1, out_std=1.0)
+        self.critic = mlp(obs_dim, hidden_sizes, activation, 1, out_std=1.0)
         if self.discrete:
-            self.actor = mlp(obs_dim, hidden_sizes, action_space["n"], out_std=0.01)
+            self.actor = mlp(obs_dim, hidden_sizes, activation, action_space["n"], out_std=0.01)
         else:
             action_dim = action_space["shape"][0]
-            self.actor = mlp(obs_dim, hidden_sizes, action_dim, out_std=0.01 * np.sqrt(2))
-            self.actor_logstd = nn.Parameter(torch.ones(1, action_dim) * -0.5)
+            self.actor = mlp(obs_dim, hidden_sizes, activation, action_dim, out_std=0.01 * np.sqrt(2))
+            self.actor_logstd = nn.Parameter(torch.ones(1, action_dim) * log_std_init)
 
     def normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
         return obs if self.obs_normalizer is None else self.obs_normalizer(obs)
@@ -295,7 +301,8 @@ class Agent(nn.Module):
 
 
 def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
-    return Agent(envs.obs_dim, space_to_dict(envs.single_action_space), args.norm_obs, args.hidden_sizes)
+    return Agent(envs.obs_dim, space_to_dict(envs.single_action_space), args.norm_obs, args.hidden_sizes, args.activation,
+                 args.log_std_init)
 
 
 def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
@@ -931,6 +938,7 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     require(finite(args.gamma) and 0.0 < args.gamma <= 1.0, "gamma", "in (0, 1]")
     require(all(size >= 1 for size in args.hidden_sizes), "hidden_sizes", "positive widths")
     require(finite(args.gae_lambda) and 0.0 <= args.gae_lambda <= 1.0, "gae_lambda", "in [0, 1]")
+    require(finite(args.log_std_init), "log_std_init", "a finite number")
     if args.anneal_lr and args.lr_schedule not in ("constant", "linear"):
         raise UserError(f"--anneal_lr means --lr_schedule=linear and conflicts with --lr_schedule={args.lr_schedule}")
     if args.anneal_lr:

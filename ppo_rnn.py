@@ -52,9 +52,10 @@ CHECKPOINT_FORMAT = 2
 TRAINER = "ppo_rnn"
 CPU_WORKERS_PER_CORE = 4
 # The flags that shape the network: a checkpoint's weights fit only a network built with the same.
-NETWORK_FIELDS = ("norm_obs", "rnn_type", "rnn_hidden_size", "rnn_num_layers", "shared_rnn")
+NETWORK_FIELDS = ("norm_obs", "activation", "rnn_type", "rnn_hidden_size", "rnn_num_layers", "shared_rnn")
 LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
 NORMAL_ENTROPY_AT_UNIT_STD = 0.5 + 0.5 * math.log(2 * math.pi)
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
 @dataclass
@@ -120,6 +121,10 @@ class Args:
     """normalize observations with running mean/std (float64 statistics, saved in checkpoints)"""
     norm_reward: bool = False
     """divide rewards by a running std of the discounted return, clipped to +-10 (as SB3's VecNormalize and CleanRL's MuJoCo script; statistics saved in checkpoints)"""
+    activation: Literal["tanh", "relu"] = "tanh"
+    """the encoder's nonlinearity"""
+    log_std_init: float = -0.5
+    """the Gaussian policy's initial log standard deviation, for continuous actions (CleanRL: 0, rl-baselines3-zoo's MuJoCo settings: -2)"""
     bootstrap_at_done: Literal["auto", "always", "truncated", "never"] = "auto"
     """which finished episodes bootstrap from V(final obs): always (ManiSkill's rule), truncated (terminations are terminal), never. auto = always for ManiSkill tasks, truncated otherwise"""
 
@@ -193,16 +198,16 @@ def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.
 
 
 class RecurrentCore(nn.Module):
-    """A two-layer tanh MLP encoder, then stacked LSTM or GRU layers whose state is zeroed where an episode starts,
+    """A two-layer MLP encoder, then stacked LSTM or GRU layers whose state is zeroed where an episode starts,
     all hidden_size wide (256: ppo.py's width).
 
     The state is one tensor (num_layers, batch, state_size); an LSTM's holds h and c side by side.
     """
 
-    def __init__(self, obs_dim: int, rnn_type: str, hidden_size: int, num_layers: int):
+    def __init__(self, obs_dim: int, activation: str, rnn_type: str, hidden_size: int, num_layers: int):
         super().__init__()
-        self.encoder = nn.Sequential(layer_init(nn.Linear(obs_dim, hidden_size)), nn.Tanh(),
-                                     layer_init(nn.Linear(hidden_size, hidden_size)), nn.Tanh())
+        self.encoder = nn.Sequential(layer_init(nn.Linear(obs_dim, hidden_size)), ACTIVATIONS[activation](),
+                                     layer_init(nn.Linear(hidden_size, hidden_size)), ACTIVATIONS[activation]())
         self.lstm = rnn_type == "lstm"
         self.rnn = (nn.LSTM if self.lstm else nn.GRU)(hidden_size, hidden_size, num_layers)
         for name, param in self.rnn.named_parameters():
@@ -300,20 +305,20 @@ class Agent(nn.Module):
     the rollout steps with T = 1, the update replays sequences of seq_len steps.
     """
 
-    def __init__(self, obs_dim: int, action_space: dict, norm_obs: bool, rnn_type: str, rnn_hidden_size: int,
-                 rnn_num_layers: int, shared_rnn: bool):
+    def __init__(self, obs_dim: int, action_space: dict, norm_obs: bool, activation: str, log_std_init: float, rnn_type: str,
+                 rnn_hidden_size: int, rnn_num_layers: int, shared_rnn: bool):
         super().__init__()
         self.discrete = action_space["type"] == "Discrete"
         self.obs_normalizer = RunningMeanStd(obs_dim) if norm_obs else None
-        self.actor_core = RecurrentCore(obs_dim, rnn_type, rnn_hidden_size, rnn_num_layers)
-        self.critic_core = None if shared_rnn else RecurrentCore(obs_dim, rnn_type, rnn_hidden_size, rnn_num_layers)
+        self.actor_core = RecurrentCore(obs_dim, activation, rnn_type, rnn_hidden_size, rnn_num_layers)
+        self.critic_core = None if shared_rnn else RecurrentCore(obs_dim, activation, rnn_type, rnn_hidden_size, rnn_num_layers)
         self.critic = layer_init(nn.Linear(rnn_hidden_size, 1), std=1.0)
         if self.discrete:
             self.actor = layer_init(nn.Linear(rnn_hidden_size, action_space["n"]), std=0.01)
         else:
             action_dim = action_space["shape"][0]
             self.actor = layer_init(nn.Linear(rnn_hidden_size, action_dim), std=0.01 * np.sqrt(2))
-            self.actor_logstd = nn.Parameter(torch.ones(1, action_dim) * -0.5)
+            self.actor_logstd = nn.Parameter(torch.ones(1, action_dim) * log_std_init)
         self.state_shape = (rnn_num_layers, self.actor_core.state_size * (1 if shared_rnn else 2))
 
     def initial_state(self, num_envs: int, device: torch.device) -> torch.Tensor:
@@ -372,8 +377,8 @@ class Agent(nn.Module):
 
 
 def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
-    return Agent(envs.obs_dim, space_to_dict(envs.single_action_space), args.norm_obs, args.rnn_type, args.rnn_hidden_size,
-                 args.rnn_num_layers, args.shared_rnn)
+    return Agent(envs.obs_dim, space_to_dict(envs.single_action_space), args.norm_obs, args.activation, args.log_std_init,
+                 args.rnn_type, args.rnn_hidden_size, args.rnn_num_layers, args.shared_rnn)
 
 
 def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
@@ -1029,6 +1034,7 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     require(args.target_kl is None or args.target_kl > 0, "target_kl", "positive (or None: never stop early)")
     require(finite(args.gamma) and 0.0 < args.gamma <= 1.0, "gamma", "in (0, 1]")
     require(finite(args.gae_lambda) and 0.0 <= args.gae_lambda <= 1.0, "gae_lambda", "in [0, 1]")
+    require(finite(args.log_std_init), "log_std_init", "a finite number")
     if args.anneal_lr and args.lr_schedule not in ("constant", "linear"):
         raise UserError(f"--anneal_lr means --lr_schedule=linear and conflicts with --lr_schedule={args.lr_schedule}")
     if args.anneal_lr:

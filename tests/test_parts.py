@@ -1,10 +1,14 @@
-"""Pieces of ppo.py with rules of their own: evaluation counting, the adaptive learning rate."""
+"""Pieces of the trainers with rules of their own: evaluation counting, the adaptive learning rate, the network flags."""
+
+import types
 
 import gymnasium as gym
 import pytest
 import torch
 
+import ippo
 import ppo
+import ppo_rnn
 import tests.envs  # noqa: F401  (registers the test envs)
 
 
@@ -15,7 +19,8 @@ def test_evaluation_counts_the_first_episode_of_each_env():
     vector = gym.vector.SyncVectorEnv([lambda: gym.make("tests.envs:PointMass-v0"), lambda: short],
                                       autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     eval_envs = ppo.TorchVecEnv(vector, torch.device("cpu"), torch_native=False)
-    agent = ppo.Agent(2, ppo.space_to_dict(vector.single_action_space), norm_obs=True, hidden_sizes=(256, 256, 256))
+    agent = ppo.Agent(2, ppo.space_to_dict(vector.single_action_space), norm_obs=True, hidden_sizes=(256, 256, 256),
+                      activation="tanh", log_std_init=-0.5)
     statistics = {k: v.clone() for k, v in agent.state_dict().items()}
     metrics = ppo.evaluate(agent, eval_envs, num_eval_steps=16, seed=0)
     assert metrics["episodes"].tolist() == [2.0]
@@ -69,3 +74,14 @@ def test_cuda_rng_state_is_the_learner_gpus_alone(monkeypatch):
     restored.clear()
     ppo.set_rng_states(states, torch.device("cpu"))  # a GPU run resumed on a CPU learner
     assert restored == [] and torch.equal(torch.get_rng_state(), torch_state)
+
+
+@pytest.mark.parametrize("trainer", [ppo, ppo_rnn, ippo])
+@pytest.mark.parametrize("activation, log_std_init", [("tanh", -0.5), ("relu", -2.0)])
+def test_activation_and_initial_log_std_reach_every_network(trainer, activation, log_std_init):
+    envs = types.SimpleNamespace(obs_dim=3, single_action_space=gym.spaces.Box(-1, 1, (2,)), num_agents=2)
+    agent = trainer.make_agent(trainer.Args(activation=activation, log_std_init=log_std_init), envs)
+    kinds = {type(layer) for layer in agent.modules()} & {torch.nn.Tanh, torch.nn.ReLU}
+    assert kinds == {trainer.ACTIVATIONS[activation]}
+    assert torch.equal(agent.actor_logstd.detach(), torch.full_like(agent.actor_logstd, log_std_init))
+    assert "activation" in trainer.NETWORK_FIELDS  # a checkpoint's network is rebuilt with its own

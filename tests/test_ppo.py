@@ -4,6 +4,7 @@ import dataclasses
 import importlib.util
 import os
 import signal
+import types
 
 import gymnasium as gym
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 import ippo
 import ppo
+import ppo_eval
 import ppo_rnn
 from tests.util import REPO, assert_same_numbers, fast_args, load, run_script, scalars, snapshot, start_script, wait_for
 
@@ -158,16 +160,26 @@ def test_checkpoint_contents(tmp_path):
     assert load(tmp_path / "runs/from_ckpt/final_ckpt.pt")["global_step"] == 64
 
 
-def test_hidden_sizes_shape_the_networks_and_travel_in_checkpoints(tmp_path):
-    result = run_script("ppo.py", fast_args("Pendulum-v1", "small") + ["--hidden_sizes", "64", "32"], tmp_path)
+def test_network_flags_shape_the_networks_and_travel_in_checkpoints(tmp_path):
+    network = ["--hidden_sizes", "64", "32", "--activation", "relu", "--log_std_init", "-2"]
+    result = run_script("ppo.py", fast_args("Pendulum-v1", "small") + network, tmp_path)
     assert result.returncode == 0, result.stderr
     ckpt = load(tmp_path / "runs/small/final_ckpt.pt")
-    assert ckpt["args"]["hidden_sizes"] == (64, 32)
+    assert ckpt["args"]["hidden_sizes"] == (64, 32) and ckpt["args"]["activation"] == "relu"
     shapes = {key: tuple(value.shape) for key, value in ckpt["model"].items() if key.startswith("actor.")}
     assert shapes == {"actor.0.weight": (64, 3), "actor.0.bias": (64,), "actor.2.weight": (32, 64), "actor.2.bias": (32,),
                       "actor.4.weight": (1, 32), "actor.4.bias": (1,)}
+    # 16 Adam steps of about 3e-4 each move the log std from where it started by at most about 0.005
+    assert abs(float(ckpt["model"]["actor_logstd"]) + 2) < 0.01
+    run = ppo_eval.run_args(ppo, ckpt, ppo_eval.EvalArgs(checkpoint="unused"))
+    pendulum = types.SimpleNamespace(obs_dim=3, single_action_space=gym.spaces.Box(-2, 2, (1,)))
+    relus = [layer for layer in ppo.make_agent(run, pendulum).modules() if isinstance(layer, torch.nn.ReLU)]
+    assert len(relus) == 4  # two hidden layers in the actor and in the critic
     refused = run_script("ppo.py", fast_args("Pendulum-v1", "big", checkpoint="runs/small/final_ckpt.pt"), tmp_path)
     assert refused.returncode == 2 and "pass --hidden_sizes 64 32" in refused.stderr
+    refused = run_script("ppo.py", fast_args("Pendulum-v1", "tanh", checkpoint="runs/small/final_ckpt.pt")
+                         + ["--hidden_sizes", "64", "32"], tmp_path)
+    assert refused.returncode == 2 and "pass --activation=relu" in refused.stderr
     evaluated = run_script("ppo_eval.py", ["runs/small", "--num_episodes", "1", "--num_envs", "1"], tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr
 
@@ -376,6 +388,7 @@ BAD_INPUTS = [
     (["--env_id", "CartPole-v1", "--keep_checkpoints", "0"], "--keep_checkpoints"),
     (["--env_id", "CartPole-v1", "--checkpoint_freq", "0"], "--checkpoint_freq"),
     (["--env_id", "CartPole-v1", "--hidden_sizes", "64", "0"], "--hidden_sizes"),
+    (["--env_id", "Pendulum-v1", "--log_std_init", "nan"], "--log_std_init"),
     # the defaults are sized for a GPU: 512 CPU simulator processes would not fit
     (["--env_id", "PickCube-v1", "--sim_backend", "cpu"], f"try --num_envs={2 * len(os.sched_getaffinity(0))} "),
 ]

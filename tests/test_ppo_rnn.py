@@ -21,7 +21,7 @@ def rnn_args(env_id: str, exp_name: str, **overrides) -> list[str]:
 
 def make_agent(rnn_type: str, shared_rnn: bool) -> ppo_rnn.Agent:
     torch.manual_seed(0)
-    return ppo_rnn.Agent(3, {"type": "Box", "shape": [2]}, False, rnn_type, 16, 2, shared_rnn)
+    return ppo_rnn.Agent(3, {"type": "Box", "shape": [2]}, False, "tanh", -0.5, rnn_type, 16, 2, shared_rnn)
 
 
 AGENTS = [("lstm", False), ("gru", False), ("lstm", True), ("gru", True)]
@@ -162,7 +162,7 @@ def test_evaluation_carries_and_resets_each_envs_memory(monkeypatch):
     vector = gym.vector.SyncVectorEnv([lambda: gym.make(POINT_MASS), lambda: short],
                                       autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     eval_envs = ppo_rnn.TorchVecEnv(vector, torch.device("cpu"), torch_native=False)
-    agent = ppo_rnn.Agent(2, ppo_rnn.space_to_dict(vector.single_action_space), True, "lstm", 8, 1, False)
+    agent = ppo_rnn.Agent(2, ppo_rnn.space_to_dict(vector.single_action_space), True, "tanh", -0.5, "lstm", 8, 1, False)
     seen_starts = []
     get_action = ppo_rnn.Agent.get_action
 
@@ -206,7 +206,7 @@ def test_same_seed_same_numbers_and_checkpoint_contents(tmp_path):
         == ("gru", 16, 2, False, 8)
     # the checkpoint alone rebuilds the network
     agent = ppo_rnn.Agent(ckpt["observation_space"]["shape"][0], ckpt["action_space"],
-                          **{name: saved[name] for name in ppo_rnn.NETWORK_FIELDS})
+                          log_std_init=saved["log_std_init"], **{name: saved[name] for name in ppo_rnn.NETWORK_FIELDS})
     agent.load_state_dict(ckpt["model"])
 
     # --checkpoint needs the same network, said in words; a ppo.py checkpoint is refused
@@ -292,7 +292,8 @@ def test_pick_cube_on_both_cpu_paths(tmp_path, num_envs, num_eval_envs):
     assert sorted(p.name for p in run.glob("*.pt")) == ["ckpt_1.pt", "ckpt_2.pt", "final_ckpt.pt"]
     ckpt = load(run / "final_ckpt.pt")
     assert ckpt["observation_space"]["shape"] == [42] and ckpt["action_space"]["shape"] == [8]
-    agent = ppo_rnn.Agent(42, ckpt["action_space"], **{name: ckpt["args"][name] for name in ppo_rnn.NETWORK_FIELDS})
+    agent = ppo_rnn.Agent(42, ckpt["action_space"], log_std_init=ckpt["args"]["log_std_init"],
+                          **{name: ckpt["args"][name] for name in ppo_rnn.NETWORK_FIELDS})
     agent.load_state_dict(ckpt["model"])
     videos = list((run / "videos").glob("*.mp4"))
     assert videos and all(v.stat().st_size > 10_000 for v in videos)
