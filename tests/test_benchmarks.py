@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from tests.util import REPO, script_env
+from tests.util import REPO, load, script_env
 
 
 def run(command: list[str], cwd, extra_env: dict | None = None) -> subprocess.CompletedProcess:
@@ -12,17 +12,20 @@ def run(command: list[str], cwd, extra_env: dict | None = None) -> subprocess.Co
 
 
 def test_mujoco_benchmark_writes_its_table_and_plots(tmp_path):
-    result = run(["bash", str(REPO / "benchmarks/mujoco.sh"), "2048", "1", "2"], tmp_path,
+    result = run(["bash", str(REPO / "benchmarks/mujoco.sh"), "2048", "1", "1"], tmp_path,
                  {"OUT": str(tmp_path / "out"), "PYTHON": sys.executable})
     assert result.returncode == 0, result.stderr[-3000:]
     table = (tmp_path / "out/table.md").read_text().splitlines()
-    assert table[1].startswith("seeds: 1; command: ppo.py --hidden_sizes 64 64 ")
-    assert table[4].startswith("| runs | n | eval/return (final) | charts/SPS (final) |")
-    assert [row.split(" | ")[0] for row in table[6:]] == [f"| mujoco__env_id={task}" for task in
-                                                           ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")]
-    for task in ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5"):
+    tasks = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")
+    assert table[1].startswith('seeds: 1; command: bash benchmarks/mujoco.sh 2048 "1" 1, i.e. ppo.py --num_envs 1 ')
+    assert table[2].startswith("- HalfCheetah-v5: --hidden_sizes 256 256 --activation relu --log_std_init -2 ")
+    assert [line.split(":")[0] for line in table[3:5]] == ["- Hopper-v5", "- Walker2d-v5"]
+    assert table[8].startswith("| runs | n | eval/return (final) | charts/SPS (final) |")
+    assert [row.split(" | ")[0] for row in table[10:]] == [f"| mujoco_{task}" for task in tasks]
+    for task in tasks:
         assert (tmp_path / "out" / task / "eval_return.png").stat().st_size > 10_000
-        assert (tmp_path / "runs" / f"mujoco__env_id={task}__seed1" / "final_ckpt.pt").exists()
+        ckpt = load(tmp_path / "runs" / f"mujoco_{task}__seed1" / "final_ckpt.pt")
+        assert ckpt["args"]["activation"] == ("relu" if task == "HalfCheetah-v5" else "tanh")
 
 
 def test_speed_benchmark_prints_its_table(tmp_path):
