@@ -72,6 +72,20 @@ def test_sweep_reports_failed_runs(tmp_path):
     assert "error:" in (tmp_path / "runs/pend__learning_rate=-1__seed1.log").read_text()
 
 
+@pytest.mark.parametrize("options,says", [
+    (["--jobs", "0", "pend", "--", "true"], "error: --jobs must be a positive integer, not 0"),
+    (["--vary", "--learning_rate 1e-3", "pend", "--", "true"], "error: --vary takes --flag=value words, not --learning_rate"),
+    (["--bogus", "pend", "--", "true"], "error: unknown option --bogus"),
+    (["pend", "true"], "usage: "),
+    (["--seeds"], "usage: "),
+])
+def test_sweep_refuses_bad_options_before_running_anything(tmp_path, options, says):
+    refused = subprocess.run(["bash", str(REPO / "scripts/sweep.sh"), *options], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 2 and refused.stderr.startswith(says), refused.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize("name,group", [("cheetah__seed3", "cheetah"), ("HalfCheetah-v5__ppo__2__1763900000", "HalfCheetah-v5__ppo"),
                                         ("my_run", "my_run")])
 def test_default_grouping_drops_the_seed(tmp_path, name, group):
