@@ -67,6 +67,6 @@ done
   echo "eval/return: the mean return of 4 episodes of the deterministic policy at the last evaluation"
   echo "peers at 1M steps (HalfCheetah, Hopper, Walker2d): CleanRL's ppo_continuous_action.py (v4) 1442.64 ± 46.03, 2382.86 ± 271.74, 2287.95 ± 571.78; rl-baselines3-zoo's tuned PPO 5819, 2410, 3479"
   echo
-  "$python" "$repo/scripts/summarize.py" "${all_runs[@]}" --metrics eval/return charts/SPS
+  "$python" "$repo/scripts/summarize.py" "${all_runs[@]}" --metrics eval/return charts/SPS --by_run
 } > "$out/table.md"
 cat "$out/table.md"

@@ -48,10 +48,15 @@ def test_sweep_runs_every_combination_then_finishes_what_is_missing(tmp_path):
     assert table.returncode == 0, table.stderr
     rows = table.stdout.strip().splitlines()
     assert rows[0].startswith("| runs | n | eval/return (final) |") and len(rows) == 4
-    for row, lr in zip(rows[2:], ("1e-3", "3e-4")):
-        finals = [scalars(tmp_path / "runs" / f"pend__learning_rate={lr}__seed{seed}")["eval/return"][-1][1]
-                  for seed in (1, 2)]
-        assert row.startswith(f"| pend__learning_rate={lr} | 2 | {np.mean(finals):.4g} ± {np.std(finals):.3g} | 128 |")
+    finals = {lr: [scalars(tmp_path / "runs" / f"pend__learning_rate={lr}__seed{seed}")["eval/return"][-1][1]
+                   for seed in (1, 2)] for lr in ("1e-3", "3e-4")}
+    for row, (lr, values) in zip(rows[2:], finals.items()):
+        assert row.startswith(f"| pend__learning_rate={lr} | 2 | {np.mean(values):.4g} ± {np.std(values):.3g} | 128 |")
+    by_run = run_tool(tmp_path, "summarize.py", *[f"runs/{name}" for name in names], "--by_run")
+    rows = by_run.stdout.strip().splitlines()
+    assert rows[0] == "| runs | n | eval/return (final) | eval/return by run | global step | wall time (min) |"
+    for row, values in zip(rows[2:], finals.values()):
+        assert row.split(" | ")[3] == ", ".join(f"{value:.4g}" for value in values)
 
     pictures = run_tool(tmp_path, "plot.py", *[f"runs/{name}" for name in names], "--metrics", "eval/return",
                         "charts/SPS", "--out", "plots")
