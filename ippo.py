@@ -130,7 +130,7 @@ class Args:
     activation: Literal["tanh", "relu"] = "tanh"
     """the hidden layers' nonlinearity"""
     log_std_init: float = -0.5
-    """the Gaussian policy's initial log standard deviation, for continuous actions (CleanRL: 0, rl-baselines3-zoo's MuJoCo settings: -2)"""
+    """the Gaussian policy's initial log standard deviation, for continuous actions (CleanRL: 0, rl-baselines3-zoo's MuJoCo settings: -2); --checkpoint and --resume keep the trained one"""
     share_parameters: bool = False
     """one actor and one critic for all agents, each agent's inputs tagged with a one-hot agent id"""
     centralized_critic: bool = False
@@ -364,9 +364,11 @@ def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
         raise UserError(f"the checkpoint's agents and spaces ({state['agents']}, {state['observation_space']['shape']}, "
                         f"{state['action_space']}) do not match {args.env_id}'s ({envs.agents}, "
                         f"{observation_space['shape']}, {action_space})")
+    defaults = {field.name: field.default for field in dataclasses.fields(Args)}
     for name in NETWORK_FIELDS:
-        if state["args"][name] != getattr(args, name):
-            flag = cli_flag(name, state["args"][name])
+        trained = state["args"].get(name, defaults[name])  # checkpoints older than the flag used its default
+        if trained != getattr(args, name):
+            flag = cli_flag(name, trained)
             raise UserError(f"the checkpoint was trained with {flag}, and its network needs the same: pass {flag}")
     agent.load_state_dict(state["model"])
 

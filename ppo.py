@@ -124,7 +124,7 @@ class Args:
     activation: Literal["tanh", "relu"] = "tanh"
     """the hidden layers' nonlinearity (rl-baselines3-zoo's MuJoCo networks: relu)"""
     log_std_init: float = -0.5
-    """the Gaussian policy's initial log standard deviation, for continuous actions (CleanRL: 0, rl-baselines3-zoo's MuJoCo settings: -2)"""
+    """the Gaussian policy's initial log standard deviation, for continuous actions (CleanRL: 0, rl-baselines3-zoo's MuJoCo settings: -2); --checkpoint and --resume keep the trained one"""
     bootstrap_at_done: Literal["auto", "always", "truncated", "never"] = "auto"
     """which finished episodes bootstrap from V(final obs): always (ManiSkill's rule), truncated (terminations are terminal), never. auto = always for ManiSkill tasks, truncated otherwise"""
 

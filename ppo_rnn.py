@@ -124,7 +124,7 @@ class Args:
     activation: Literal["tanh", "relu"] = "tanh"
     """the encoder's nonlinearity"""
     log_std_init: float = -0.5
-    """the Gaussian policy's initial log standard deviation, for continuous actions (CleanRL: 0, rl-baselines3-zoo's MuJoCo settings: -2)"""
+    """the Gaussian policy's initial log standard deviation, for continuous actions (CleanRL: 0, rl-baselines3-zoo's MuJoCo settings: -2); --checkpoint and --resume keep the trained one"""
     bootstrap_at_done: Literal["auto", "always", "truncated", "never"] = "auto"
     """which finished episodes bootstrap from V(final obs): always (ManiSkill's rule), truncated (terminations are terminal), never. auto = always for ManiSkill tasks, truncated otherwise"""
 
@@ -388,9 +388,11 @@ def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
     if state["observation_space"] != observation_space or state["action_space"] != action_space:
         raise UserError(f"the checkpoint's spaces ({state['observation_space']['shape']}, {state['action_space']}) "
                         f"do not match {args.env_id}'s ({observation_space['shape']}, {action_space})")
+    defaults = {field.name: field.default for field in dataclasses.fields(Args)}
     for name in NETWORK_FIELDS:
-        if state["args"][name] != getattr(args, name):
-            flag = cli_flag(name, state["args"][name])
+        trained = state["args"].get(name, defaults[name])  # checkpoints older than the flag used its default
+        if trained != getattr(args, name):
+            flag = cli_flag(name, trained)
             raise UserError(f"the checkpoint was trained with {flag}, and its network needs the same: pass {flag}")
     agent.load_state_dict(state["model"])
 

@@ -22,11 +22,13 @@ tasks=(HalfCheetah-v5 Hopper-v5 Walker2d-v5)
 # deterministic policy about every 51,200 steps and at the end.
 common=(--num_envs 1 --norm_obs --norm_reward --target_kl None --num_eval_envs 4 --no_capture_video)
 # Hopper and Walker2d: CleanRL's ppo_continuous_action.py settings (2x64 tanh networks, clipped value loss, linear
-# learning-rate decay).
+# learning-rate decay), with ppo.py's initial log-std of -0.5 (CleanRL's: 0).
 cleanrl=(--hidden_sizes 64 64 --num_steps 2048 --num_minibatches 32 --update_epochs 10 --gamma 0.99 --gae_lambda 0.95
          --learning_rate 3e-4 --lr_schedule linear --ent_coef 0 --clip_vloss --max_grad_norm 0.5 --eval_freq 25)
 # HalfCheetah: rl-baselines3-zoo's tuned settings (2x256 relu networks starting at std e^-2, short rollouts, many small
-# minibatches, a small constant learning rate), all but its default-initialized layers (ppo.py's are orthogonal).
+# minibatches, a small constant learning rate), but for two things: ppo.py's layers are initialized orthogonally (the
+# zoo's with torch's default), and the zoo's vf_coef weighs ppo.py's value loss, 0.5 * squared error, half as much as
+# SB3's squared error.
 zoo_halfcheetah=(--hidden_sizes 256 256 --activation relu --log_std_init -2 --num_steps 512 --num_minibatches 8
                  --update_epochs 20 --gamma 0.98 --gae_lambda 0.92 --learning_rate 2.0633e-5 --clip_coef 0.1
                  --ent_coef 0.000401762 --vf_coef 0.58096 --max_grad_norm 0.8 --eval_freq 100)
@@ -38,6 +40,7 @@ settings_of() {
 }
 
 pids=()
+failed=0
 for task in "${tasks[@]}"; do
   read -ra settings <<< "$(settings_of "$task")"
   "$repo/scripts/sweep.sh" --seeds "$seeds" --jobs "$jobs" "mujoco_$task" -- \
@@ -45,8 +48,9 @@ for task in "${tasks[@]}"; do
   pids+=($!)
 done
 for pid in "${pids[@]}"; do
-  wait "$pid"
+  wait "$pid" || failed=1
 done
+[ "$failed" -eq 0 ] || { echo "error: some runs failed; see runs/mujoco_*.log" >&2; exit 1; }
 
 mkdir -p "$out"
 all_runs=()

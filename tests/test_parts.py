@@ -1,5 +1,6 @@
 """Pieces of the trainers with rules of their own: evaluation counting, the adaptive learning rate, the network flags."""
 
+import dataclasses
 import types
 
 import gymnasium as gym
@@ -8,6 +9,7 @@ import torch
 
 import ippo
 import ppo
+import ppo_eval
 import ppo_rnn
 import tests.envs  # noqa: F401  (registers the test envs)
 
@@ -76,12 +78,35 @@ def test_cuda_rng_state_is_the_learner_gpus_alone(monkeypatch):
     assert restored == [] and torch.equal(torch.get_rng_state(), torch_state)
 
 
+def fake_envs() -> types.SimpleNamespace:
+    """What make_agent and load_weights read of a trainer's envs (ippo's: per agent)."""
+    return types.SimpleNamespace(obs_dim=3, single_observation_space=gym.spaces.Box(-1, 1, (3,)),
+                                 single_action_space=gym.spaces.Box(-1, 1, (2,)), num_agents=2, agents=["a", "b"])
+
+
 @pytest.mark.parametrize("trainer", [ppo, ppo_rnn, ippo])
 @pytest.mark.parametrize("activation, log_std_init", [("tanh", -0.5), ("relu", -2.0)])
 def test_activation_and_initial_log_std_reach_every_network(trainer, activation, log_std_init):
-    envs = types.SimpleNamespace(obs_dim=3, single_action_space=gym.spaces.Box(-1, 1, (2,)), num_agents=2)
-    agent = trainer.make_agent(trainer.Args(activation=activation, log_std_init=log_std_init), envs)
+    agent = trainer.make_agent(trainer.Args(activation=activation, log_std_init=log_std_init), fake_envs())
     kinds = {type(layer) for layer in agent.modules()} & {torch.nn.Tanh, torch.nn.ReLU}
     assert kinds == {trainer.ACTIVATIONS[activation]}
     assert torch.equal(agent.actor_logstd.detach(), torch.full_like(agent.actor_logstd, log_std_init))
-    assert "activation" in trainer.NETWORK_FIELDS  # a checkpoint's network is rebuilt with its own
+
+
+@pytest.mark.parametrize("trainer", [ppo, ppo_rnn, ippo])
+def test_a_checkpoint_from_before_the_network_flags_loads_with_their_defaults(trainer):
+    """Evaluation, --checkpoint and --resume rebuild the network of a checkpoint without activation and log_std_init
+    as tanh, and refuse to load it into a relu network."""
+    envs = fake_envs()
+    agent = trainer.make_agent(trainer.Args(), envs)
+    saved = {name: value for name, value in dataclasses.asdict(trainer.Args()).items()
+             if name not in ("activation", "log_std_init")}
+    state = {"args": saved, "model": agent.state_dict(), "agents": envs.agents,
+             "observation_space": trainer.space_to_dict(envs.single_observation_space),
+             "action_space": trainer.space_to_dict(envs.single_action_space)}
+    run = ppo_eval.run_args(trainer, state, ppo_eval.EvalArgs(checkpoint="unused"))
+    assert (run.activation, run.log_std_init) == ("tanh", -0.5)
+    trainer.load_weights(trainer.make_agent(run, envs), state, run, envs)
+    relu = dataclasses.replace(run, activation="relu")
+    with pytest.raises(trainer.UserError, match="pass --activation=tanh"):
+        trainer.load_weights(trainer.make_agent(relu, envs), state, relu, envs)
