@@ -3,7 +3,7 @@
 # a markdown table and learning curves (success rate against steps and against wall time) in
 # benchmarks/results/pushcube_cpu/.
 #
-#   bash benchmarks/learn_pushcube_cpu.sh                         # 500k steps (about 14 minutes a run on 2 cores), seeds 1 2 3
+#   bash benchmarks/learn_pushcube_cpu.sh                         # 500k steps (about 25 minutes a run on 2 cores), seeds 1 2 3
 #   bash benchmarks/learn_pushcube_cpu.sh 300000 "4 5"            # steps, seeds
 #   OUT=/tmp/check bash benchmarks/learn_pushcube_cpu.sh 400 1    # a quick check of the script (the test suite runs this)
 #

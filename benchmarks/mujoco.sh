@@ -2,7 +2,7 @@
 # ppo.py on MuJoCo v5 (HalfCheetah, Hopper, Walker2d) with per-task settings, several seeds: a markdown table and
 # learning curves in benchmarks/results/mujoco/.
 #
-#   bash benchmarks/mujoco.sh                          # 1M steps, seeds 1 2 3: the three tasks side by side, one seed at a time each (about 110 min on 2 cores)
+#   bash benchmarks/mujoco.sh                          # 1M steps, seeds 1 2 3: the three tasks side by side, one seed at a time each (about 2.5 hours on 2 cores)
 #   bash benchmarks/mujoco.sh 1000000 "1 2 3 4 5" 2    # steps, seeds, seeds at a time per task
 #   OUT=/tmp/check bash benchmarks/mujoco.sh 4096 1 1  # a quick check of the script (the test suite runs this)
 #
