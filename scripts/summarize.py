@@ -25,24 +25,23 @@ def table(run_dirs: list[Path], metrics: list[str], pattern: str, by_run: bool =
     rows = ["| runs | n | " + " | ".join(f"{metric} (final)" for metric in metrics) + f" |{by_run_header} global step | wall time (min) |",
             "|---|---:|" + "---:|" * len(metrics) + "---|" * by_run + "---:|---:|"]
     for name, runs in group_runs(run_dirs, pattern).items():
-        cells, steps, minutes = [], [], []
+        cells, steps, minutes, first_by_run = [], [], [], []
         for metric in metrics:
-            finals, by_run_values = [], []
+            finals = []
             for run in runs:
                 step, seconds, values = read_scalars(run, metric)
-                by_run_values.append(f"{values[-1]:.4g}" if len(values) else "-")
                 if len(values):
                     finals.append(values[-1])
-                    if metric == metrics[0]:  # the step and time columns: where the first metric's value was logged
+                if metric == metrics[0]:  # the step, time and by-run columns: where and what the first metric logged
+                    first_by_run.append(f"{values[-1]:.4g}" if len(values) else "-")
+                    if len(values):
                         steps.append(step[-1])
                         minutes.append(seconds[-1] / 60)
             cells.append(f"{np.mean(finals):.4g} ± {np.std(finals):.3g}" if finals else "-")
-            if metric == metrics[0]:
-                by_run_cell = ", ".join(by_run_values)
+        if by_run:
+            cells.append(", ".join(first_by_run))
         step_cell = f"{np.mean(steps):.0f}" if steps else "-"
         minute_cell = f"{np.mean(minutes):.1f}" if minutes else "-"
-        if by_run:
-            cells.append(by_run_cell)
         rows.append(f"| {name} | {len(runs)} | " + " | ".join(cells) + f" | {step_cell} | {minute_cell} |")
     return "\n".join(rows)
 
