@@ -1,4 +1,5 @@
-"""Resident memory over a long run: a trainer's RSS (with its simulator worker processes) sampled every second.
+"""Resident memory over a long run: a trainer's RSS (with its simulator worker processes) sampled every second
+(--interval).
 
     python benchmarks/rss.py                                  # ppo.py, PushCube-v1 on one CPU env, 5,000 iterations
     python benchmarks/rss.py --trainer ippo -- --env_id vmas:navigation --num_envs 60 --total_timesteps 3000000
@@ -42,6 +43,7 @@ def tree_rss_mib(pid: int) -> float | None:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trainer", default="ppo", choices=["ppo", "ppo_rnn", "ippo"])
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between samples (at least 10 are needed)")
     parser.add_argument("flags", nargs=argparse.REMAINDER, help="-- then the trainer's flags")
     args = parser.parse_args()
     flags = args.flags[1:] if args.flags[:1] == ["--"] else args.flags
@@ -55,7 +57,7 @@ def main():
             rss = tree_rss_mib(proc.pid)
             if rss is not None:
                 samples.append((time.time() - start, rss))
-            time.sleep(1.0)
+            time.sleep(args.interval)
         stderr = proc.communicate()[1]
     if proc.returncode != 0 or len(samples) < 10:
         sys.exit(f"the run failed or was too short to measure:\n{stderr[-2000:]}")
