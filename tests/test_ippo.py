@@ -10,8 +10,8 @@ import torch
 
 import ippo
 from tests.test_advantages import GAMMA, LAM, random_rollout, reference
-from tests.util import (REPO, TIMING_TAGS, assert_same_numbers, fast_args, load, run_script, scalars,
-                        spy_on_advantages, start_script, wait_for)
+from tests.util import (REPO, TIMING_TAGS, assert_same_numbers, fast_args, load, refused_in_one_line, run_script,
+                        scalars, spy_on_advantages, start_script, wait_for)
 
 CLOCK = "vmas:tests.vmas_scenarios:Clock"
 NAVIGATION = ["--env_kwargs", "n_agents=3"]
@@ -388,24 +388,14 @@ BAD_INPUTS = [
 ]
 
 
-# This one goes the whole way of a process (its exit status, no traceback on stderr); the others call the same cli()
-# in the test's process, which saves each the start of a process (importing torch and the simulators, about 2 s).
+# This one runs in a process of its own, the others in the test's (refused_in_one_line)
 WHOLE_PROCESS = (["--env_id", "vmas:no_such_scenario"],)
 
 
 @pytest.mark.parametrize("argv,mentions", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
-def test_bad_input_is_one_clear_line(tmp_path, monkeypatch, capsys, argv, mentions):
+def test_bad_input_is_one_clear_line(tmp_path, capsys, argv, mentions):
     full_argv = argv + ["--no_capture_video", "--num_eval_envs", "1", "--num_steps", "8"]
-    if argv in WHOLE_PROCESS:
-        result = run_script("ippo.py", full_argv, tmp_path, timeout=120)
-        returncode, stderr = result.returncode, result.stderr
-    else:
-        monkeypatch.chdir(tmp_path)
-        returncode, stderr = ippo.cli(full_argv), capsys.readouterr().err
-    assert returncode == 2, stderr
-    lines = [line for line in stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and mentions in lines[0], stderr
-    assert "Traceback" not in stderr
+    assert mentions in refused_in_one_line(ippo, full_argv, tmp_path, capsys, whole_process=argv in WHOLE_PROCESS)
     assert not (tmp_path / "runs").exists()
 
 

@@ -14,7 +14,7 @@ import ippo
 import ppo
 import ppo_eval
 import ppo_rnn
-from tests.util import REPO, assert_same_numbers, fast_args, load, run_script, scalars, snapshot, start_script, wait_for
+from tests.util import REPO, assert_same_numbers, fast_args, load, refused_in_one_line, run_script, scalars, snapshot, start_script, wait_for
 
 POINT_MASS = "tests.envs:PointMass-v0"
 
@@ -394,28 +394,18 @@ BAD_INPUTS = [
 ]
 
 
-# These go the whole way of a process (its exit status, no traceback on stderr); the others call the same cli() in
-# the test's process, which saves each the start of a process (importing torch and the simulators, about 2 s).
+# These run in a process of their own, the others in the test's (refused_in_one_line)
 WHOLE_PROCESS = (["--env_id", "NoSuchEnv-v0"], ["--env_id", "CartPole-v1", "--num_envs", "0"])
 
 
 @pytest.mark.parametrize("argv,mentions", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
-def test_bad_input_is_one_clear_line(tmp_path, monkeypatch, capsys, argv, mentions):
+def test_bad_input_is_one_clear_line(tmp_path, capsys, argv, mentions):
     if "--sim_backend" in argv and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     if "--track" in argv and importlib.util.find_spec("wandb") is not None:
         pytest.skip("wandb is installed")
     full_argv = argv + ["--no_capture_video", "--num_eval_envs", "1"]
-    if argv in WHOLE_PROCESS:
-        result = run_script("ppo.py", full_argv, tmp_path, timeout=120)
-        returncode, stderr = result.returncode, result.stderr
-    else:
-        monkeypatch.chdir(tmp_path)
-        returncode, stderr = ppo.cli(full_argv), capsys.readouterr().err
-    assert returncode == 2, stderr
-    lines = [line for line in stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and mentions in lines[0], stderr
-    assert "Traceback" not in stderr
+    assert mentions in refused_in_one_line(ppo, full_argv, tmp_path, capsys, whole_process=argv in WHOLE_PROCESS)
     assert not (tmp_path / "runs").exists()  # a failed start leaves nothing behind, not even an empty directory
     assert not (tmp_path / "outside").exists()
 

@@ -1,3 +1,4 @@
+import contextlib
 import os
 import subprocess
 import sys
@@ -21,6 +22,23 @@ def run_script(script: str, args: list[str], cwd: Path, timeout: float = 900, ex
     env = {**script_env(), **(extra_env or {})}
     return subprocess.run([sys.executable, str(REPO / script), *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def refused_in_one_line(module, argv: list[str], cwd: Path, capsys, whole_process: bool) -> str:
+    """module.cli(argv) run from cwd exits with status 2 and one error line, which is returned. whole_process: in a
+    process of its own as a user runs it (its exit status, no traceback on stderr); otherwise in the test's process,
+    which saves the start of one (importing torch and the simulators, about 2 s)."""
+    if whole_process:
+        result = run_script(Path(module.__file__).name, argv, cwd, timeout=120)
+        returncode, stderr = result.returncode, result.stderr
+    else:
+        with contextlib.chdir(cwd):
+            returncode = module.cli(argv)
+        stderr = capsys.readouterr().err
+    assert returncode == 2, stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    return lines[0]
 
 
 def start_script(script: str, args: list[str], cwd: Path) -> subprocess.Popen:
