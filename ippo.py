@@ -238,7 +238,6 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
         self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
 
-    @torch.inference_mode()
     def update(self, x: torch.Tensor):
         xp, x, mean, var, count = numpy_on_cpu(x, self.mean, self.var, self.count)
         x = xp.asarray(x, dtype=xp.float64)
@@ -273,7 +272,6 @@ class RewardNormalizer(nn.Module):
         # Not saved: a resumed run resets its envs, so their returns start again from 0.
         self.register_buffer("discounted_return", torch.zeros(num_envs, num_agents, dtype=torch.float64), persistent=False)
 
-    @torch.inference_mode()
     def forward(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
         """reward (num_envs, num_agents); done (num_envs,), as every agent's episode ends with its env's."""
         xp, reward, done, discounted_return, return_var = numpy_on_cpu(reward, done, self.discounted_return,
@@ -1495,12 +1493,13 @@ class TorchVecEnv:
         reward = self._to_device(reward, torch.float32, (self.num_envs, -1)).expand(-1, self.num_agents)
         terminated = self._to_device(terminated, torch.bool)
         truncated = self._to_device(truncated, torch.bool)
-        done = terminated | truncated
-        self.episode_return += reward
-        self.episode_length += 1
+        _, episode_return, episode_length, step_reward = numpy_on_cpu(self.episode_return, self.episode_length, reward)
+        episode_return += step_reward
+        episode_length += 1
 
         final_obs, finished = next_obs, None
         if "final_info" in info:  # present only when some episode ended
+            done = terminated | truncated
             if self.torch_native:
                 final_obs = torch.where(done[:, None, None], self._obs(info["final_observation"]), next_obs)
             else:

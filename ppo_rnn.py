@@ -257,7 +257,6 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("var", torch.ones(dim, dtype=torch.float64))
         self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
 
-    @torch.inference_mode()
     def update(self, x: torch.Tensor):
         xp, x, mean, var, count = numpy_on_cpu(x, self.mean, self.var, self.count)
         x = xp.asarray(x, dtype=xp.float64)
@@ -288,7 +287,6 @@ class RewardNormalizer(nn.Module):
         # Not saved: a resumed run resets its envs, so their returns start again from 0.
         self.register_buffer("discounted_return", torch.zeros(num_envs, dtype=torch.float64), persistent=False)
 
-    @torch.inference_mode()
     def forward(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
         xp, reward, done, discounted_return, return_var = numpy_on_cpu(reward, done, self.discounted_return,
                                                                         self.return_rms.var)
@@ -512,6 +510,15 @@ def average_gradients(agent: nn.Module, loss_finite: torch.Tensor) -> torch.Tens
         g.copy_(flat[offset:offset + g.numel()].view_as(g))
         offset += g.numel()
     return flat[-1] == 0
+
+
+def clip_grad_norm(agent: nn.Module, max_norm: float) -> torch.Tensor:
+    """nn.utils.clip_grad_norm_(foreach=True)'s arithmetic, so the same numbers, without its sorting of the gradients
+    by device and dtype: for small networks that sorting costs more than the arithmetic, at every minibatch."""
+    grads = [p.grad for p in agent.parameters() if p.grad is not None]
+    total_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
+    torch._foreach_mul_(grads, torch.clamp(max_norm / (total_norm + 1e-6), max=1.0))
+    return total_norm
 
 
 def parameters_finite(agent: nn.Module, iteration: int) -> bool:
@@ -756,7 +763,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                     loss_finite = torch.isfinite(loss)
                     if num_ranks > 1:
                         loss_finite = average_gradients(agent, loss_finite)
-                    grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm, foreach=True)
+                    grad_norm = clip_grad_norm(agent, args.max_grad_norm)
                     if not loss_finite or not torch.isfinite(grad_norm):
                         raise NonFiniteError(f"non-finite {'gradient' if loss_finite else 'loss'} "
                                              f"at iteration {iteration} (global step {global_step})")
@@ -1314,12 +1321,13 @@ class TorchVecEnv:
         reward = self._to_device(reward, torch.float32)
         terminated = self._to_device(terminated, torch.bool)
         truncated = self._to_device(truncated, torch.bool)
-        done = terminated | truncated
-        self.episode_return += reward
-        self.episode_length += 1
+        _, episode_return, episode_length, step_reward = numpy_on_cpu(self.episode_return, self.episode_length, reward)
+        episode_return += step_reward
+        episode_length += 1
 
         final_obs, finished = next_obs, None
         if "final_info" in info:  # present only when some episode ended
+            done = terminated | truncated
             if self.torch_native:
                 final_obs = torch.where(done[:, None], self._obs(info["final_observation"]), next_obs)
             else:

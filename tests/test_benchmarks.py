@@ -13,7 +13,7 @@ def run(command: list[str], cwd, extra_env: dict | None = None) -> subprocess.Co
 
 def test_mujoco_benchmark_writes_its_table_and_plots(tmp_path):
     result = run(["bash", str(REPO / "benchmarks/mujoco.sh"), "2048", "1", "1"], tmp_path,
-                 {"OUT": str(tmp_path / "out"), "PYTHON": sys.executable})
+                 {"OUT": str(tmp_path / "out"), "PYTHON": sys.executable, "EVAL_EPISODES": "4"})
     assert result.returncode == 0, result.stderr[-3000:]
     table = (tmp_path / "out/table.md").read_text().splitlines()
     tasks = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")
@@ -78,12 +78,14 @@ def test_multi_agent_benchmark_writes_its_table_and_plots(tmp_path):
 
 def test_pushcube_benchmark_writes_its_table_and_plots(tmp_path):
     result = run(["bash", str(REPO / "benchmarks/learn_pushcube_cpu.sh"), "400", "2"], tmp_path,
-                 {"OUT": str(tmp_path / "out"), "PYTHON": sys.executable})
+                 {"OUT": str(tmp_path / "out"), "PYTHON": sys.executable, "EVAL_EPISODES": "4"})
     assert result.returncode == 0, result.stderr[-3000:]
     table = (tmp_path / "out/table.md").read_text().splitlines()
     assert table[1].startswith("seeds: 2; command: ppo.py --env_id=PushCube-v1 --num_envs=4 ")
     assert [line.split(" | ")[:2] for line in table if line.startswith("| pushcube")] == [
         ["| pushcube_cpu", "1"], ["| pushcube_cpu__seed2", "1"]]  # the mean over seeds, then each run
+    assert "`ppo_eval.py runs/pushcube_cpu__seed2 --num_episodes 4 --num_envs 4 --sim_backend cpu`:" in table
+    assert [line.split()[:2] for line in table if line.startswith("success_once")] == [["success_once", "4"]]
     for metric in ("eval_success_once", "eval_return"):
         assert (tmp_path / "out" / f"{metric}.png").stat().st_size > 10_000
     assert (tmp_path / "runs/pushcube_cpu__seed2/final_ckpt.pt").exists()
