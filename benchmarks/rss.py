@@ -51,14 +51,17 @@ def main():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with tempfile.TemporaryDirectory() as tmp:
         command = [sys.executable, str(REPO / f"{args.trainer}.py"), *flags, "--exp_name", "rss"]
-        proc = subprocess.Popen(command, cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        start, samples = time.time(), []
-        while proc.poll() is None:
-            rss = tree_rss_mib(proc.pid)
-            if rss is not None:
-                samples.append((time.time() - start, rss))
-            time.sleep(args.interval)
-        stderr = proc.communicate()[1]
+        # A file, not a pipe: a long run's progress would fill a pipe that no one reads until the end, and stall it.
+        with open(Path(tmp) / "stderr.txt", "w+") as log:
+            proc = subprocess.Popen(command, cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
+            start, samples = time.time(), []
+            while proc.poll() is None:
+                rss = tree_rss_mib(proc.pid)
+                if rss is not None:
+                    samples.append((time.time() - start, rss))
+                time.sleep(args.interval)
+            log.seek(0)
+            stderr = log.read()
     if proc.returncode != 0 or len(samples) < 10:
         sys.exit(f"the run failed or was too short to measure:\n{stderr[-2000:]}")
     print(f"`python {args.trainer}.py {' '.join(flags)}`: {samples[-1][0]:.0f} s")

@@ -77,7 +77,7 @@ def test_multi_agent_benchmark_writes_its_table_and_plots(tmp_path):
 
 
 def test_pushcube_benchmark_writes_its_table_and_plots(tmp_path):
-    result = run(["bash", str(REPO / "benchmarks/learn_pushcube_cpu.sh"), "400", "2"], tmp_path,
+    result = run(["bash", str(REPO / "benchmarks/learn_maniskill_cpu.sh"), "PushCube-v1", "400", "2"], tmp_path,
                  {"OUT": str(tmp_path / "out"), "PYTHON": sys.executable, "EVAL_EPISODES": "4"})
     assert result.returncode == 0, result.stderr[-3000:]
     table = (tmp_path / "out/table.md").read_text().splitlines()

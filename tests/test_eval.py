@@ -159,7 +159,7 @@ def evil_pickle(path: Path, marker: Path, torch_format: bool = True):
         path.write_bytes(pickle.dumps(state, protocol=2))  # the protocol torch.load reads
 
 
-def test_bad_checkpoints_are_one_clear_line(tmp_path, monkeypatch, capsys):
+def test_bad_checkpoints_are_one_clear_line(tmp_path, monkeypatch, capfd):
     """Nothing in a checkpoint runs; a missing, empty, truncated, corrupt or foreign file is one error line."""
     train = run_script("ppo.py", fast_args(EPISODE_IDS, "ids", total_timesteps=32), tmp_path)
     assert train.returncode == 0, train.stderr
@@ -208,7 +208,7 @@ def test_bad_checkpoints_are_one_clear_line(tmp_path, monkeypatch, capsys):
         if tuple(argv) in processes:
             returncode, stderr = processes[tuple(argv)].returncode, processes[tuple(argv)].stderr
         else:
-            returncode, stderr = ppo_eval.cli(argv), capsys.readouterr().err
+            returncode, stderr = ppo_eval.cli(argv), capfd.readouterr().err
         assert returncode == 2, (argv, stderr)
         lines = stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and mentions in lines[0], (argv, stderr)

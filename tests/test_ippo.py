@@ -390,12 +390,13 @@ BAD_INPUTS = [
 
 # This one runs in a process of its own, the others in the test's (refused_in_one_line)
 WHOLE_PROCESS = (["--env_id", "vmas:no_such_scenario"],)
+assert all(any(argv == bad for bad, _ in BAD_INPUTS) for argv in WHOLE_PROCESS), "WHOLE_PROCESS names an input not in BAD_INPUTS"
 
 
 @pytest.mark.parametrize("argv,mentions", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
-def test_bad_input_is_one_clear_line(tmp_path, capsys, argv, mentions):
+def test_bad_input_is_one_clear_line(tmp_path, capfd, argv, mentions):
     full_argv = argv + ["--no_capture_video", "--num_eval_envs", "1", "--num_steps", "8"]
-    assert mentions in refused_in_one_line(ippo, full_argv, tmp_path, capsys, whole_process=argv in WHOLE_PROCESS)
+    assert mentions in refused_in_one_line(ippo, full_argv, tmp_path, capfd, whole_process=argv in WHOLE_PROCESS)
     assert not (tmp_path / "runs").exists()
 
 

@@ -15,7 +15,8 @@ import ippo
 import ppo
 import ppo_eval
 import ppo_rnn
-from tests.util import REPO, assert_same_numbers, fast_args, load, refused_in_one_line, run_script, scalars, snapshot, start_script, wait_for
+from tests.util import (REPO, assert_same_numbers, fast_args, load, refused_in_one_line, run_script, scalars, snapshot,
+                        start_script, wait_for)
 
 POINT_MASS = "tests.envs:PointMass-v0"
 
@@ -397,16 +398,17 @@ BAD_INPUTS = [
 
 # These run in a process of their own, the others in the test's (refused_in_one_line)
 WHOLE_PROCESS = (["--env_id", "NoSuchEnv-v0"], ["--env_id", "CartPole-v1", "--num_envs", "0"])
+assert all(any(argv == bad for bad, _ in BAD_INPUTS) for argv in WHOLE_PROCESS), "WHOLE_PROCESS names an input not in BAD_INPUTS"
 
 
 @pytest.mark.parametrize("argv,mentions", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
-def test_bad_input_is_one_clear_line(tmp_path, capsys, argv, mentions):
+def test_bad_input_is_one_clear_line(tmp_path, capfd, argv, mentions):
     if "--sim_backend" in argv and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     if "--track" in argv and importlib.util.find_spec("wandb") is not None:
         pytest.skip("wandb is installed")
     full_argv = argv + ["--no_capture_video", "--num_eval_envs", "1"]
-    assert mentions in refused_in_one_line(ppo, full_argv, tmp_path, capsys, whole_process=argv in WHOLE_PROCESS)
+    assert mentions in refused_in_one_line(ppo, full_argv, tmp_path, capfd, whole_process=argv in WHOLE_PROCESS)
     assert not (tmp_path / "runs").exists()  # a failed start leaves nothing behind, not even an empty directory
     assert not (tmp_path / "outside").exists() and not Path("/tmp/outside").exists()  # the two --exp_name escapes
 

@@ -99,12 +99,18 @@ def test_torchrun_sigterm_then_resume_equals_uninterrupted_run(tmp_path, trainer
                                    env=torchrun_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True, start_new_session=True) for name in ("full", "cut"))
     run = tmp_path / "runs" / "cut"
-    wait_for(run / "ckpt_5.pt", proc, 300)
-    os.killpg(proc.pid, signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=300)
-    assert "resume with: torchrun (the same options)" in stderr, stderr[-3000:]
-    _, full_stderr = full.communicate(timeout=300)
-    assert full.returncode == 0, full_stderr[-3000:]
+    try:
+        wait_for(run / "ckpt_5.pt", proc, 300)
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=300)
+        assert "resume with: torchrun (the same options)" in stderr, stderr[-3000:]
+        _, full_stderr = full.communicate(timeout=300)
+        assert full.returncode == 0, full_stderr[-3000:]
+    finally:  # a failure above leaves neither torchrun, nor its workers, running into the next test
+        for launched in (full, proc):
+            if launched.poll() is None:
+                os.killpg(launched.pid, signal.SIGKILL)
+                launched.communicate()
     saved = sorted(int(p.stem.split("_")[1]) for p in run.glob("ckpt_*.pt"))
     assert 5 <= saved[-1] < 40 and not (run / "final_ckpt.pt").exists()
     assert load(run / f"ckpt_{saved[-1]}.pt")["iteration"] == saved[-1]

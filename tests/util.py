@@ -24,7 +24,7 @@ def run_script(script: str, args: list[str], cwd: Path, timeout: float = 900, ex
                           capture_output=True, text=True, timeout=timeout)
 
 
-def refused_in_one_line(module, argv: list[str], cwd: Path, capsys, whole_process: bool) -> str:
+def refused_in_one_line(module, argv: list[str], cwd: Path, capfd, whole_process: bool) -> str:
     """module.cli(argv) run from cwd exits with status 2 and one error line, which is returned. whole_process: in a
     process of its own as a user runs it (its exit status, no traceback on stderr); otherwise in the test's process,
     which saves the start of one (importing torch and the simulators, about 2 s)."""
@@ -34,7 +34,7 @@ def refused_in_one_line(module, argv: list[str], cwd: Path, capsys, whole_proces
     else:
         with contextlib.chdir(cwd):
             returncode = module.cli(argv)
-        stderr = capsys.readouterr().err
+        stderr = capfd.readouterr().err  # fd 2 too: what C extensions and subprocesses write
     assert returncode == 2, stderr
     lines = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in stderr, stderr
