@@ -5,7 +5,7 @@
 #
 #   bash benchmarks/learn_maniskill_cpu.sh                        # PushCube-v1, 300k steps (about 13 minutes a run on 2 cores), seeds 1 2 3
 #   bash benchmarks/learn_maniskill_cpu.sh PickCube-v1 800000 1   # task, steps, seeds
-#   OUT=/tmp/check EVAL_EPISODES=4 bash benchmarks/learn_maniskill_cpu.sh PushCube-v1 400 1   # a quick check (the test suite runs this)
+#   OUT=/tmp/check EVAL_EPISODES=4 bash benchmarks/learn_maniskill_cpu.sh PushCube-v1 400 2   # a quick check (the test suite runs this)
 #
 # The runs go to runs/<task>_cpu__seed<S> of the working directory, one at a time (each keeps both cores busy); run
 # the script again after an interruption and it finishes what is missing.
@@ -15,7 +15,8 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 env_id=${1:-PushCube-v1}
 steps=${2:-300000}
 seeds=${3:-"1 2 3"}
-name=$(echo "${env_id%-v*}" | tr '[:upper:]' '[:lower:]')_cpu
+task=${env_id##*:}  # my_tasks:MyPushCube-v1 is MyPushCube-v1 of module my_tasks
+name=$(echo "${task%-v*}" | tr '[:upper:]' '[:lower:]')_cpu
 episodes=${EVAL_EPISODES:-100}  # of each final checkpoint, with ppo_eval.py
 out=${OUT:-$repo/benchmarks/results/$name}
 python=${PYTHON:-$repo/.venv/bin/python}

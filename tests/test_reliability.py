@@ -101,6 +101,7 @@ def test_torchrun_sigterm_then_resume_equals_uninterrupted_run(tmp_path, trainer
     run = tmp_path / "runs" / "cut"
     try:
         wait_for(run / "ckpt_5.pt", proc, 300)
+        assert proc.poll() is None, proc.communicate()[1][-3000:]  # it must still be running to be cut
         os.killpg(proc.pid, signal.SIGTERM)
         _, stderr = proc.communicate(timeout=300)
         assert "resume with: torchrun (the same options)" in stderr, stderr[-3000:]
@@ -110,7 +111,7 @@ def test_torchrun_sigterm_then_resume_equals_uninterrupted_run(tmp_path, trainer
         for launched in (full, proc):
             if launched.poll() is None:
                 os.killpg(launched.pid, signal.SIGKILL)
-                launched.communicate()
+                launched.communicate(timeout=60)
     saved = sorted(int(p.stem.split("_")[1]) for p in run.glob("ckpt_*.pt"))
     assert 5 <= saved[-1] < 40 and not (run / "final_ckpt.pt").exists()
     assert load(run / f"ckpt_{saved[-1]}.pt")["iteration"] == saved[-1]
