@@ -5,10 +5,11 @@
 #
 #   bash benchmarks/learn_maniskill_cpu.sh                        # PushCube-v1, 300k steps (about 13 minutes a run on 2 cores), seeds 1 2 3
 #   bash benchmarks/learn_maniskill_cpu.sh PickCube-v1 800000 1   # task, steps, seeds
+#   NAME=pickcube_cpu_steps100 bash benchmarks/learn_maniskill_cpu.sh PickCube-v1 800000 1 --num_steps=100   # flags after the seeds override the settings below
 #   OUT=/tmp/check EVAL_EPISODES=4 bash benchmarks/learn_maniskill_cpu.sh PushCube-v1 400 2   # a quick check (the test suite runs this)
 #
-# The runs go to runs/<task>_cpu__seed<S> of the working directory, one at a time (each keeps both cores busy); run
-# the script again after an interruption and it finishes what is missing.
+# The runs go to runs/<NAME>__seed<S> of the working directory (NAME: <task>_cpu unless set), one at a time (each
+# keeps both cores busy); run the script again after an interruption and it finishes what is missing.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -16,7 +17,8 @@ env_id=${1:-PushCube-v1}
 steps=${2:-300000}
 seeds=${3:-"1 2 3"}
 task=${env_id##*:}  # my_tasks:MyPushCube-v1 is MyPushCube-v1 of module my_tasks
-name=$(echo "${task%-v*}" | tr '[:upper:]' '[:lower:]')_cpu
+name=${NAME:-$(echo "${task%-v*}" | tr '[:upper:]' '[:lower:]')_cpu}
+overrides=("${@:4}")
 episodes=${EVAL_EPISODES:-100}  # of each final checkpoint, with ppo_eval.py
 out=${OUT:-$repo/benchmarks/results/$name}
 python=${PYTHON:-$repo/.venv/bin/python}
@@ -30,7 +32,7 @@ python=${PYTHON:-$repo/.venv/bin/python}
 # deterministic actions, every 50 iterations (10,000 steps) and at the end; --num_eval_steps=100 leaves room for a
 # whole 50-step episode.
 settings=(--env_id="$env_id" --num_envs=4 --num_steps=50 --num_minibatches=4 --update_epochs=8 --lr_schedule=linear
-          --norm_obs --num_eval_envs=4 --num_eval_steps=100 --eval_freq=50 --no_capture_video)
+          --norm_obs --num_eval_envs=4 --num_eval_steps=100 --eval_freq=50 --no_capture_video "${overrides[@]}")
 
 "$repo/scripts/sweep.sh" --seeds "$seeds" --jobs 1 "$name" -- \
   "$python" "$repo/ppo.py" "${settings[@]}" --total_timesteps "$steps"
