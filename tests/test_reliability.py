@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,9 +31,11 @@ LEARNING = {
 }
 
 
-def torchrun(args: list[str]) -> list[str]:
-    """Two ranks on this machine."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
+def torchrun(args: list[str], cwd: Path) -> list[str]:
+    """Two ranks on this machine. torchrun keeps its own logs beside cwd: by default it leaves a directory in /tmp
+    after every run."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            "--log-dir", str(cwd.parent / f"{cwd.name}-torchrun"), *args]
 
 
 def torchrun_env() -> dict:
@@ -40,8 +43,8 @@ def torchrun_env() -> dict:
     return {**script_env(), "GLOO_SOCKET_IFNAME": "lo"}
 
 
-def run_torchrun(args: list[str], cwd, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(torchrun(args), cwd=cwd, env=torchrun_env(), stdin=subprocess.DEVNULL,
+def run_torchrun(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(torchrun(args, cwd), cwd=cwd, env=torchrun_env(), stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -95,7 +98,7 @@ def test_torchrun_sigterm_then_resume_equals_uninterrupted_run(tmp_path, trainer
     script = str(REPO / f"{trainer}.py")
     argv = dict(total_timesteps=32 * 2 * 40, eval_freq=5, norm_obs=True, lr_schedule="linear", **FLAGS[trainer])
     # The uninterrupted run and the one to cut, side by side: most of a short run is its processes starting.
-    full, proc = (subprocess.Popen(torchrun([script, *fast_args(ENV[trainer], name, **argv)]), cwd=tmp_path,
+    full, proc = (subprocess.Popen(torchrun([script, *fast_args(ENV[trainer], name, **argv)], tmp_path), cwd=tmp_path,
                                    env=torchrun_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True, start_new_session=True) for name in ("full", "cut"))
     run = tmp_path / "runs" / "cut"
