@@ -6,7 +6,8 @@
 
 CleanRL's settings: 1 env, 2048 steps per rollout, 32 minibatches, 10 epochs, gamma 0.99, lambda 0.95, observation and
 reward normalization, clipped value loss, linear learning-rate decay, no KL stop. Variants: CleanRL's network size
-(--hidden_sizes 64 64) and ppo.py's default (256 256 256), each eager and with --compile. Training SPS is ppo.py's
+(--hidden_sizes 64 64) and ppo.py's default (256 256 256), each eager and with --compile, and the default with torch's
+2 threads (ppo.py's default is 1, CleanRL's torch's own: the machine's cores). Training SPS is ppo.py's
 charts/SPS at the last iteration (steps / seconds since the first rollout, compiling included); the rollout and
 update columns are means over the iterations after the first. The raw rate steps the bare Gymnasium env with random
 actions. Prints a markdown table.
@@ -32,11 +33,13 @@ NUM_STEPS = 2048  # per rollout, of the one env
 CLEANRL_SETTINGS = ["--num_envs", "1", "--num_steps", str(NUM_STEPS), "--num_minibatches", "32", "--update_epochs", "10",
                     "--gamma", "0.99", "--gae_lambda", "0.95", "--norm_obs", "--norm_reward", "--clip_vloss",
                     "--lr_schedule", "linear", "--target_kl", "None", "--ent_coef", "0"]
-VARIANTS = {
-    "small": ["--hidden_sizes", "64", "64"],
-    "small+compile": ["--hidden_sizes", "64", "64", "--compile"],
-    "default": [],
-    "default+compile": ["--compile"],
+NETWORKS = {"64 64": ["--hidden_sizes", "64", "64"], "256 256 256": []}
+VARIANTS = {  # name: (networks, ppo.py's flags besides them)
+    "small": ("64 64", []),
+    "small+compile": ("64 64", ["--compile"]),
+    "default": ("256 256 256", []),
+    "default+compile": ("256 256 256", ["--compile"]),
+    "default+2threads": ("256 256 256", ["--torch_threads", "2"]),
 }
 
 
@@ -93,11 +96,10 @@ def main():
         sps = cleanrl_speed(options.cleanrl, options.env_id, options.total_timesteps)
         print(f"| CleanRL ppo_continuous_action.py | 64 64 | {sps:.0f} | - | - |", flush=True)
     for variant in options.variants:
-        sps, rollout_rate, update_time = ppo_speed(options.env_id, options.total_timesteps, VARIANTS[variant])
-        networks = "64 64" if variant.startswith("small") else "256 256 256"
-        trainer = "ppo.py --compile" if variant.endswith("compile") else "ppo.py"
-        print(f"| {trainer} | {networks} | {sps:.0f} | {rollout_rate:.0f} ({rollout_rate / rate:.2f}) | "
-              f"{update_time:.2f} |", flush=True)
+        networks, flags = VARIANTS[variant]
+        sps, rollout_rate, update_time = ppo_speed(options.env_id, options.total_timesteps, NETWORKS[networks] + flags)
+        print(f"| {' '.join(['ppo.py', *flags])} | {networks} | {sps:.0f} | {rollout_rate:.0f} "
+              f"({rollout_rate / rate:.2f}) | {update_time:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
