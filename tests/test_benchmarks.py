@@ -30,11 +30,12 @@ def test_mujoco_benchmark_writes_its_table_and_plots(tmp_path):
 
 def test_speed_benchmark_prints_its_table(tmp_path):
     result = run([sys.executable, str(REPO / "benchmarks/speed_cleanrl_settings.py"), "--total_timesteps", "4096",
-                  "--variants", "small", "--raw_steps", "500"], tmp_path)
+                  "--variants", "small", "default+2threads", "--raw_steps", "500"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     assert lines[0].startswith("HalfCheetah-v4, 4096 steps; raw env, random actions:")
-    assert lines[-1].startswith("| ppo.py | 64 64 | ")
+    assert lines[-2].startswith("| ppo.py | 64 64 | ")
+    assert lines[-1].startswith("| ppo.py --torch_threads 2 | 256 256 256 | ")  # each row names the flags it ran
 
 
 def test_throughput_benchmark_prints_its_table(tmp_path):
