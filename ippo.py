@@ -51,7 +51,9 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 CHECKPOINT_FORMAT = 2
-TRAINER = "ippo"
+# The file's own name: a copy (cp ippo.py my_idea.py) names its runs after itself, and its checkpoints say which file
+# wrote them, so that neither this file nor ppo_eval.py mistakes a copy's runs for this file's.
+TRAINER = Path(__file__).stem
 CPU_WORKERS_PER_CORE = 4
 # The flags that shape the network: a checkpoint's weights fit only a network built with the same.
 NETWORK_FIELDS = ("norm_obs", "hidden_sizes", "activation", "share_parameters", "centralized_critic", "agent_obs")
@@ -370,7 +372,12 @@ def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
         if trained != getattr(args, name):
             flag = cli_flag(name, trained)
             raise UserError(f"the checkpoint was trained with {flag}, and its network needs the same: pass {flag}")
-    agent.load_state_dict(state["model"])
+    try:
+        agent.load_state_dict(state["model"])
+    except RuntimeError as e:  # a copy whose network changed after the checkpoint was written
+        mismatch = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e))[:200]
+        raise UserError(f"the checkpoint's weights do not fit {TRAINER}.py's network ({mismatch.rstrip('.')}); "
+                        f"evaluate or continue it with the file that wrote it") from e
 
 
 def clip_grad_norm_per_net(agent: Agent, max_norm: float) -> torch.Tensor:
@@ -1699,7 +1706,8 @@ def load_checkpoint(path) -> dict:
     if ckpt["format"] != CHECKPOINT_FORMAT:
         raise UserError(f"{path} has checkpoint format {ckpt['format']}; this {TRAINER}.py reads format {CHECKPOINT_FORMAT}")
     if ckpt.get("trainer") != TRAINER:
-        raise UserError(f"{path} was written by {ckpt.get('trainer')}.py; {TRAINER}.py cannot continue or start from it")
+        raise UserError(f"{path} was written by {ckpt.get('trainer')}.py, not {TRAINER}.py: continue or start from it "
+                        f"with {ckpt.get('trainer')}.py")
     return ckpt
 
 

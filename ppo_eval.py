@@ -1,10 +1,12 @@
-"""Evaluate a checkpoint of ppo.py, ppo_rnn.py or ippo.py: success rates and returns with their uncertainty.
+"""Evaluate a checkpoint of ppo.py, ppo_rnn.py, ippo.py or a copy of one: success rates and returns with their
+uncertainty.
 
     python ppo_eval.py runs/RUN                                      # the run's final checkpoint, 100 episodes
     python ppo_eval.py runs/RUN/ckpt_250.pt --num_episodes 1000 --num_envs 256
     python ppo_eval.py runs/RUN --capture_video --num_episodes 4     # videos next to the results
     python ppo_eval.py runs/RUN --output results.json --seed 0       # machine-readable, reproducible
     python ppo_eval.py runs/RUN --save_trajectory                    # ManiSkill trajectories (.h5 + .json)
+    python ppo_eval.py runs/RUN --trainer ideas/my_idea.py           # a copy's run, the copy elsewhere
 
 The policy is rebuilt from the checkpoint alone, with the trainer's own code: its Agent, its envs (with the run's
 evaluation settings) and its evaluation loop. Env i of N plays its first num_episodes // N episodes, one more for
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -30,11 +33,8 @@ import numpy as np
 import torch
 import tyro
 
-import ippo
-import ppo
-import ppo_rnn
+import ppo  # its checkpoint reading, which every trainer shares
 
-TRAINERS = {module.TRAINER: module for module in (ppo, ppo_rnn, ippo)}
 # Per-episode 0/1 outcomes: a rate with a Wilson score interval. Every other metric: mean, std, median, bootstrap.
 RATE_METRICS = ("success_once", "success_at_end", "fail_once", "fail_at_end")
 Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile
@@ -44,6 +44,8 @@ Z_95 = 1.959963984540054  # the standard normal's 97.5% quantile
 class EvalArgs:
     checkpoint: tyro.conf.Positional[Annotated[str, tyro.conf.arg(metavar="CHECKPOINT")]]
     """a checkpoint file, or a run directory (its final_ckpt.pt, else its newest ckpt_<iteration>.pt)"""
+    trainer: Optional[str] = None
+    """the trainer file that wrote the checkpoint (default: the file it names, beside ppo_eval.py or in the working directory)"""
     num_episodes: int = 100
     """episodes to evaluate, each played to its end and counted once"""
     num_envs: Optional[int] = None
@@ -85,8 +87,8 @@ class UserError(Exception):
     """A mistake the user can fix: reported as one line and exit status 2."""
 
 
-# The trainers' own mistakes are the user's too.
-USER_ERRORS = (UserError,) + tuple(module.UserError for module in TRAINERS.values())
+# The trainers' own mistakes are the user's too; import_trainer adds each trainer's.
+USER_ERRORS = [UserError, ppo.UserError]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,17 +162,52 @@ def find_checkpoint(path: str) -> Path:
     return numbered[max(numbered)]
 
 
-def load(path: Path):
+def load(path: Path, trainer_file: Optional[str]):
     """The trainer module that wrote the checkpoint, and the checkpoint."""
     ckpt = ppo.read_checkpoint(path)
-    trainer = TRAINERS.get(ckpt.get("trainer"))
-    if trainer is None:
-        raise UserError(f"{path} was written by an unknown trainer {ckpt.get('trainer')!r}; "
-                        f"ppo_eval.py reads checkpoints of {', '.join(f'{name}.py' for name in TRAINERS)}")
+    trainer = import_trainer(ckpt.get("trainer"), path, trainer_file)
     if ckpt["format"] != trainer.CHECKPOINT_FORMAT:
         raise UserError(f"{path} has checkpoint format {ckpt['format']}; {trainer.TRAINER}.py writes format "
                         f"{trainer.CHECKPOINT_FORMAT}")
     return trainer, ckpt
+
+
+def import_trainer(name, checkpoint: Path, trainer_file: Optional[str]):
+    """The module of the file that wrote the checkpoint: --trainer, else {name}.py beside ppo_eval.py or in the working
+    directory. A checkpoint supplies a file name, never a path, so one from elsewhere cannot make this run other code."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise UserError(f"{checkpoint} names its trainer {name!r}, not a Python file name; ppo_eval.py can import only "
+                        "trainers named like Python modules (rename the file, e.g. my_idea.py, and train again)")
+    if trainer_file is not None:
+        if Path(trainer_file).name != f"{name}.py":
+            raise UserError(f"{checkpoint} was written by {name}.py, not by --trainer {trainer_file}")
+        if not Path(trainer_file).is_file():
+            raise UserError(f"--trainer {trainer_file} does not exist")
+        paths = {Path(trainer_file).resolve()}
+    else:
+        folders = (Path(__file__).parent, Path.cwd())
+        paths = {path.resolve() for folder in folders if (path := folder / f"{name}.py").is_file()}
+        if not paths:
+            raise UserError(f"{checkpoint} was written by {name}.py, which is neither beside ppo_eval.py nor in the "
+                            f"working directory; name it with --trainer PATH/{name}.py")
+        if len(paths) > 1:
+            raise UserError(f"{name}.py is both beside ppo_eval.py and in the working directory, and they are different "
+                            f"files; name the one that wrote {checkpoint} with --trainer")
+    (path,) = paths
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # CPU simulator workers unpickle the trainer's env builders by module name
+        if str(path.parent) not in sys.path:
+            sys.path.append(str(path.parent))
+        spec.loader.exec_module(module)
+    elif Path(getattr(module, "__file__", None) or "").resolve() != path:
+        raise UserError(f"{checkpoint} was written by {name}.py, but a module {name} from elsewhere is already "
+                        f"imported ({getattr(module, '__file__', None)}): rename the trainer file and train again")
+    if module.UserError not in USER_ERRORS:
+        USER_ERRORS.append(module.UserError)
+    return module
 
 
 def sha256(path: Path) -> str:
@@ -256,7 +293,7 @@ def prepare_output_dir(args: EvalArgs, checkpoint: Path) -> Optional[Path]:
 def main(args: EvalArgs) -> int:
     validate(args)
     checkpoint = find_checkpoint(args.checkpoint)
-    trainer, ckpt = load(checkpoint)
+    trainer, ckpt = load(checkpoint, args.trainer)
     run = run_args(trainer, ckpt, args)
     maniskill, time_limit = trainer.find_env(run.env_id)
     sim_backend = validate_run(run, trainer, maniskill, args)
@@ -329,7 +366,7 @@ def main(args: EvalArgs) -> int:
             "metrics": summary,
             "episodes": [{key: episode_value(key, values[i]) for key, values in metrics.items()} for i in range(episodes)],
         }
-        if trainer is ippo:
+        if "agents" in ckpt:  # ippo.py's
             results["checkpoint"]["agents"] = ckpt["agents"]
         write_json(Path(args.output), results)
         print(f"results: {args.output}")
@@ -367,7 +404,7 @@ def cli(argv: Optional[list[str]] = None) -> int:
     try:
         args = tyro.cli(EvalArgs, args=sys.argv[1:] if argv is None else argv, use_underscores=True, description=__doc__)
         return main(args)
-    except USER_ERRORS as e:
+    except tuple(USER_ERRORS) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

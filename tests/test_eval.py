@@ -172,6 +172,7 @@ def test_bad_checkpoints_are_one_clear_line(tmp_path, monkeypatch, capfd):
     (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint" * 64)
     ckpt = load(tmp_path / "runs/ids/final_ckpt.pt")
     torch.save({**ckpt, "trainer": "sac"}, tmp_path / "sac.pt")
+    torch.save({**ckpt, "trainer": "../evil/ppo"}, tmp_path / "path.pt")
     torch.save({**ckpt, "format": 1}, tmp_path / "old.pt")
     torch.save({"weights": torch.zeros(3)}, tmp_path / "foreign.pt")
     (tmp_path / "empty_run").mkdir()
@@ -184,7 +185,10 @@ def test_bad_checkpoints_are_one_clear_line(tmp_path, monkeypatch, capfd):
         (["empty.pt"], "is empty"),
         (["truncated.pt"], "cannot be read"),
         (["garbage.pt"], "cannot be read"),
-        (["sac.pt"], "unknown trainer 'sac'"),
+        (["sac.pt"], "written by sac.py, which is neither beside ppo_eval.py nor in the working directory"),
+        (["path.pt"], "not a Python file name"),
+        (["runs/ids", "--trainer", "elsewhere/ppo_rnn.py"], "written by ppo.py, not by --trainer elsewhere/ppo_rnn.py"),
+        (["runs/ids", "--trainer", "elsewhere/ppo.py"], "--trainer elsewhere/ppo.py does not exist"),
         (["old.pt"], "format 1"),
         (["foreign.pt"], "not a checkpoint of these trainers"),
         (["empty_run"], "holds no checkpoint"),

@@ -74,6 +74,8 @@ def fast_args(env_id: str, exp_name: str, **overrides) -> list[str]:
                "gamma": 0.99, "gae_lambda": 0.95, **overrides}
     argv = []
     for key, value in options.items():
+        if value is None and key == "exp_name":  # the trainer's own run name
+            continue
         if value is True:
             argv.append(f"--{key}")
         elif value is False:
