@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import tyro
-from torch.distributions import Categorical
+from torch.distributions import Categorical, Independent, Normal
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
@@ -57,8 +57,6 @@ TRAINER = Path(__file__).stem
 CPU_WORKERS_PER_CORE = 4
 # The flags that shape the network: a checkpoint's weights fit only a network built with the same.
 NETWORK_FIELDS = ("norm_obs", "hidden_sizes", "activation", "share_parameters", "centralized_critic", "agent_obs")
-LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
-NORMAL_ENTROPY_AT_UNIT_STD = 0.5 + 0.5 * math.log(2 * math.pi)
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
@@ -220,15 +218,6 @@ def mlp(num_nets: int, in_dim: int, hidden_sizes: tuple[int, ...], activation: s
     return nn.Sequential(*layers, AgentLinear(num_nets, width, out_dim, std=out_std))
 
 
-def numpy_on_cpu(*tensors: torch.Tensor) -> tuple:
-    """(numpy, the tensors' numpy views) for CPU tensors, else (torch, the tensors): code written once for both runs
-    the running statistics' small float64 arithmetic several times faster on the CPU, where torch spends microseconds
-    dispatching each op. The views share the tensors' memory, so in-place updates reach them."""
-    if tensors[0].device.type == "cpu":
-        return (np, *(tensor.numpy() for tensor in tensors))
-    return (torch, *tensors)
-
-
 class RunningMeanStd(nn.Module):
     """Running mean and variance in float64 (parallel-variance merge) over the batch dimension, one
     statistic per entry of shape (here one row per agent); buffers, so checkpoints carry them."""
@@ -241,22 +230,17 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
 
     def update(self, x: torch.Tensor):
-        xp, x, mean, var, count = numpy_on_cpu(x, self.mean, self.var, self.count)
-        x = xp.asarray(x, dtype=xp.float64)
-        batch_count = x.shape[0]
-        # sum / count is what numpy's mean computes, without the Python wrapper that doubles its cost on small arrays
-        batch_mean = x.sum(0) / batch_count
-        batch_var = ((x - batch_mean) ** 2).sum(0) / batch_count
-        delta = batch_mean - mean
-        total = count + batch_count
-        mean += delta * batch_count / total
-        var[...] = (var * count + batch_var * batch_count + delta**2 * count * batch_count / total) / total
-        count[...] = total
+        x = x.double()
+        batch_mean, batch_var, batch_count = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        self.mean += delta * batch_count / total
+        self.var.copy_((self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total)
+                       / total)
+        self.count.copy_(total)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xp, x, mean, var = numpy_on_cpu(x, self.mean, self.var)
-        normalized = xp.clip((xp.asarray(x, dtype=xp.float64) - mean) / xp.sqrt(var + 1e-8), -self.clip, self.clip)
-        return torch.as_tensor(xp.asarray(normalized, dtype=xp.float32))
+        return torch.clamp((x.double() - self.mean) / torch.sqrt(self.var + 1e-8), -self.clip, self.clip).float()
 
 
 class RewardNormalizer(nn.Module):
@@ -276,14 +260,10 @@ class RewardNormalizer(nn.Module):
 
     def forward(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
         """reward (num_envs, num_agents); done (num_envs,), as every agent's episode ends with its env's."""
-        xp, reward, done, discounted_return, return_var = numpy_on_cpu(reward, done, self.discounted_return,
-                                                                        self.return_rms.var)
-        discounted_return *= self.gamma
-        discounted_return += reward
+        self.discounted_return.mul_(self.gamma).add_(reward)
         self.return_rms.update(gather_rows(self.discounted_return))  # so that every rank scales alike
-        discounted_return[...] = xp.where(done[:, None], 0.0, discounted_return)
-        scaled = xp.clip(reward / xp.sqrt(return_var + 1e-8), -self.clip, self.clip)  # the variance just updated
-        return torch.as_tensor(xp.asarray(scaled, dtype=xp.float32))
+        self.discounted_return.masked_fill_(done[:, None], 0.0)
+        return torch.clamp(reward / torch.sqrt(self.return_rms.var + 1e-8), -self.clip, self.clip).float()
 
 
 class Agent(nn.Module):
@@ -332,23 +312,16 @@ class Agent(nn.Module):
         return logits_or_mean.argmax(-1) if self.discrete else logits_or_mean
 
     def get_action_and_value(self, obs: torch.Tensor, action: Optional[torch.Tensor] = None):
+        # validate_args=False: checking the arguments would sync with the GPU at every call
         if self.discrete:
-            dist = Categorical(logits=self.run(self.actor, obs), validate_args=False)  # validation syncs with the GPU
-            if action is None:
-                action = dist.sample()
-            return action, dist.log_prob(action), dist.entropy(), self.get_value(obs)
-        # torch.distributions.Normal's sample, log_prob and entropy, written out: building its object costs more than
-        # the arithmetic at the batch size of a rollout step. The same operations, so the same numbers.
-        mean = self.run(self.actor, obs)
-        std = self.actor_logstd.expand_as(mean).exp()
+            dist = Categorical(logits=self.run(self.actor, obs), validate_args=False)
+        else:
+            mean = self.run(self.actor, obs)
+            dist = Independent(Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False), 1,
+                               validate_args=False)
         if action is None:
-            with torch.no_grad():
-                action = torch.normal(mean, std)
-        # Two logs of std, as Normal takes: one shared log would add the entropy's gradient to the log-probability's
-        # before dividing by std, which rounds otherwise (with ent_coef > 0).
-        logprob = -((action - mean) ** 2) / (2 * std**2) - std.log() - LOG_SQRT_2PI
-        entropy = NORMAL_ENTROPY_AT_UNIT_STD + std.log()
-        return action, logprob.sum(-1), entropy.sum(-1), self.get_value(obs)
+            action = dist.sample()
+        return action, dist.log_prob(action), dist.entropy(), self.get_value(obs)
 
 
 def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
@@ -1440,7 +1413,6 @@ class TorchVecEnv:
     """
 
     EPISODE_KEYS = ("success_once", "success_at_end", "fail_once", "fail_at_end")
-    NUMPY_DTYPES = {torch.float32: np.float32, torch.bool: np.bool_}
 
     def __init__(self, env, device: torch.device, torch_native: bool, agent_views: dict, video_recorder=None):
         self.env = env
@@ -1473,10 +1445,7 @@ class TorchVecEnv:
         return self._to_device(obs, torch.float32, (-1, self.flat_obs_dim))[:, self.obs_index]
 
     def _to_device(self, x, dtype: torch.dtype, shape: tuple = (-1,)) -> torch.Tensor:
-        if torch.is_tensor(x):
-            return x.to(self.device).reshape(shape).to(dtype)
-        # A CPU env's arrays, at every step: numpy casts them several times faster than torch dispatches a cast.
-        return torch.from_numpy(np.asarray(x, dtype=self.NUMPY_DTYPES[dtype]).reshape(shape)).to(self.device)
+        return torch.as_tensor(x).to(self.device, dtype).reshape(shape)
 
     def reset(self, seed: Optional[int] = None) -> torch.Tensor:
         obs, _ = self.env.reset(seed=seed)
@@ -1500,9 +1469,8 @@ class TorchVecEnv:
         reward = self._to_device(reward, torch.float32, (self.num_envs, -1)).expand(-1, self.num_agents)
         terminated = self._to_device(terminated, torch.bool)
         truncated = self._to_device(truncated, torch.bool)
-        _, episode_return, episode_length, step_reward = numpy_on_cpu(self.episode_return, self.episode_length, reward)
-        episode_return += step_reward
-        episode_length += 1
+        self.episode_return += reward
+        self.episode_length += 1
 
         final_obs, finished = next_obs, None
         if "final_info" in info:  # present only when some episode ended

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import tyro
-from torch.distributions import Categorical
+from torch.distributions import Categorical, Independent, Normal
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
@@ -55,8 +55,6 @@ TRAINER = Path(__file__).stem
 CPU_WORKERS_PER_CORE = 4
 # The flags that shape the network: a checkpoint's weights fit only a network built with the same.
 NETWORK_FIELDS = ("norm_obs", "activation", "rnn_type", "rnn_hidden_size", "rnn_num_layers", "shared_rnn")
-LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
-NORMAL_ENTROPY_AT_UNIT_STD = 0.5 + 0.5 * math.log(2 * math.pi)
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
@@ -240,15 +238,6 @@ class RecurrentCore(nn.Module):
         return torch.cat(outputs), state
 
 
-def numpy_on_cpu(*tensors: torch.Tensor) -> tuple:
-    """(numpy, the tensors' numpy views) for CPU tensors, else (torch, the tensors): code written once for both runs
-    the running statistics' small float64 arithmetic several times faster on the CPU, where torch spends microseconds
-    dispatching each op. The views share the tensors' memory, so in-place updates reach them."""
-    if tensors[0].device.type == "cpu":
-        return (np, *(tensor.numpy() for tensor in tensors))
-    return (torch, *tensors)
-
-
 class RunningMeanStd(nn.Module):
     """Running mean and variance in float64 (parallel-variance merge); buffers, so checkpoints carry them."""
 
@@ -260,22 +249,17 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
 
     def update(self, x: torch.Tensor):
-        xp, x, mean, var, count = numpy_on_cpu(x, self.mean, self.var, self.count)
-        x = xp.asarray(x, dtype=xp.float64)
-        batch_count = x.shape[0]
-        # sum / count is what numpy's mean computes, without the Python wrapper that doubles its cost on small arrays
-        batch_mean = x.sum(0) / batch_count
-        batch_var = ((x - batch_mean) ** 2).sum(0) / batch_count
-        delta = batch_mean - mean
-        total = count + batch_count
-        mean += delta * batch_count / total
-        var[...] = (var * count + batch_var * batch_count + delta**2 * count * batch_count / total) / total
-        count[...] = total
+        x = x.double()
+        batch_mean, batch_var, batch_count = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        self.mean += delta * batch_count / total
+        self.var.copy_((self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total)
+                       / total)
+        self.count.copy_(total)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xp, x, mean, var = numpy_on_cpu(x, self.mean, self.var)
-        normalized = xp.clip((xp.asarray(x, dtype=xp.float64) - mean) / xp.sqrt(var + 1e-8), -self.clip, self.clip)
-        return torch.as_tensor(xp.asarray(normalized, dtype=xp.float32))
+        return torch.clamp((x.double() - self.mean) / torch.sqrt(self.var + 1e-8), -self.clip, self.clip).float()
 
 
 class RewardNormalizer(nn.Module):
@@ -290,14 +274,10 @@ class RewardNormalizer(nn.Module):
         self.register_buffer("discounted_return", torch.zeros(num_envs, dtype=torch.float64), persistent=False)
 
     def forward(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
-        xp, reward, done, discounted_return, return_var = numpy_on_cpu(reward, done, self.discounted_return,
-                                                                        self.return_rms.var)
-        discounted_return *= self.gamma
-        discounted_return += reward
+        self.discounted_return.mul_(self.gamma).add_(reward)
         self.return_rms.update(gather_rows(self.discounted_return[:, None]))  # so that every rank scales alike
-        discounted_return[...] = xp.where(done, 0.0, discounted_return)
-        scaled = xp.clip(reward / xp.sqrt(return_var + 1e-8), -self.clip, self.clip)  # the variance just updated
-        return torch.as_tensor(xp.asarray(scaled, dtype=xp.float32))
+        self.discounted_return.masked_fill_(done, 0.0)
+        return torch.clamp(reward / torch.sqrt(self.return_rms.var + 1e-8), -self.clip, self.clip).float()
 
 
 class Agent(nn.Module):
@@ -359,23 +339,16 @@ class Agent(nn.Module):
                              action: Optional[torch.Tensor] = None):
         actor_features, critic_features, state = self.cores(obs, state, episode_starts)
         value = self.critic(critic_features).squeeze(-1)
+        # validate_args=False: checking the arguments would sync with the GPU at every call
         if self.discrete:
-            dist = Categorical(logits=self.actor(actor_features), validate_args=False)  # validation syncs with the GPU
-            if action is None:
-                action = dist.sample()
-            return action, dist.log_prob(action), dist.entropy(), value, state
-        # torch.distributions.Normal's sample, log_prob and entropy, written out: building its object costs more than
-        # the arithmetic at the batch size of a rollout step. The same operations, so the same numbers.
-        mean = self.actor(actor_features)
-        std = self.actor_logstd.expand_as(mean).exp()
+            dist = Categorical(logits=self.actor(actor_features), validate_args=False)
+        else:
+            mean = self.actor(actor_features)
+            dist = Independent(Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False), 1,
+                               validate_args=False)
         if action is None:
-            with torch.no_grad():
-                action = torch.normal(mean, std)
-        # Two logs of std, as Normal takes: one shared log would add the entropy's gradient to the log-probability's
-        # before dividing by std, which rounds otherwise (with ent_coef > 0).
-        logprob = -((action - mean) ** 2) / (2 * std**2) - std.log() - LOG_SQRT_2PI
-        entropy = NORMAL_ENTROPY_AT_UNIT_STD + std.log()
-        return action, logprob.sum(-1), entropy.sum(-1), value, state
+            action = dist.sample()
+        return action, dist.log_prob(action), dist.entropy(), value, state
 
 
 def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
@@ -517,15 +490,6 @@ def average_gradients(agent: nn.Module, loss_finite: torch.Tensor) -> torch.Tens
         g.copy_(flat[offset:offset + g.numel()].view_as(g))
         offset += g.numel()
     return flat[-1] == 0
-
-
-def clip_grad_norm(agent: nn.Module, max_norm: float) -> torch.Tensor:
-    """nn.utils.clip_grad_norm_(foreach=True)'s arithmetic, so the same numbers, without its sorting of the gradients
-    by device and dtype: for small networks that sorting costs more than the arithmetic, at every minibatch."""
-    grads = [p.grad for p in agent.parameters() if p.grad is not None]
-    total_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
-    torch._foreach_mul_(grads, torch.clamp(max_norm / (total_norm + 1e-6), max=1.0))
-    return total_norm
 
 
 def parameters_finite(agent: nn.Module, iteration: int) -> bool:
@@ -770,7 +734,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
                     loss_finite = torch.isfinite(loss)
                     if num_ranks > 1:
                         loss_finite = average_gradients(agent, loss_finite)
-                    grad_norm = clip_grad_norm(agent, args.max_grad_norm)
+                    grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                     if not loss_finite or not torch.isfinite(grad_norm):
                         raise NonFiniteError(f"non-finite {'gradient' if loss_finite else 'loss'} "
                                              f"at iteration {iteration} (global step {global_step})")
@@ -1267,7 +1231,6 @@ class TorchVecEnv:
     """
 
     EPISODE_KEYS = ("success_once", "success_at_end", "fail_once", "fail_at_end")
-    NUMPY_DTYPES = {torch.float32: np.float32, torch.bool: np.bool_}
 
     def __init__(self, env: gym.vector.VectorEnv, device: torch.device, torch_native: bool,
                  reset_video_trigger: Optional[ResetEpisodeTrigger] = None, video_recorder: Optional[gym.Wrapper] = None):
@@ -1300,10 +1263,7 @@ class TorchVecEnv:
         return self._to_device(obs, torch.float32, (-1, self.obs_dim))
 
     def _to_device(self, x, dtype: torch.dtype, shape: tuple = (-1,)) -> torch.Tensor:
-        if torch.is_tensor(x):
-            return x.to(self.device).reshape(shape).to(dtype)
-        # A CPU env's arrays, at every step: numpy casts them several times faster than torch dispatches a cast.
-        return torch.from_numpy(np.asarray(x, dtype=self.NUMPY_DTYPES[dtype]).reshape(shape)).to(self.device)
+        return torch.as_tensor(x).to(self.device, dtype).reshape(shape)
 
     def reset(self, seed: Optional[int] = None) -> torch.Tensor:
         if self.reset_video_trigger is not None:
@@ -1328,9 +1288,8 @@ class TorchVecEnv:
         reward = self._to_device(reward, torch.float32)
         terminated = self._to_device(terminated, torch.bool)
         truncated = self._to_device(truncated, torch.bool)
-        _, episode_return, episode_length, step_reward = numpy_on_cpu(self.episode_return, self.episode_length, reward)
-        episode_return += step_reward
-        episode_length += 1
+        self.episode_return += reward
+        self.episode_length += 1
 
         final_obs, finished = next_obs, None
         if "final_info" in info:  # present only when some episode ended

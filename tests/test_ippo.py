@@ -76,9 +76,9 @@ def test_shared_parameters_tell_agents_apart_by_their_id():
 
 
 @pytest.mark.parametrize("share_parameters", [False, True], ids=["own-networks", "shared-network"])
-def test_written_out_normal_gives_torch_distributions_numbers(share_parameters):
-    """Sample, log-probability and entropy of every agent's Gaussian, bit for bit torch.distributions.Normal's
-    (summed over the action dimension, one per agent), each agent with its own log-std."""
+def test_each_agent_samples_from_its_own_gaussian(share_parameters):
+    """Sample, log-probability and entropy of every agent's Gaussian: torch.distributions.Normal's with that agent's
+    log-std, summed over the action dimension (one per agent), gradients included."""
     torch.manual_seed(0)
     agent = ippo.Agent(3, 5, {**BOX, "shape": [4]}, norm_obs=False, hidden_sizes=(16,), activation="tanh",
                        log_std_init=-0.5, share_parameters=share_parameters, state_index=None)
