@@ -45,13 +45,13 @@ class EvalArgs:
     checkpoint: tyro.conf.Positional[Annotated[str, tyro.conf.arg(metavar="CHECKPOINT")]]
     """a checkpoint file, or a run directory (its final_ckpt.pt, else its newest ckpt_<iteration>.pt)"""
     trainer: Optional[str] = None
-    """the trainer file that wrote the checkpoint (default: the file it names, beside ppo_eval.py or in the working directory)"""
+    """the checkpoint's trainer file (default: the file it names, beside ppo_eval.py or in the working directory)"""
     num_episodes: int = 100
     """episodes to evaluate, each played to its end and counted once"""
     num_envs: Optional[int] = None
     """parallel environments (default: the run's --num_eval_envs)"""
     seed: int = 0
-    """seeds the envs' resets (env i of a Gymnasium or ManiSkill CPU vector env: seed + i), sampled actions and the bootstrap"""
+    """seeds env resets (env i of a Gymnasium or ManiSkill CPU vector env: seed + i), sampled actions, the bootstrap"""
     stochastic: bool = False
     """sample actions from the policy instead of taking its mode"""
     capture_video: bool = False
@@ -61,7 +61,7 @@ class EvalArgs:
     output: Optional[str] = None
     """write the results, every episode's record and the checkpoint's identity to this JSON file"""
     output_dir: Optional[str] = None
-    """where videos and trajectories go (default: {checkpoint's directory}/eval/{checkpoint name}__seed{seed}__{unix time})"""
+    """where videos and trajectories go (default: {checkpoint's dir}/eval/{checkpoint name}__seed{seed}__{unix time})"""
     bootstrap_samples: int = 10_000
     """resamples for the bootstrap intervals of the means"""
     cuda: bool = True
@@ -80,7 +80,7 @@ class EvalArgs:
     reconfiguration_freq: Optional[int] = None
     """ManiSkill: reconfigure the scenes every this many resets (default: the run's --eval_reconfiguration_freq)"""
     partial_reset: Optional[bool] = None
-    """ManiSkill: reset an env as soon as its episode terminates, else run every episode to the time limit (default: the run's --eval_partial_reset)"""
+    """ManiSkill: reset an env on termination, else run to the time limit (default: the run's --eval_partial_reset)"""
 
 
 class UserError(Exception):
@@ -127,9 +127,9 @@ def summarize(metrics: dict[str, np.ndarray], bootstrap_samples: int, seed: int)
             summary[key] = {"episodes": n, "successes": successes, "rate": successes / n,
                             "ci95": list(wilson_interval(successes, n)), "interval": "wilson"}
         else:
-            summary[key] = {"episodes": n, "mean": float(values.mean()), "std": float(values.std(ddof=1)) if n > 1 else 0.0,
-                            "median": float(np.median(values)), "ci95": list(bootstrap_interval(values, bootstrap_samples, rng)),
-                            "interval": "bootstrap"}
+            summary[key] = {"episodes": n, "mean": float(values.mean()),
+                            "std": float(values.std(ddof=1)) if n > 1 else 0.0, "median": float(np.median(values)),
+                            "ci95": list(bootstrap_interval(values, bootstrap_samples, rng)), "interval": "bootstrap"}
     return summary
 
 
@@ -174,7 +174,8 @@ def load(path: Path, trainer_file: Optional[str]):
 
 def import_trainer(name, checkpoint: Path, trainer_file: Optional[str]):
     """The module of the file that wrote the checkpoint: --trainer, else {name}.py beside ppo_eval.py or in the working
-    directory. A checkpoint supplies a file name, never a path, so one from elsewhere cannot make this run other code."""
+    directory. A checkpoint supplies a file name, never a path, so one from elsewhere cannot make this run other
+    code."""
     if not isinstance(name, str) or not name.isidentifier():
         raise UserError(f"{checkpoint} names its trainer {name!r}, not a Python file name; ppo_eval.py can import only "
                         "trainers named like Python modules (rename the file, e.g. my_idea.py, and train again)")
@@ -191,8 +192,8 @@ def import_trainer(name, checkpoint: Path, trainer_file: Optional[str]):
             raise UserError(f"{checkpoint} was written by {name}.py, which is neither beside ppo_eval.py nor in the "
                             f"working directory; name it with --trainer PATH/{name}.py")
         if len(paths) > 1:
-            raise UserError(f"{name}.py is both beside ppo_eval.py and in the working directory, and they are different "
-                            f"files; name the one that wrote {checkpoint} with --trainer")
+            raise UserError(f"{name}.py is both beside ppo_eval.py and in the working directory, and they are "
+                            f"different files; name the one that wrote {checkpoint} with --trainer")
     (path,) = paths
     module = sys.modules.get(name)
     if module is None:
@@ -254,22 +255,25 @@ def validate_run(run, trainer, maniskill: bool, args: EvalArgs):
     """The checks of the trainer's validate() that concern evaluation envs."""
     num_envs = run.num_eval_envs
     if not 0 <= args.seed <= 2**32 - 1 - num_envs:
-        raise UserError(f"--seed must be in [0, {2**32 - 1 - num_envs}] with {num_envs} envs (numpy seeds are below 2**32), "
-                        f"got {args.seed}")
+        raise UserError(f"--seed must be in [0, {2**32 - 1 - num_envs}] with {num_envs} envs (numpy seeds are below "
+                        f"2**32), got {args.seed}")
     if args.save_trajectory and not maniskill:
-        raise UserError(f"--save_trajectory records ManiSkill's RecordEpisode trajectories; {run.env_id} is not a ManiSkill task")
+        raise UserError(f"--save_trajectory records ManiSkill's RecordEpisode trajectories; {run.env_id} is not a "
+                        "ManiSkill task")
     sim_backend = trainer.resolve_sim_backend(run.sim_backend) if maniskill else None
     if sim_backend == "gpu" and num_envs > 1 and run.eval_partial_reset and run.eval_reconfiguration_freq:
-        raise UserError(f"partial resets with reconfiguration every {run.eval_reconfiguration_freq} resets: ManiSkill cannot "
-                        "reconfigure a GPU simulation while it resets only some of its envs; pass --reconfiguration_freq 0 "
-                        "or --partial_reset False")
+        raise UserError(f"partial resets with reconfiguration every {run.eval_reconfiguration_freq} resets: ManiSkill "
+                        "cannot reconfigure a GPU simulation while it resets only some of its envs; pass "
+                        "--reconfiguration_freq 0 or --partial_reset False")
     if sim_backend == "cpu" and num_envs > 1:
         cores = ppo.usable_cores()
         if num_envs > trainer.CPU_WORKERS_PER_CORE * cores:
-            raise UserError(f"--num_envs={num_envs} would start {num_envs} CPU simulator processes on {cores} cores (at most "
-                            f"{trainer.CPU_WORKERS_PER_CORE} per core); try --num_envs={2 * cores}, or a machine with CUDA")
+            raise UserError(f"--num_envs={num_envs} would start {num_envs} CPU simulator processes on {cores} cores "
+                            f"(at most {trainer.CPU_WORKERS_PER_CORE} per core); try --num_envs={2 * cores}, or a "
+                            "machine with CUDA")
         if args.save_trajectory:
-            raise UserError("--save_trajectory records through one ManiSkill vector env: on the CPU simulation pass --num_envs 1")
+            raise UserError("--save_trajectory records through one ManiSkill vector env: on the CPU simulation pass "
+                            "--num_envs 1")
     return sim_backend
 
 
@@ -307,7 +311,8 @@ def main(args: EvalArgs) -> int:
     max_steps = int(episodes_per_env.max()) * run.max_episode_steps
     output_dir = prepare_output_dir(args, checkpoint)
     if args.output is not None and Path(args.output).is_dir():
-        raise UserError(f"--output {args.output} is a directory; give a file name, e.g. {Path(args.output) / 'results.json'}")
+        raise UserError(f"--output {args.output} is a directory; give a file name, e.g. "
+                        f"{Path(args.output) / 'results.json'}")
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -325,7 +330,8 @@ def main(args: EvalArgs) -> int:
             trainer.load_weights(agent, ckpt, run, envs)
             agent.eval()
             start = time.perf_counter()
-            metrics = trainer.evaluate(agent, envs, max_steps, args.seed, episodes_per_env, deterministic=not args.stochastic)
+            metrics = trainer.evaluate(agent, envs, max_steps, args.seed, episodes_per_env,
+                                       deterministic=not args.stochastic)
             seconds = time.perf_counter() - start
             if trajectory_path is not None:
                 envs.video_recorder.flush_trajectory(save=False)  # the episodes still running are not evaluated
@@ -356,7 +362,8 @@ def main(args: EvalArgs) -> int:
                            "global_step": ckpt["global_step"], "iteration": ckpt["iteration"]},
             "evaluation": {"env_id": run.env_id, "num_episodes": args.num_episodes, "num_envs": num_envs,
                            "episodes_per_env": episodes_per_env.tolist(), "deterministic": not args.stochastic,
-                           "max_episode_steps": run.max_episode_steps, "control_mode": run.control_mode if maniskill else None,
+                           "max_episode_steps": run.max_episode_steps,
+                           "control_mode": run.control_mode if maniskill else None,
                            "sim_backend": sim_backend, "partial_reset": run.eval_partial_reset if maniskill else None,
                            "reconfiguration_freq": run.eval_reconfiguration_freq if maniskill else None,
                            "device": str(device), "bootstrap_samples": args.bootstrap_samples, "seconds": seconds,
@@ -364,7 +371,8 @@ def main(args: EvalArgs) -> int:
             "seeds": {"env_reset": args.seed, "torch": args.seed, "numpy": args.seed, "python": args.seed,
                       "bootstrap": args.seed},
             "metrics": summary,
-            "episodes": [{key: episode_value(key, values[i]) for key, values in metrics.items()} for i in range(episodes)],
+            "episodes": [{key: episode_value(key, values[i]) for key, values in metrics.items()}
+                         for i in range(episodes)],
         }
         if "agents" in ckpt:  # ippo.py's
             results["checkpoint"]["agents"] = ckpt["agents"]
@@ -402,7 +410,8 @@ def write_json(path: Path, results: dict):
 
 def cli(argv: Optional[list[str]] = None) -> int:
     try:
-        args = tyro.cli(EvalArgs, args=sys.argv[1:] if argv is None else argv, use_underscores=True, description=__doc__)
+        args = tyro.cli(EvalArgs, args=sys.argv[1:] if argv is None else argv, use_underscores=True,
+                        description=__doc__)
         return main(args)
     except tuple(USER_ERRORS) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,6 +1,6 @@
 """ppo_rnn.py on the partially observed tasks of pomdp.py: learning per seed, and where the time goes.
 
-    python benchmarks/rnn_pomdp.py                        # CartPoleNoVel-v1 (seeds 1-5) and PendulumNoVel-v1 (seeds 1-3)
+    python benchmarks/rnn_pomdp.py                       # CartPoleNoVel-v1 (seeds 1-5) and PendulumNoVel-v1 (seeds 1-3)
     python benchmarks/rnn_pomdp.py --tasks cartpole --seeds 1 2 --total_timesteps 4096 --out /tmp/check
 
 Runs each command of TASKS (the README's) one seed at a time into runs/ of the working directory, then writes to
@@ -28,7 +28,8 @@ TASKS = {
     "pendulum": dict(threshold=-250, seeds=[1, 2, 3], command=(
         "--env_id pomdp:PendulumNoVel-v1 --num_envs 8 --num_steps 256 --seq_len 32 --num_minibatches 8 "
         "--update_epochs 10 --gamma 0.9 --gae_lambda 0.9 --learning_rate 1e-3 --lr_schedule linear --target_kl None "
-        "--norm_obs --reward_scale 0.1 --rnn_hidden_size 64 --total_timesteps 102400 --eval_freq 5 --no_capture_video")),
+        "--norm_obs --reward_scale 0.1 --rnn_hidden_size 64 --total_timesteps 102400 --eval_freq 5 "
+        "--no_capture_video")),
 }
 
 
@@ -66,8 +67,8 @@ def main():
                         f"{wall:.0f} s | {tags['charts/SPS'][-1][1]:.0f} | {rollout / (rollout + update):.0%} / "
                         f"{update / (rollout + update):.0%} |")
             print(rows[-1], flush=True)
-        subprocess.run([sys.executable, str(REPO / "scripts" / "plot.py"), *map(str, run_dirs), "--metrics", "eval/return",
-                        "--group", r"^([a-z]+)_s\d+_\d+$", "--out", str(options.out / task)], check=True,
+        subprocess.run([sys.executable, str(REPO / "scripts" / "plot.py"), *map(str, run_dirs), "--metrics",
+                        "eval/return", "--group", r"^([a-z]+)_s\d+_\d+$", "--out", str(options.out / task)], check=True,
                        stdout=subprocess.DEVNULL)
     table = [f"ppo_rnn.py on pomdp.py's tasks, {time.strftime('%Y-%m-%d')}, {machine()}, one run at a time",
              *(f"command: {command}" for command in commands), "",

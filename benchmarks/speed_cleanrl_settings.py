@@ -30,7 +30,8 @@ sys.path.insert(0, str(REPO))
 from tests.util import scalars  # noqa: E402
 
 NUM_STEPS = 2048  # per rollout, of the one env
-CLEANRL_SETTINGS = ["--num_envs", "1", "--num_steps", str(NUM_STEPS), "--num_minibatches", "32", "--update_epochs", "10",
+CLEANRL_SETTINGS = ["--num_envs", "1", "--num_steps", str(NUM_STEPS), "--num_minibatches", "32",
+                    "--update_epochs", "10",
                     "--gamma", "0.99", "--gae_lambda", "0.95", "--norm_obs", "--norm_reward", "--clip_vloss",
                     "--lr_schedule", "linear", "--target_kl", "None", "--ent_coef", "0"]
 NETWORKS = {"64 64": ["--hidden_sizes", "64", "64"], "256 256 256": []}

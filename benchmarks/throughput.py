@@ -1,7 +1,7 @@
 """Throughput: ppo.py's rollout and training steps per second against random-action stepping of the same vector env,
 measured in one run.
 
-    python benchmarks/throughput.py                                   # PushCube-v1 with 1 and 4 envs, Pendulum-v1 with 8
+    python benchmarks/throughput.py                                  # PushCube-v1 with 1 and 4 envs, Pendulum-v1 with 8
     python benchmarks/throughput.py --runs PushCube-v1:2 CartPole-v1:4 --steps 200 --iterations 4
 
 Random stepping goes through ppo.py's own env interface (TorchVecEnv, the same vector env as training), so what sets
@@ -41,12 +41,14 @@ def random_stepping_sps(env_id: str, num_envs: int, steps: int) -> float:
     maniskill, _ = ppo.find_env(env_id)
     args = ppo.Args(env_id=env_id, num_envs=num_envs, capture_video=False)
     with tempfile.TemporaryDirectory() as tmp:
-        envs = ppo.make_envs(args, maniskill, torch.device("cpu"), evaluation=False, run_dir=Path(tmp), num_eval_steps=50)
+        envs = ppo.make_envs(args, maniskill, torch.device("cpu"), evaluation=False, run_dir=Path(tmp),
+                             num_eval_steps=50)
         try:
             envs.reset(seed=0)
             if hasattr(envs, "action_low"):
                 def random_action():
-                    return envs.action_low + torch.rand(num_envs, envs.action_low.shape[0]) * (envs.action_high - envs.action_low)
+                    return (envs.action_low
+                            + torch.rand(num_envs, envs.action_low.shape[0]) * (envs.action_high - envs.action_low))
             else:
                 def random_action():
                     return torch.randint(envs.single_action_space.n, (num_envs,))
@@ -86,7 +88,8 @@ def main():
     parser.add_argument("--steps", type=int, default=500, help="random-action steps of the vector env")
     parser.add_argument("--iterations", type=int, default=10, help="training iterations")
     options = parser.parse_args()
-    print("| env | num_envs | random actions (steps/s) | ppo.py rollout (steps/s, ÷ random) | ppo.py training SPS (÷ random) |")
+    print("| env | num_envs | random actions (steps/s) | ppo.py rollout (steps/s, ÷ random) | "
+          "ppo.py training SPS (÷ random) |")
     print("|---|---:|---:|---:|---:|")
     for env_id, num_envs in options.runs:
         random_sps = random_stepping_sps(env_id, num_envs, options.steps)

@@ -22,7 +22,8 @@ from plot import group_runs, read_scalars, report_user_errors, run_dirs_parser  
 
 def table(run_dirs: list[Path], metrics: list[str], pattern: str, by_run: bool = False) -> str:
     by_run_header = f" {metrics[0]} by run |" if by_run else ""
-    rows = ["| runs | n | " + " | ".join(f"{metric} (final)" for metric in metrics) + f" |{by_run_header} global step | wall time (min) |",
+    rows = ["| runs | n | " + " | ".join(f"{metric} (final)" for metric in metrics) + f" |{by_run_header} "
+            "global step | wall time (min) |",
             "|---|---:|" + "---:|" * len(metrics) + "---|" * by_run + "---:|---:|"]
     for name, runs in group_runs(run_dirs, pattern).items():
         cells, steps, minutes, first_by_run = [], [], [], []

@@ -212,7 +212,7 @@ def test_gpu_path_default_flags_build(tmp_path, gpu_sized_envs, trainer):
 def test_gpu_path_under_torchrun_simulates_on_the_rank_gpu(tmp_path, gpu_sized_envs, monkeypatch, trainer, time_limit):
     """Rank 3 of 4 on a node: its envs simulate and render on cuda:3, and the run takes a quarter of the iterations."""
     args = trainer.Args(capture_video=False)
-    iterations = trainer.validate(args, maniskill=True, time_limit=time_limit, num_ranks=4, local_ranks=4)[2]
+    iterations = trainer.validate(args, maniskill=True, time_limit=time_limit, num_ranks=4, local_ranks=4)
     assert iterations == args.total_timesteps // (args.num_envs * args.num_steps * 4)
     monkeypatch.setattr(trainer, "TorchVecEnv", lambda env, *rest, **kwargs: env)  # its buffers would need the GPU
     monkeypatch.setattr(trainer.torch.cuda, "is_available", lambda: True)

@@ -110,3 +110,30 @@ def test_a_checkpoint_from_before_the_network_flags_loads_with_their_defaults(tr
     relu = dataclasses.replace(run, activation="relu")
     with pytest.raises(trainer.UserError, match="pass --activation=tanh"):
         trainer.load_weights(trainer.make_agent(relu, envs), state, relu, envs)
+
+
+def test_written_out_gaussian_is_torch_normal_bit_for_bit():
+    """ppo.py writes out Normal's sample, log-probability and entropy for speed: the same numbers and gradients."""
+    torch.manual_seed(0)
+    agent = ppo.make_agent(ppo.Args(hidden_sizes=(16,)), fake_envs())
+    with torch.no_grad():
+        agent.actor_logstd.copy_(torch.randn_like(agent.actor_logstd))
+    obs = torch.randn(32, 3)
+    torch.manual_seed(1)
+    action, logprob, entropy, _ = agent.get_action_and_value(obs)
+    mean = agent.actor(obs)
+    dist = torch.distributions.Normal(mean, agent.actor_logstd.expand_as(mean).exp())
+    torch.manual_seed(1)
+    assert torch.equal(action, dist.sample())
+    assert torch.equal(logprob, dist.log_prob(action).sum(-1)) and torch.equal(entropy, dist.entropy().sum(-1))
+
+    def gradients(logprob, entropy):  # of a loss with an entropy bonus
+        agent.zero_grad()
+        (logprob.mean() - 0.01 * entropy.mean()).backward()
+        return [p.grad.clone() for p in (agent.actor_logstd, *agent.actor.parameters())]
+
+    mean = agent.actor(obs)
+    dist = torch.distributions.Normal(mean, agent.actor_logstd.expand_as(mean).exp())
+    want = gradients(dist.log_prob(action).sum(-1), dist.entropy().sum(-1))
+    _, logprob, entropy, _ = agent.get_action_and_value(obs, action)
+    assert all(torch.equal(g, w) for g, w in zip(gradients(logprob, entropy), want))
