@@ -10,19 +10,21 @@
 Every agent has its own actor, critic and observation normalizer, acts on its own observation and learns from its
 own advantages with PPO's clipped objective. The agents' networks are stacked (one weight tensor per layer, an
 agent per slice) and run for all agents in one batched matmul; no agent's loss reaches another agent's slice.
-The file reads top to bottom: Args, Agent, advantages, the training loop and evaluation; below the "Plumbing"
-divider, what a researcher rarely changes (startup and validation, env adapters, checkpoints, resume, signals).
-See README.md for the flags, what each agent observes, the bootstrap rules and the checkpoint layout.
+The file reads top to bottom: Args; the Agent; ALGO LOGIC (rollout(), compute_advantages(), ppo_loss(), update());
+train(), the loop that runs them, logs, evaluates and saves. Below the "Plumbing" divider is what a researcher
+rarely changes: startup and validation, env adapters, checkpoints and resume, data parallel, signals.
+A copy (cp ippo.py my_idea.py) is a trainer of its own: runs/ENV__my_idea__SEED__TIME, its own resume and evaluation.
+Docs: docs/multi_agent.md (flags, what each agent observes, examples), docs/bootstrap.md, docs/checkpoints.md.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import datetime
 import errno
 import fcntl
 import functools
-import ast
 import importlib.util
 import math
 import multiprocessing
@@ -46,7 +48,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import tyro
-from torch.distributions import Categorical, Independent, Normal
+from torch.distributions import Categorical
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
@@ -57,6 +59,8 @@ TRAINER = Path(__file__).stem
 CPU_WORKERS_PER_CORE = 4
 # The flags that shape the network: a checkpoint's weights fit only a network built with the same.
 NETWORK_FIELDS = ("norm_obs", "hidden_sizes", "activation", "share_parameters", "centralized_critic", "agent_obs")
+LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
+NORMAL_ENTROPY_AT_UNIT_STD = 0.5 + 0.5 * math.log(2 * math.pi)
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
@@ -71,9 +75,9 @@ class Args:
     cuda: bool = True
     """if toggled, the learner runs on CUDA when it is available"""
     compile: bool = False
-    """torch.compile the rollout's policy step and the update's losses (changes numbers slightly; falls back to eager with one line where compiling fails)"""
+    """torch.compile the policy step and the losses (numbers change slightly; eager, with a warning, where it fails)"""
     torch_threads: int = 1
-    """CPU threads for torch (0: torch's default); more gain little for these small networks and slow everything down when they contend with simulator workers for cores"""
+    """CPU threads for torch (0: torch's default); more gain little for small networks and compete with env workers"""
     track: bool = False
     """if toggled, also log to Weights and Biases (needs `pip install wandb`)"""
     wandb_project_name: str = "ManiSkill"
@@ -94,15 +98,18 @@ class Args:
     """continue a run exactly from a checkpoint file or a run directory (its newest checkpoint)"""
 
     env_id: str = "TwoRobotPickCube-v1"
-    """ManiSkill multi-agent task id (its action space is a Dict keyed by agent; "module:EnvId" imports module first), vmas:<scenario>, or vmas:<module>:<ScenarioClass>"""
+    """ManiSkill multi-agent task id (a Dict action space keyed by agent; "module:EnvId" imports module first),
+    vmas:<scenario>, or vmas:<module>:<ScenarioClass>"""
     env_kwargs: tuple[str, ...] = ()
-    """KEY=VALUE options for the env, values as Python literals: VMAS scenario options (n_agents=3) and make_env's (continuous_actions=False); ManiSkill gym.make options (robot_init_qpos_noise=0.05)"""
+    """KEY=VALUE env options, values as Python literals: VMAS scenario and make_env options (n_agents=3,
+    continuous_actions=False); ManiSkill gym.make options (robot_init_qpos_noise=0.05)"""
     agent_obs: Optional[str] = None
-    """ManiSkill: what each agent observes, full (the whole state; the default) or local (its own robot's entries and the task's shared ones). VMAS agents observe what the scenario gives them"""
+    """ManiSkill: what each agent observes, full (the whole state; the default) or local (its own robot's entries
+    and the task's shared ones). VMAS agents observe what the scenario gives them"""
     max_episode_steps: Optional[int] = None
     """the episodes' time limit (None: the ManiSkill task's own; 100 for VMAS)"""
     sim_backend: Literal["auto", "gpu", "cpu"] = "auto"
-    """ManiSkill simulation backend; auto = gpu when CUDA is available. Ignored for VMAS, which runs on the learner's device"""
+    """ManiSkill simulation backend; auto = gpu when CUDA is available. VMAS runs on the learner's device"""
     control_mode: Optional[str] = "pd_joint_delta_pos"
     """ManiSkill control mode (None: the task's default)"""
     num_envs: int = 512
@@ -124,26 +131,28 @@ class Args:
     norm_obs: bool = False
     """normalize each agent's observations with its own running mean/std (float64 statistics, saved in checkpoints)"""
     norm_reward: bool = False
-    """divide each agent's rewards by a running std of its discounted return, clipped to +-10 (as SB3's VecNormalize and CleanRL's MuJoCo script, one per agent; statistics saved in checkpoints)"""
+    """divide each agent's rewards by a running std of its discounted return, clip to +-10 (SB3's VecNormalize, one
+    per agent)"""
     hidden_sizes: tuple[int, ...] = (256, 256, 256)
     """widths of the hidden layers of every actor and critic"""
     activation: Literal["tanh", "relu"] = "tanh"
     """the hidden layers' nonlinearity"""
     log_std_init: float = -0.5
-    """the Gaussian policy's initial log standard deviation, for continuous actions (CleanRL: 0, rl-baselines3-zoo's MuJoCo settings: -2); --checkpoint and --resume keep the trained one"""
+    """the Gaussian policy's initial log-std (CleanRL: 0; the zoo's MuJoCo: -2); --checkpoint/--resume keep theirs"""
     share_parameters: bool = False
     """one actor and one critic for all agents, each agent's inputs tagged with a one-hot agent id"""
     centralized_critic: bool = False
     """each agent's critic sees the global state (every agent's observation, or ManiSkill's full state): MAPPO"""
     bootstrap_at_done: Literal["auto", "always", "truncated", "never"] = "auto"
-    """which finished episodes bootstrap from V(final obs): always (ManiSkill's rule), truncated (terminations are terminal), never. auto = always for ManiSkill tasks, truncated for VMAS"""
+    """finished episodes that bootstrap from V(final obs): always, truncated, never; auto: always on ManiSkill, else
+    truncated"""
 
     total_timesteps: int = 10_000_000
     """total environment steps of the run (of all torchrun processes together)"""
     learning_rate: float = 3e-4
     """the (initial) learning rate of the optimizer"""
     lr_schedule: Literal["constant", "linear", "adaptive"] = "constant"
-    """constant; linear decay to 0; adaptive: multiply/divide the lr by lr_factor when the KL leaves [kl_target/2, 2*kl_target]"""
+    """constant; linear decay to 0; adaptive: lr times or over lr_factor as the KL leaves [kl_target/2, 2*kl_target]"""
     anneal_lr: bool = False
     """ManiSkill/CleanRL's name for --lr_schedule=linear"""
     kl_target: float = 0.01
@@ -187,11 +196,12 @@ class Args:
 
 
 # ---------------------------------------------------------------------------------------------
-# Agent
+# Agent: every agent's actor and critic, running normalization
 # ---------------------------------------------------------------------------------------------
 
 class AgentLinear(nn.Module):
-    """One linear layer per network, run for every agent in one batched matmul: (num_agents, B, in) -> (num_agents, B, out).
+    """One linear layer per network, run for every agent in one batched matmul: (num_agents, B, in) ->
+    (num_agents, B, out).
 
     With num_nets = num_agents, agent i's outputs depend on slice i of the weights alone; with num_nets = 1 (shared
     parameters) the one slice serves every agent.
@@ -230,8 +240,8 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
 
     def update(self, x: torch.Tensor):
-        x = x.double()
-        batch_mean, batch_var, batch_count = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        batch_var, batch_mean = torch.var_mean(x.double(), dim=0, correction=0)
+        batch_count = x.shape[0]
         delta = batch_mean - self.mean
         total = self.count + batch_count
         self.mean += delta * batch_count / total
@@ -256,7 +266,8 @@ class RewardNormalizer(nn.Module):
         self.gamma, self.clip = gamma, clip
         self.return_rms = RunningMeanStd((num_agents,))
         # Not saved: a resumed run resets its envs, so their returns start again from 0.
-        self.register_buffer("discounted_return", torch.zeros(num_envs, num_agents, dtype=torch.float64), persistent=False)
+        self.register_buffer("discounted_return", torch.zeros(num_envs, num_agents, dtype=torch.float64),
+                             persistent=False)
 
     def forward(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
         """reward (num_envs, num_agents); done (num_envs,), as every agent's episode ends with its env's."""
@@ -290,7 +301,8 @@ class Agent(nn.Module):
             self.actor = mlp(num_nets, obs_dim + id_dim, hidden_sizes, activation, action_space["n"], out_std=0.01)
         else:
             action_dim = action_space["shape"][0]
-            self.actor = mlp(num_nets, obs_dim + id_dim, hidden_sizes, activation, action_dim, out_std=0.01 * np.sqrt(2))
+            self.actor = mlp(num_nets, obs_dim + id_dim, hidden_sizes, activation, action_dim,
+                             out_std=0.01 * np.sqrt(2))
             self.actor_logstd = nn.Parameter(torch.ones(num_nets, action_dim) * log_std_init)
 
     def normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
@@ -312,61 +324,85 @@ class Agent(nn.Module):
         return logits_or_mean.argmax(-1) if self.discrete else logits_or_mean
 
     def get_action_and_value(self, obs: torch.Tensor, action: Optional[torch.Tensor] = None):
-        # validate_args=False: checking the arguments would sync with the GPU at every call
         if self.discrete:
-            dist = Categorical(logits=self.run(self.actor, obs), validate_args=False)
-        else:
-            mean = self.run(self.actor, obs)
-            dist = Independent(Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False), 1,
-                               validate_args=False)
+            dist = Categorical(logits=self.run(self.actor, obs), validate_args=False)  # validation syncs with the GPU
+            if action is None:
+                action = dist.sample()
+            return action, dist.log_prob(action), dist.entropy(), self.get_value(obs)
+        # torch.distributions.Normal's sample, log_prob and entropy, written out: building its object costs more than
+        # the arithmetic at a rollout step's batch size (12% of the training time of one CPU env at CleanRL's
+        # settings). The same operations, so the same numbers (tests/test_ippo.py).
+        mean = self.run(self.actor, obs)
+        std = self.actor_logstd.expand_as(mean).exp()
         if action is None:
-            action = dist.sample()
-        return action, dist.log_prob(action), dist.entropy(), self.get_value(obs)
+            with torch.no_grad():
+                action = torch.normal(mean, std)
+        # Two logs of std, as Normal takes: one shared log would add the entropy's gradient to the log-probability's
+        # before dividing by std, which rounds otherwise (with ent_coef > 0).
+        logprob = -((action - mean) ** 2) / (2 * std**2) - std.log() - LOG_SQRT_2PI
+        entropy = NORMAL_ENTROPY_AT_UNIT_STD + std.log()
+        return action, logprob.sum(-1), entropy.sum(-1), self.get_value(obs)
 
 
 def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
-    return Agent(envs.num_agents, envs.obs_dim, space_to_dict(envs.single_action_space), args.norm_obs, args.hidden_sizes,
-                 args.activation, args.log_std_init, args.share_parameters,
+    return Agent(envs.num_agents, envs.obs_dim, space_to_dict(envs.single_action_space), args.norm_obs,
+                 args.hidden_sizes, args.activation, args.log_std_init, args.share_parameters,
                  envs.state_index if args.centralized_critic else None)
 
 
-def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
-    """Load a checkpoint's weights and observation statistics; refuse one whose agents, spaces or network differ."""
-    observation_space = space_to_dict(envs.single_observation_space)
-    action_space = space_to_dict(envs.single_action_space)
-    if (state["agents"] != envs.agents or state["observation_space"] != observation_space
-            or state["action_space"] != action_space):
-        raise UserError(f"the checkpoint's agents and spaces ({state['agents']}, {state['observation_space']['shape']}, "
-                        f"{state['action_space']}) do not match {args.env_id}'s ({envs.agents}, "
-                        f"{observation_space['shape']}, {action_space})")
-    defaults = {field.name: field.default for field in dataclasses.fields(Args)}
-    for name in NETWORK_FIELDS:
-        trained = state["args"].get(name, defaults[name])  # checkpoints older than the flag used its default
-        if trained != getattr(args, name):
-            flag = cli_flag(name, trained)
-            raise UserError(f"the checkpoint was trained with {flag}, and its network needs the same: pass {flag}")
-    try:
-        agent.load_state_dict(state["model"])
-    except RuntimeError as e:  # a copy whose network changed after the checkpoint was written
-        mismatch = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e))[:200]
-        raise UserError(f"the checkpoint's weights do not fit {TRAINER}.py's network ({mismatch.rstrip('.')}); "
-                        f"evaluate or continue it with the file that wrote it") from e
-
-
-def clip_grad_norm_per_net(agent: Agent, max_norm: float) -> torch.Tensor:
-    """Clip each network's gradient on its own (every parameter's first dimension is the network): one norm over
-    all agents would let one agent's large gradient shrink the others' steps. Returns each network's norm."""
-    grads = [p.grad for p in agent.parameters() if p.grad is not None]
-    norms = torch.stack([g.reshape(g.shape[0], -1).square().sum(1) for g in grads]).sum(0).sqrt()
-    scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
-    for g in grads:
-        g.mul_(scale.reshape((-1,) + (1,) * (g.dim() - 1)))
-    return norms
-
-
 # ---------------------------------------------------------------------------------------------
-# Advantages and the learning rate
+# ALGO LOGIC: rollout with final-value bootstrapping, advantages, the clipped-surrogate update
 # ---------------------------------------------------------------------------------------------
+
+class Rollout:
+    """One rollout's tensors, (num_steps, num_envs, num_agents, ...), on the learner's device. dones[t] (num_envs, 1)
+    marks the episodes that ended with step t (every agent's episode ends with its env's); bootstrap_values[t] is
+    V(final obs) for those of them that bootstrap, 0 elsewhere."""
+
+    def __init__(self, num_steps: int, num_envs: int, num_agents: int, obs_dim: int, action_space: dict,
+                 device: torch.device):
+        self.obs = torch.zeros((num_steps, num_envs, num_agents, obs_dim), device=device)
+        if action_space["type"] == "Discrete":
+            self.actions = torch.zeros((num_steps, num_envs, num_agents), dtype=torch.long, device=device)
+        else:
+            self.actions = torch.zeros((num_steps, num_envs, num_agents, action_space["shape"][0]), device=device)
+        self.logprobs, self.rewards, self.values, self.bootstrap_values = (
+            torch.zeros((num_steps, num_envs, num_agents), device=device) for _ in range(4))
+        self.dones = torch.zeros((num_steps, num_envs, 1), device=device)
+
+
+def rollout(agent: Agent, envs: TorchVecEnv, buf: Rollout, next_obs: torch.Tensor, policy_step,
+            reward_normalizer: Optional[RewardNormalizer], args: Args, bootstrap_rule: str):
+    """Step the envs num_steps times with the policy, filling buf. Returns the observation after the last step and
+    the finished episodes' metrics (key -> one value per episode)."""
+    episodes = defaultdict(list)
+    buf.bootstrap_values.zero_()
+    for step in range(args.num_steps):
+        # inference_mode, not no_grad: it skips autograd's version and view tracking, a large share of the cost of a
+        # rollout step's small ops. Its tensors never reach the update's autograd: they are copied into buf, and the
+        # env gets a clamped or shifted copy of the action.
+        with torch.inference_mode():
+            if agent.obs_normalizer is not None:
+                agent.obs_normalizer.update(gather_rows(next_obs))  # so that every rank normalizes alike
+            obs = agent.normalize_obs(next_obs)
+            action, logprob, _, value = policy_step(obs)
+        buf.obs[step], buf.actions[step], buf.logprobs[step], buf.values[step] = obs, action, logprob, value
+        next_obs, reward, terminated, truncated, final_obs, finished = envs.step(action)
+        done = terminated | truncated
+        if reward_normalizer is not None:
+            reward = reward_normalizer(reward, done)
+        buf.rewards[step] = reward * args.reward_scale
+        buf.dones[step] = done.unsqueeze(1)
+        if finished is not None:
+            if bootstrap_rule != "never":
+                with torch.inference_mode():
+                    final_values = agent.get_value(agent.normalize_obs(final_obs))
+                bootstrap = bootstrap_mask(bootstrap_rule, terminated, truncated).unsqueeze(1)
+                buf.bootstrap_values[step] = torch.where(bootstrap, final_values, 0.0)
+            for key, values in finished.items():
+                episodes[key].append(values)
+    return next_obs, {key: torch.cat(values) for key, values in episodes.items()}
+
 
 def bootstrap_mask(rule: str, terminated: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
     """Which finished episodes take V(final obs) as the value after their last step."""
@@ -379,14 +415,10 @@ def bootstrap_mask(rule: str, terminated: torch.Tensor, truncated: torch.Tensor)
 
 def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, bootstrap_values: torch.Tensor,
                        next_value: torch.Tensor, gamma: float, gae_lambda: float, finite_horizon: bool) -> torch.Tensor:
-    """GAE over a (num_steps, num_envs, num_agents) rollout: each agent's on its own rewards and values.
-
-    dones[t] (num_envs, 1) = 1 where the episode ended with step t (every agent's episode ends with its env's);
-    bootstrap_values[t] is V(final obs) for the ended episodes that bootstrap, 0 for the others; next_value =
-    V(obs after the last step). Nothing crosses an episode end.
+    """GAE over a (num_steps, num_envs, num_agents) rollout, each agent's on its own rewards and values; dones
+    (num_steps, num_envs, 1); next_value = V(obs after the last step). Nothing crosses an episode end.
     finite_horizon: ManiSkill's variant, whose lambda-weights are renormalized over the steps left before the
-    rollout or episode ends, so a short tail is not dominated by its last value.
-    """
+    rollout or episode ends, so a short tail is not dominated by its last value."""
     # Whatever does not depend on the next step's result is computed for all steps at once, outside the loop.
     not_dones = 1.0 - dones
     real_next_values = not_dones * torch.cat([values[1:], next_value[None]]) + bootstrap_values
@@ -410,6 +442,103 @@ def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch
     return advantages
 
 
+def ppo_loss(agent: Agent, args: Args, obs, actions, old_logprobs, advantages, returns, old_values):
+    """Each agent's clipped surrogate, value and entropy terms of one minibatch; the log-ratios and ratios, detached."""
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
+    logratio = newlogprob - old_logprobs
+    ratio = logratio.exp()
+    if args.norm_adv:
+        advantages = (advantages - advantages.mean(0)) / (advantages.std(0) + 1e-8)
+    clipped_ratio = torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(-advantages * ratio, -advantages * clipped_ratio).mean(0)
+    if args.clip_vloss:
+        v_clipped = old_values + torch.clamp(newvalue - old_values, -args.clip_coef, args.clip_coef)
+        v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean(0)
+    else:
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean(0)
+    return (pg_loss, v_loss, entropy.mean(0)), logratio.detach(), ratio.detach()
+
+
+def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: Rollout, advantages: torch.Tensor,
+           returns: torch.Tensor, update_losses, args: Args, agents: list[str]) -> dict[str, float]:
+    """update_epochs epochs of minibatch steps over the rollout, stopped once a minibatch's approximate KL exceeds
+    target_kl for any agent. Every agent's loss on the same minibatch of env steps, summed, so that one optimizer
+    step moves every agent, each by its own gradient. Returns the statistics to log (the losses of the last minibatch
+    that stepped): per agent under losses/<agent>/, and what the update decided on jointly under losses/."""
+    batch_size = args.num_envs * args.num_steps
+    b_obs = buf.obs.reshape((batch_size,) + buf.obs.shape[2:])
+    b_actions = buf.actions.reshape((batch_size,) + buf.actions.shape[2:])
+    b_logprobs, b_advantages, b_returns, b_values = (x.reshape(batch_size, -1) for x in (buf.logprobs, advantages,
+                                                                                       returns, buf.values))
+    stats, clipfracs, minibatch_steps = {}, [], 0
+    for mb in minibatch_indices(batch_size, batch_size // args.num_minibatches, args.update_epochs, b_obs.device):
+        (pg_loss, v_loss, entropy_loss), logratio, ratio = update_losses(
+            b_obs[mb], b_actions[mb], b_logprobs[mb], b_advantages[mb], b_returns[mb], b_values[mb])
+        with torch.no_grad():
+            kls = torch.stack([(-logratio).mean(0), ((ratio - 1) - logratio).mean(0)])
+            old_approx_kl, approx_kl = mean_over_ranks(kls)
+            if "losses/first_minibatch_ratio_error" not in stats:
+                stats["losses/first_minibatch_ratio_error"] = (ratio - 1.0).abs().max()
+        # Joint: stopping one agent alone would need an optimizer of its own, as Adam's momentum keeps moving weights
+        # whose gradient is zero.
+        if args.target_kl is not None and approx_kl.max() > args.target_kl:
+            break
+        clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean(0))
+        loss = (pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef).sum()
+
+        optimizer.zero_grad()
+        loss.backward()
+        loss_finite = torch.isfinite(loss)
+        if world_size() > 1:
+            loss_finite = average_gradients(agent, loss_finite)
+        grad_norm = clip_grad_norm_per_net(agent, args.max_grad_norm)
+        if not loss_finite or not torch.isfinite(grad_norm).all():
+            raise NonFiniteError("gradient" if loss_finite else "loss")
+        optimizer.step()
+        minibatch_steps += 1
+        if args.lr_schedule == "adaptive":
+            lr = optimizer.param_groups[0]["lr"]
+            optimizer.param_groups[0]["lr"] = adapt_learning_rate(lr, approx_kl.max().item(), args)
+        stats.update({"losses/policy_loss": pg_loss.detach(), "losses/value_loss": v_loss.detach(),
+                      "losses/entropy": entropy_loss.detach()})
+    if clipfracs:  # empty when the first minibatch already exceeded target_kl
+        stats["losses/clipfrac"] = torch.stack(clipfracs).mean(0)
+    var_y = b_returns.var(0)
+    explained_var = torch.where(var_y == 0, float("nan"), 1 - (b_returns - b_values).var(0) / var_y)
+    stats.update({"losses/old_approx_kl": old_approx_kl, "losses/approx_kl": approx_kl,
+                  "losses/minibatch_steps": minibatch_steps, "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                  "losses/explained_variance": explained_var})
+    # The statistics with one value per agent go to losses/<agent>/; losses/approx_kl is the largest agent's, which
+    # the early stop and the adaptive schedule go by.
+    logged = {"losses/approx_kl": approx_kl.max()}
+    for tag, value in stats.items():
+        if torch.is_tensor(value) and value.dim() == 1:
+            logged.update({tag.replace("losses/", f"losses/{name}/"): v for name, v in zip(agents, value.tolist())})
+        else:
+            logged[tag] = value
+    return {tag: float(value) for tag, value in logged.items()}
+
+
+def minibatch_indices(batch_size: int, minibatch_size: int, epochs: int, device: torch.device):
+    """Each epoch a new permutation of the batch, cut into minibatches; drawn as needed, so that an update stopped
+    early draws no further permutations from the random stream."""
+    for _ in range(epochs):
+        permutation = torch.randperm(batch_size, device=device)
+        for start in range(0, batch_size, minibatch_size):
+            yield permutation[start:start + minibatch_size]
+
+
+def clip_grad_norm_per_net(agent: Agent, max_norm: float) -> torch.Tensor:
+    """Clip each network's gradient on its own (every parameter's first dimension is the network): one norm over
+    all agents would let one agent's large gradient shrink the others' steps. Returns each network's norm."""
+    grads = [p.grad for p in agent.parameters() if p.grad is not None]
+    norms = torch.stack([g.reshape(g.shape[0], -1).square().sum(1) for g in grads]).sum(0).sqrt()
+    scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(scale.reshape((-1,) + (1,) * (g.dim() - 1)))
+    return norms
+
+
 def adapt_learning_rate(lr: float, approx_kl: float, args: Args) -> float:
     """rsl_rl's adaptive schedule: steer the KL of each minibatch step towards kl_target."""
     if approx_kl > 2.0 * args.kl_target:
@@ -419,114 +548,26 @@ def adapt_learning_rate(lr: float, approx_kl: float, args: Args) -> float:
     return lr
 
 
-def compile_unless_unavailable(fn, enabled: bool):
-    """torch.compile(fn) under --compile, else fn. Where compiling fails (the CPU backend needs a C++ compiler; some
-    Python versions have no torch.compile), one line says so and fn runs eagerly from then on."""
-    if not enabled:
-        return fn
-    # Random draws (the policy's sampling) come from torch's own generator, as in eager mode.
-    torch._inductor.config.fallback_random = True
-    compiled = None
-
-    def call(*args):
-        nonlocal compiled
-        if compiled is not fn:
-            try:
-                compiled = compiled or torch.compile(fn)
-                return compiled(*args)
-            except Exception as e:  # whatever compiling raised: an error of fn itself raises again below
-                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                print(f"\nwarning: --compile: torch.compile failed ({reason}); running eagerly", file=sys.stderr)
-                compiled = fn
-        return fn(*args)
-    return call
-
-
 # ---------------------------------------------------------------------------------------------
-# Data parallel: torchrun starts one process (a rank) per GPU, each with its own envs; a plain run is one rank.
-# Whatever decides the course of the run is computed from numbers every rank shares, so that all ranks take it alike.
+# The training loop and evaluation
 # ---------------------------------------------------------------------------------------------
 
-def world_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
+@dataclass
+class Setup:
+    """What main() resolved for train(): the run, this process's device and rank, the derived settings."""
+    run_name: str
+    run_dir: Path
+    device: torch.device
+    rank: int
+    bootstrap_rule: str
+    num_eval_steps: int
+    num_iterations: int
 
 
-def gather_rows(x: torch.Tensor) -> torch.Tensor:
-    """Every rank's x, concatenated along the first dimension in rank order (x itself in a plain run)."""
-    if world_size() == 1:
-        return x
-    parts = [torch.empty_like(x) for _ in range(world_size())]
-    dist.all_gather(parts, x.contiguous())
-    return torch.cat(parts)
-
-
-def mean_over_ranks(x: torch.Tensor) -> torch.Tensor:
-    if world_size() == 1:
-        return x
-    total = x.clone()
-    dist.all_reduce(total)  # gloo has no average
-    return total / world_size()
-
-
-def average_gradients(agent: nn.Module, loss_finite: torch.Tensor) -> torch.Tensor:
-    """Replace each rank's gradients by their mean over all ranks, in one all-reduce (every rank then clips and steps
-    alike); returns whether every rank's loss was finite."""
-    grads = [p.grad for p in agent.parameters()]
-    flat = mean_over_ranks(torch.cat([g.flatten() for g in grads] + [(~loss_finite).float().reshape(1)]))
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()
-    return flat[-1] == 0
-
-
-def parameters_finite(agent: nn.Module, iteration: int) -> bool:
-    """Whether every rank's parameters and observation statistics are finite; under torchrun every rank must also
-    hold rank 0's, bit for bit (else RuntimeError). All ranks reach the same answer, so they stop together."""
-    finite = all_finite(agent)
-    if world_size() == 1:
-        return finite
-    state = torch.cat([t.detach().flatten().double() for t in agent.state_dict().values() if t.is_floating_point()])
-    rank0_state = state.clone()
-    dist.broadcast(rank0_state, 0)
-    counts = torch.tensor([0.0 if torch.equal(state, rank0_state) else 1.0, 0.0 if finite else 1.0], device=state.device)
-    dist.all_reduce(counts)  # the ranks that differ from rank 0, the ranks with non-finite values
-    if counts[1] > 0:
-        return False
-    if counts[0] > 0:
-        raise RuntimeError(f"after the update of iteration {iteration}, {int(counts[0].item())} ranks hold other parameters than rank 0")
-    return True
-
-
-def agree_on_signal(signum: Optional[int], device: torch.device) -> Optional[int]:
-    """A stop signal that reached any rank stops every rank after the same iteration."""
-    if world_size() == 1:
-        return signum
-    received = torch.tensor([signum or 0], device=device)
-    dist.all_reduce(received, op=dist.ReduceOp.MAX)
-    return int(received.item()) or None
-
-
-def gather_objects(obj) -> list:
-    """Every rank's obj (plain data and CPU tensors), in rank order."""
-    if world_size() == 1:
-        return [obj]
-    objects = [None] * world_size()
-    dist.all_gather_object(objects, obj)
-    return objects
-
-
-# ---------------------------------------------------------------------------------------------
-# Training: rollout with final-value bootstrapping, GAE, update, logging; evaluation
-# ---------------------------------------------------------------------------------------------
-
-def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs: Optional[TorchVecEnv],
-          device: torch.device, rank: int, bootstrap_rule: str, num_eval_steps: int, batch_size: int,
-          minibatch_size: int, num_iterations: int, resume_state: Optional[dict], init_state: Optional[dict]) -> int:
-    """rank 0 alone logs, evaluates (eval_envs is None on the others) and writes checkpoints."""
-    num_ranks = world_size()
-    observation_space = space_to_dict(envs.single_observation_space)
-    action_space = space_to_dict(envs.single_action_space)
+def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[TorchVecEnv],
+          resume_state: Optional[dict], init_state: Optional[dict]) -> int:
+    """Rank 0 alone logs, evaluates (eval_envs is None on the others) and writes checkpoints."""
+    device, rank, num_ranks, num_iterations = setup.device, setup.rank, world_size(), setup.num_iterations
     agents, num_agents = envs.agents, envs.num_agents
     agent = make_agent(args, envs).to(device)
     # Adam is elementwise, so each agent's slice of a stacked weight moves with that agent's gradients alone.
@@ -534,37 +575,10 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
     # torch's default by about one float32 ulp per step, and takes a third of its time for small networks.
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     reward_normalizer = RewardNormalizer(args.num_envs, num_agents, args.gamma).to(device) if args.norm_reward else None
-    global_step, start_iteration = 0, 0
-    for state in (init_state, resume_state):
-        if state is not None:
-            load_weights(agent, state, args, envs)
-            if reward_normalizer is not None and state.get("reward_normalizer") is not None:
-                reward_normalizer.load_state_dict(state["reward_normalizer"])
-    if num_ranks > 1:
-        for tensor in agent.state_dict().values():  # each rank drew its own initial weights
-            dist.broadcast(tensor, 0)
-
-    def minibatch_losses(obs, actions, old_logprobs, advantages, returns, old_values):
-        """Each agent's clipped surrogate, value and entropy terms of one minibatch; its log-ratios and ratios, detached."""
-        _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
-        logratio = newlogprob - old_logprobs
-        ratio = logratio.exp()
-        if args.norm_adv:
-            advantages = (advantages - advantages.mean(0)) / (advantages.std(0) + 1e-8)
-        pg_loss = torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)).mean(0)
-        if args.clip_vloss:
-            v_clipped = old_values + torch.clamp(newvalue - old_values, -args.clip_coef, args.clip_coef)
-            v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean(0)
-        else:
-            v_loss = 0.5 * ((newvalue - returns) ** 2).mean(0)
-        return (pg_loss, v_loss, entropy.mean(0)), logratio.detach(), ratio.detach()
-
+    global_step, start_iteration = load_states(agent, optimizer, reward_normalizer, init_state, resume_state, args,
+                                               envs)
     policy_step = compile_unless_unavailable(agent.get_action_and_value, args.compile)
-    update_losses = compile_unless_unavailable(minibatch_losses, args.compile)
-
-    if resume_state is not None:
-        optimizer.load_state_dict(resume_state["optimizer"])
-        global_step, start_iteration = resume_state["global_step"], resume_state["iteration"]
+    update_losses = compile_unless_unavailable(functools.partial(ppo_loss, agent, args), args.compile)
     # ManiSkill workers seed env i with seed + i (one vector env: env 0 with seed, the others with draws from
     # RandomState(seed)); VMAS seeds its whole batch with seed:
     # training and evaluation envs, and each rank, get disjoint blocks of seeds, and a resumed run new ones rather
@@ -575,65 +589,17 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
     if resume_state is not None:
         # After the envs are built and reset, so that each rank's random stream continues where it stopped.
         set_rng_states(resume_state["rng"] if rank == 0 else resume_state["other_ranks_rng"][rank - 1], device)
+    writer = open_run(args, setup, resume_state) if rank == 0 else None
+    buf = Rollout(args.num_steps, args.num_envs, num_agents, envs.obs_dim, space_to_dict(envs.single_action_space),
+                  device)
 
-    def write_checkpoint(iteration: int, final: bool = False) -> Optional[Path]:
-        """Every rank calls it (each hands rank 0 its random state); rank 0 writes."""
-        if not all_finite(agent):
-            raise NonFiniteError(f"non-finite parameters at iteration {iteration}")
-        rank_rngs = gather_objects(rng_states(device))
-        if rank != 0:
-            return None
-        state = {"format": CHECKPOINT_FORMAT, "trainer": TRAINER, "run_name": run_name, "args": dataclasses.asdict(args),
-                 "model": agent.state_dict(), "optimizer": optimizer.state_dict(), "agents": agents,
-                 "reward_normalizer": None if reward_normalizer is None else reward_normalizer.state_dict(),
-                 "observation_space": observation_space, "action_space": action_space,
-                 "global_step": global_step, "iteration": iteration, "world_size": num_ranks,
-                 "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:]}
-        path = run_dir / f"ckpt_{iteration}.pt"
-        save_checkpoint(path, state)
-        if final:
-            save_checkpoint(run_dir / "final_ckpt.pt", state)
-        if args.keep_checkpoints is not None:
-            numbered = numbered_checkpoints(run_dir)
-            for old in sorted(numbered)[:-args.keep_checkpoints]:
-                numbered[old].unlink()
-        return path
-
-    writer = None
-    if rank == 0:
-        if args.track:
-            import wandb
-
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=dataclasses.asdict(args), name=run_name, id=run_name, resume="allow", save_code=True)
-        if resume_state is not None:
-            # Only now that the run has started: a resume that fails must leave the run as it was.
-            set_aside_later_checkpoints(run_dir, start_iteration)
-            for unfinished in run_dir.glob("*.pt.tmp"):  # checkpoint writes that a kill cut short
-                unfinished.unlink()
-        # Steps logged after the checkpoint we resume from are replaced by the resumed run's.
-        writer = SummaryWriter(str(run_dir), purge_step=global_step + 1 if resume_state is not None else None)
-        derived = {"batch_size": batch_size, "minibatch_size": minibatch_size, "num_iterations": num_iterations,
-                   "bootstrap_rule": bootstrap_rule, "num_eval_steps": num_eval_steps, "device": str(device),
-                   "world_size": num_ranks}
-        table = {**dataclasses.asdict(args), **derived}
-        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in table.items()))
-        print(f"run {run_name}: {run_dir}  " + "  ".join(f"{k}={v}" for k, v in derived.items()), flush=True)
-
-    num_envs, num_steps = args.num_envs, args.num_steps
-    obs_buf = torch.zeros((num_steps, num_envs, num_agents, envs.obs_dim), device=device)
-    if agent.discrete:
-        actions = torch.zeros((num_steps, num_envs, num_agents), dtype=torch.long, device=device)
-    else:
-        actions = torch.zeros((num_steps, num_envs, num_agents, action_space["shape"][0]), device=device)
-    logprobs, rewards, values, bootstrap_values = (torch.zeros((num_steps, num_envs, num_agents), device=device)
-                                                   for _ in range(4))
-    dones = torch.zeros((num_steps, num_envs, 1), device=device)
+    def checkpoint(iteration: int, final: bool = False) -> Optional[Path]:
+        return write_checkpoint(args, setup, envs, agent, optimizer, reward_normalizer, global_step, iteration, final)
 
     checkpoint_freq = args.checkpoint_freq or args.eval_freq
     last_checkpoint = None
-    progress = tqdm(total=num_iterations, initial=start_iteration, desc=run_name, dynamic_ncols=True, mininterval=1.0,
-                    disable=rank != 0)
+    progress = tqdm(total=num_iterations, initial=start_iteration, desc=setup.run_name, dynamic_ncols=True,
+                    mininterval=1.0, disable=rank != 0)
     start_time, start_step = time.perf_counter(), global_step
     iteration = start_iteration
     stop = StopSignal()
@@ -641,162 +607,70 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
         for iteration in range(start_iteration + 1, num_iterations + 1):
             if args.lr_schedule == "linear":
                 optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
-
-            # Rollout
             rollout_start = time.perf_counter()
             agent.eval()
-            train_metrics = defaultdict(list)
-            bootstrap_values.zero_()
-            for step in range(num_steps):
-                global_step += num_envs * num_ranks
-                # inference_mode, not no_grad: it skips autograd's version and view tracking, a large share of the
-                # cost of a rollout step's small ops. Its tensors never reach the update's autograd: they are copied
-                # into the buffers, and the env gets a clamped or shifted copy of the action.
-                with torch.inference_mode():
-                    if agent.obs_normalizer is not None:
-                        agent.obs_normalizer.update(gather_rows(next_obs))  # so that every rank normalizes alike
-                    obs = agent.normalize_obs(next_obs)
-                    action, logprob, _, value = policy_step(obs)
-                obs_buf[step], actions[step], logprobs[step], values[step] = obs, action, logprob, value
-                next_obs, reward, terminated, truncated, final_obs, finished = envs.step(action)
-                done = terminated | truncated
-                if reward_normalizer is not None:
-                    reward = reward_normalizer(reward, done)
-                rewards[step] = reward * args.reward_scale
-                dones[step] = done.unsqueeze(1)
-                if finished is not None:
-                    if bootstrap_rule != "never":
-                        with torch.inference_mode():
-                            final_values = agent.get_value(agent.normalize_obs(final_obs))
-                        bootstrap = bootstrap_mask(bootstrap_rule, terminated, truncated).unsqueeze(1)
-                        bootstrap_values[step] = torch.where(bootstrap, final_values, 0.0)
-                    for key, episode_values in finished.items():
-                        train_metrics[key].append(episode_values)
+            next_obs, episodes = rollout(agent, envs, buf, next_obs, policy_step, reward_normalizer, args,
+                                         setup.bootstrap_rule)
+            global_step += args.num_steps * args.num_envs * num_ranks
             with torch.no_grad():
                 next_value = agent.get_value(agent.normalize_obs(next_obs))
-                advantages = compute_advantages(rewards, values, dones, bootstrap_values, next_value,
+                advantages = compute_advantages(buf.rewards, buf.values, buf.dones, buf.bootstrap_values, next_value,
                                                 args.gamma, args.gae_lambda, args.finite_horizon_gae)
-                returns = advantages + values
+                returns = advantages + buf.values
             rollout_time = time.perf_counter() - rollout_start
-
-            # Update: every agent's loss on the same minibatch of env steps, summed, so that one optimizer step
-            # moves every agent, each by its own gradient.
             update_start = time.perf_counter()
             agent.train()
-            b_obs = obs_buf.reshape(batch_size, num_agents, envs.obs_dim)
-            b_actions = actions.reshape((batch_size,) + actions.shape[2:])
-            b_logprobs, b_advantages, b_returns, b_values = (x.reshape(batch_size, num_agents)
-                                                             for x in (logprobs, advantages, returns, values))
-            clipfracs, first_ratio_error, minibatch_steps = [], None, 0
-            kl_stop = False
-            for _ in range(args.update_epochs):
-                permutation = torch.randperm(batch_size, device=device)
-                for start in range(0, batch_size, minibatch_size):
-                    mb = permutation[start:start + minibatch_size]
-                    minibatch_loss_terms, logratio, ratio = update_losses(
-                        b_obs[mb], b_actions[mb], b_logprobs[mb], b_advantages[mb], b_returns[mb], b_values[mb])
-                    with torch.no_grad():
-                        old_approx_kl, approx_kl = mean_over_ranks(torch.stack([(-logratio).mean(0),
-                                                                                ((ratio - 1) - logratio).mean(0)]))
-                        if first_ratio_error is None:
-                            first_ratio_error = (ratio - 1.0).abs().max()
-                    # Joint: stopping one agent alone would need an optimizer of its own, as Adam's momentum keeps
-                    # moving weights whose gradient is zero.
-                    if args.target_kl is not None and approx_kl.max() > args.target_kl:
-                        kl_stop = True
-                        break
-                    pg_loss, v_loss, entropy_loss = minibatch_loss_terms  # logs show the last minibatch that stepped
-                    clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean(0))
-                    loss = (pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef).sum()
-
-                    optimizer.zero_grad()
-                    loss.backward()
-                    loss_finite = torch.isfinite(loss)
-                    if num_ranks > 1:
-                        loss_finite = average_gradients(agent, loss_finite)
-                    grad_norm = clip_grad_norm_per_net(agent, args.max_grad_norm)
-                    if not loss_finite or not torch.isfinite(grad_norm).all():
-                        raise NonFiniteError(f"non-finite {'gradient' if loss_finite else 'loss'} "
-                                             f"at iteration {iteration} (global step {global_step})")
-                    optimizer.step()
-                    minibatch_steps += 1
-                    if args.lr_schedule == "adaptive":
-                        optimizer.param_groups[0]["lr"] = adapt_learning_rate(optimizer.param_groups[0]["lr"],
-                                                                              approx_kl.max().item(), args)
-                if kl_stop:
-                    break
+            stats = update(agent, optimizer, buf, advantages, returns, update_losses, args, agents)
             if not parameters_finite(agent, iteration):
-                raise NonFiniteError(f"non-finite parameters after the update of iteration {iteration}")
+                raise NonFiniteError("parameters")
             update_time = time.perf_counter() - update_start
 
-            # Logging: rank 0, with every rank's training episodes; per agent under losses/<agent>/, and what the
-            # update decided on jointly under losses/
-            train_episodes = {key: torch.cat(values) for key, values in train_metrics.items()}
-            if num_ranks > 1:
-                per_rank = gather_objects({key: values.cpu() for key, values in train_episodes.items()})
-                train_episodes = {key: torch.cat([episodes[key] for episodes in per_rank if key in episodes])
-                                  for key in dict.fromkeys(key for episodes in per_rank for key in episodes)}
+            # TRY NOT TO MODIFY: logging and evaluation (rank 0, with every rank's episodes), checkpoints, stopping
+            episodes = gather_episodes(episodes)
             if rank == 0:
-                y_pred, y_true = b_values, b_returns
-                var_y = y_true.var(0)
-                explained_var = torch.where(var_y == 0, float("nan"), 1 - (y_true - y_pred).var(0) / var_y)
-                per_agent = {"old_approx_kl": old_approx_kl, "approx_kl": approx_kl, "explained_variance": explained_var}
-                if clipfracs:  # empty when the first minibatch already exceeded target_kl
-                    per_agent.update(value_loss=v_loss, policy_loss=pg_loss, entropy=entropy_loss,
-                                     clipfrac=torch.stack(clipfracs).mean(0))
-                for key, agent_values in per_agent.items():
-                    for name, value in zip(agents, agent_values.tolist()):
-                        writer.add_scalar(f"losses/{name}/{key}", value, global_step)
-                writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-                writer.add_scalar("losses/approx_kl", approx_kl.max().item(), global_step)
-                writer.add_scalar("losses/first_minibatch_ratio_error", first_ratio_error.item(), global_step)
-                writer.add_scalar("losses/minibatch_steps", minibatch_steps, global_step)
                 sps = int((global_step - start_step) / (time.perf_counter() - start_time))
-                writer.add_scalar("charts/SPS", sps, global_step)
-                writer.add_scalar("time/rollout_time", rollout_time, global_step)
-                writer.add_scalar("time/update_time", update_time, global_step)
-                writer.add_scalar("time/rollout_fps", num_envs * num_ranks * num_steps / rollout_time, global_step)
-                train_means = log_episode_metrics(writer, "train", train_episodes, global_step)
+                stats.update({"charts/SPS": sps, "time/rollout_time": rollout_time, "time/update_time": update_time,
+                              "time/rollout_fps": args.num_envs * num_ranks * args.num_steps / rollout_time})
+                for tag, value in stats.items():
+                    writer.add_scalar(tag, value, global_step)
+                train_means = log_episode_metrics(writer, "train", episodes, global_step)
                 if "return" in train_means:
                     writer.add_scalar("charts/episodic_return", train_means["return"], global_step)
                     writer.add_scalar("charts/episodic_length", train_means["episode_len"], global_step)
-                postfix = {"step": global_step, "SPS": sps}
-                postfix.update({f"train_{k}": round(v, 3) for k, v in train_means.items() if k in ("return", "success_once")})
-
+                postfix = {"step": global_step, "SPS": sps, **progress_items("train", train_means)}
                 if iteration % args.eval_freq == 0 or iteration == num_iterations:
                     agent.eval()
-                    eval_means = log_episode_metrics(writer, "eval", evaluate(agent, eval_envs, num_eval_steps, eval_seed), global_step)
+                    eval_episodes = evaluate(agent, eval_envs, setup.num_eval_steps, eval_seed)
+                    eval_means = log_episode_metrics(writer, "eval", eval_episodes, global_step)
                     eval_seed = None
                     if eval_means["episodes"] == 0:
-                        print(f"\nevaluation at iteration {iteration}: no episode finished within {num_eval_steps} steps", file=sys.stderr)
-                    postfix.update({f"eval_{k}": round(v, 3) for k, v in eval_means.items() if k in ("return", "success_once")})
+                        print(f"\nevaluation at iteration {iteration}: no episode finished within "
+                              f"{setup.num_eval_steps} steps", file=sys.stderr)
+                    postfix.update(progress_items("eval", eval_means))
                     writer.flush()
                 progress.set_postfix(postfix, refresh=False)
                 progress.update(1)
             checkpoint_due = args.save_model and (iteration % checkpoint_freq == 0 or iteration == num_iterations)
             if checkpoint_due:
-                last_checkpoint = write_checkpoint(iteration, final=iteration == num_iterations)
+                last_checkpoint = checkpoint(iteration, final=iteration == num_iterations)
                 if rank == 0:
                     writer.flush()
-
             signum = agree_on_signal(stop.signum, device)
             if signum is not None and iteration < num_iterations:
                 if not checkpoint_due:
-                    last_checkpoint = write_checkpoint(iteration)
+                    last_checkpoint = checkpoint(iteration)
                 progress.close()
                 if rank == 0:
                     writer.flush()
-                    resume = f"{shlex.quote(sys.argv[0])} --resume {shlex.quote(str(run_dir))}"
-                    how = f"python {resume}" if num_ranks == 1 else f"torchrun (the same options) {resume}"
-                    print(f"{signal.Signals(signum).name}: saved {last_checkpoint} at iteration {iteration}; "
-                          f"resume with: {how}", file=sys.stderr)
+                    print_how_to_resume(signum, last_checkpoint, iteration, setup.run_dir)
                 return 128 + signum
     except NonFiniteError as e:
         # every rank stops at the same point: the checks run on numbers all ranks share
         progress.close()
         if rank == 0:
-            kept = f"the last checkpoint {last_checkpoint} is untouched" if last_checkpoint else "no checkpoint was written"
-            print(f"error: {e}; the run stops and {kept}", file=sys.stderr)
+            kept = f"the last checkpoint {last_checkpoint} is untouched" if last_checkpoint else "none was written"
+            print(f"error: non-finite {e} at iteration {iteration} (global step {global_step}); the run stops and "
+                  f"{kept}", file=sys.stderr)
         return 1
     finally:
         stop.restore()
@@ -807,7 +681,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
             wandb.finish()
     progress.close()
     if rank == 0:
-        print(f"done: {num_iterations} iterations, {global_step} steps; run in {run_dir}", flush=True)
+        print(f"done: {num_iterations} iterations, {global_step} steps; run in {setup.run_dir}", flush=True)
     return 0
 
 
@@ -843,16 +717,21 @@ def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Op
     return metrics
 
 
-def log_episode_metrics(writer: SummaryWriter, prefix: str, metrics: dict[str, torch.Tensor], global_step: int) -> dict[str, float]:
+def log_episode_metrics(writer: SummaryWriter, prefix: str, metrics: dict[str, torch.Tensor],
+                        global_step: int) -> dict[str, float]:
     means = {key: values.float().mean().item() for key, values in metrics.items() if values.numel() > 0}
     for key, value in means.items():
         writer.add_scalar(f"{prefix}/{key}", value, global_step)
     return means
 
 
+def progress_items(prefix: str, means: dict[str, float]) -> dict[str, float]:
+    return {f"{prefix}_{key}": round(value, 3) for key, value in means.items() if key in ("return", "success_once")}
+
+
 # =============================================================================================
 # Plumbing: what a researcher rarely changes.
-# Env adapters, startup and validation, checkpoints and resume, signals.
+# Startup and validation, env adapters, checkpoints and resume, data parallel, signals.
 # =============================================================================================
 
 # ---------------------------------------------------------------------------------------------
@@ -870,7 +749,7 @@ class NonFiniteError(Exception):
 def main(args: Args) -> int:
     rank, local_rank, num_ranks, local_ranks = torchrun_ranks()
     maniskill, time_limit = find_env(args.env_id)
-    batch_size, minibatch_size, num_iterations = validate(args, maniskill, time_limit, num_ranks, local_ranks)
+    num_iterations = validate(args, maniskill, time_limit, num_ranks, local_ranks)
     bootstrap_rule = args.bootstrap_at_done
     if bootstrap_rule == "auto":
         bootstrap_rule = "always" if maniskill else "truncated"
@@ -898,8 +777,10 @@ def main(args: Args) -> int:
 
     lock = RunDirLock(run_dir) if rank == 0 else None  # rank 0 alone writes the run directory
     try:
-        if rank == 0 and resume_state is None and (any(run_dir.glob("*.pt")) or any(run_dir.glob("events.out.tfevents.*"))):
-            raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or pick another --exp_name")
+        holds_a_run = any(run_dir.glob("*.pt")) or any(run_dir.glob("events.out.tfevents.*"))
+        if rank == 0 and resume_state is None and holds_a_run:
+            raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or pick another "
+                            "--exp_name")
         random.seed(args.seed + rank)
         np.random.seed(args.seed + rank)
         torch.manual_seed(args.seed + rank)
@@ -921,17 +802,18 @@ def main(args: Args) -> int:
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(hours=1))
             resume_iterations = gather_objects(None if resume_state is None else resume_state["iteration"])
             if len(set(resume_iterations)) > 1:
-                raise UserError(f"the ranks found different checkpoints to resume from (iterations {resume_iterations}); "
-                                "give --resume the checkpoint file")
+                raise UserError(f"the ranks found different checkpoints to resume from (iterations "
+                                f"{resume_iterations}); give --resume the checkpoint file")
 
         env_args = args if rank == 0 else dataclasses.replace(args, capture_video=False)
         envs = make_envs(env_args, maniskill, device, evaluation=False, run_dir=run_dir, num_eval_steps=num_eval_steps)
         eval_envs = None
         try:
             if rank == 0:
-                eval_envs = make_envs(args, maniskill, device, evaluation=True, run_dir=run_dir, num_eval_steps=num_eval_steps)
-            status = train(args, run_name, run_dir, envs, eval_envs, device, rank, bootstrap_rule, num_eval_steps,
-                           batch_size, minibatch_size, num_iterations, resume_state, init_state)
+                eval_envs = make_envs(args, maniskill, device, evaluation=True, run_dir=run_dir,
+                                      num_eval_steps=num_eval_steps)
+            setup = Setup(run_name, run_dir, device, rank, bootstrap_rule, num_eval_steps, num_iterations)
+            status = train(args, setup, envs, eval_envs, resume_state, init_state)
             if num_ranks > 1:
                 dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)  # rank 0's last writes
             return status
@@ -952,57 +834,70 @@ def main(args: Args) -> int:
 
 
 def torchrun_ranks() -> tuple[int, int, int, int]:
-    """(rank, local rank, number of ranks, number of ranks on this node), as torchrun sets them; a plain run is 0 of 1."""
+    """(rank, local rank, number of ranks, ranks on this node), as torchrun sets them; a plain run is 0 of 1."""
     return tuple(int(os.environ.get(name, default)) for name, default in
                  (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_WORLD_SIZE", 1)))
 
 
+def finite(value) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def plain_name(name: Optional[str]) -> bool:
+    return name is None or (name not in ("", ".", "..") and "/" not in name and os.sep not in name and "\0" not in name)
+
+
+# (flags, check, what the flags must be): validate() refuses the first value that fails its check.
+FLAG_RULES = (
+    (("exp_name",), plain_name, "a plain directory name under runs/ (no '/', not '..')"),
+    (("env_id",), bool, "a task id"),
+    (("num_envs", "num_eval_envs", "num_steps", "num_minibatches", "update_epochs", "eval_freq", "total_timesteps"),
+     lambda value: value >= 1, "positive"),
+    (("num_eval_steps", "save_train_video_freq", "max_episode_steps", "checkpoint_freq", "keep_checkpoints"),
+     lambda value: value is None or value >= 1, "positive (or None)"),
+    (("reconfiguration_freq", "eval_reconfiguration_freq"), lambda value: value is None or value >= 0,
+     "0 (never) or positive (or None)"),
+    (("learning_rate", "kl_target", "min_learning_rate", "max_learning_rate", "clip_coef", "vf_coef", "reward_scale"),
+     lambda value: finite(value) and value > 0, "a positive finite number"),
+    (("lr_factor",), lambda value: finite(value) and value > 1, "a finite number above 1"),
+    (("ent_coef",), lambda value: finite(value) and value >= 0, "0 or a positive finite number"),
+    (("max_grad_norm",), lambda value: value > 0, "positive (inf: no clipping)"),  # nan fails the comparison
+    (("target_kl",), lambda value: value is None or value > 0, "positive (or None: never stop early)"),
+    (("gamma",), lambda value: finite(value) and 0.0 < value <= 1.0, "in (0, 1]"),
+    (("gae_lambda",), lambda value: finite(value) and 0.0 <= value <= 1.0, "in [0, 1]"),
+    (("log_std_init",), finite, "a finite number"),
+    (("hidden_sizes",), lambda sizes: all(size >= 1 for size in sizes), "positive widths"),
+)
+
+
 def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: int = 1,
-             local_ranks: int = 1) -> tuple[int, int, int]:
-    """Check every flag's range and resolve agent_obs and max_episode_steps; return (batch_size, minibatch_size,
-    num_iterations) of each of the num_ranks processes (local_ranks of them on this machine)."""
-    def require(ok: bool, flag: str, rule: str):
-        if not ok:
-            raise UserError(f"--{flag} must be {rule}, got {getattr(args, flag)}")
-
-    def finite(value) -> bool:
-        return value is not None and math.isfinite(value)
-
-    if args.exp_name is not None:
-        require(args.exp_name not in ("", ".", "..") and "/" not in args.exp_name and os.sep not in args.exp_name
-                and "\0" not in args.exp_name, "exp_name", "a plain directory name under runs/ (no '/', not '..')")
-    require(bool(args.env_id), "env_id", "a task id")
+             local_ranks: int = 1) -> int:
+    """Check every flag's range and resolve agent_obs and max_episode_steps; return the number of iterations of the
+    num_ranks processes (local_ranks of them on this machine)."""
+    for flags, ok, rule in FLAG_RULES:
+        for flag in flags:
+            if not ok(getattr(args, flag)):
+                raise UserError(f"--{flag} must be {rule}, got {getattr(args, flag)}")
     if maniskill:
         args.agent_obs = args.agent_obs or "full"
-        require(args.agent_obs in ("full", "local"), "agent_obs", "full or local")
+        if args.agent_obs not in ("full", "local"):
+            raise UserError(f"--agent_obs must be full or local, got {args.agent_obs}")
     elif args.agent_obs is not None:
-        raise UserError("--agent_obs chooses between a ManiSkill task's full and local state; a VMAS agent observes what "
-                        "its scenario gives it: drop --agent_obs")
+        raise UserError("--agent_obs chooses between a ManiSkill task's full and local state; a VMAS agent observes "
+                        "what its scenario gives it: drop --agent_obs")
     elif args.save_train_video_freq is not None:
-        raise UserError("--save_train_video_freq records ManiSkill training videos; VMAS runs record evaluation videos only")
+        raise UserError("--save_train_video_freq records ManiSkill training videos; VMAS runs record evaluation "
+                        "videos only")
     parse_env_kwargs(args.env_kwargs, maniskill)
-    require(all(size >= 1 for size in args.hidden_sizes), "hidden_sizes", "positive widths")
     cores = max(1, usable_cores() // local_ranks)
-    require(0 <= args.torch_threads <= cores, "torch_threads", f"0 (torch's default) to {cores}, the cores of a process")
-    for flag in ("num_envs", "num_eval_envs", "num_steps", "num_minibatches", "update_epochs", "eval_freq", "total_timesteps"):
-        require(getattr(args, flag) >= 1, flag, "positive")
-    for flag in ("num_eval_steps", "save_train_video_freq", "max_episode_steps", "checkpoint_freq", "keep_checkpoints"):
-        require(getattr(args, flag) is None or getattr(args, flag) >= 1, flag, "positive (or None)")
+    if not 0 <= args.torch_threads <= cores:
+        raise UserError(f"--torch_threads must be 0 (torch's default) to {cores}, the cores of a process, "
+                        f"got {args.torch_threads}")
     if args.max_episode_steps is None:
         args.max_episode_steps = time_limit
-    for flag in ("reconfiguration_freq", "eval_reconfiguration_freq"):
-        require(getattr(args, flag) is None or getattr(args, flag) >= 0, flag, "0 (never) or positive (or None)")
-    for flag in ("learning_rate", "kl_target", "min_learning_rate", "max_learning_rate", "clip_coef", "vf_coef", "reward_scale"):
-        require(finite(getattr(args, flag)) and getattr(args, flag) > 0, flag, "a positive finite number")
-    require(finite(args.lr_factor) and args.lr_factor > 1, "lr_factor", "a finite number above 1")
     if args.min_learning_rate > args.max_learning_rate:
-        raise UserError(f"--min_learning_rate ({args.min_learning_rate}) is above --max_learning_rate ({args.max_learning_rate})")
-    require(finite(args.ent_coef) and args.ent_coef >= 0, "ent_coef", "0 or a positive finite number")
-    require(args.max_grad_norm > 0, "max_grad_norm", "positive (inf: no clipping)")  # nan fails the comparison
-    require(args.target_kl is None or args.target_kl > 0, "target_kl", "positive (or None: never stop early)")
-    require(finite(args.gamma) and 0.0 < args.gamma <= 1.0, "gamma", "in (0, 1]")
-    require(finite(args.gae_lambda) and 0.0 <= args.gae_lambda <= 1.0, "gae_lambda", "in [0, 1]")
-    require(finite(args.log_std_init), "log_std_init", "a finite number")
+        raise UserError(f"--min_learning_rate ({args.min_learning_rate}) is above --max_learning_rate "
+                        f"({args.max_learning_rate})")
     if args.anneal_lr and args.lr_schedule not in ("constant", "linear"):
         raise UserError(f"--anneal_lr means --lr_schedule=linear and conflicts with --lr_schedule={args.lr_schedule}")
     if args.anneal_lr:
@@ -1010,13 +905,14 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     if args.track and importlib.util.find_spec("wandb") is None:
         raise UserError("--track logs to Weights and Biases, which is not installed: pip install wandb")
     if args.checkpoint is not None and args.resume is not None:
-        raise UserError("--checkpoint starts a new run from saved weights and --resume continues a run; give one of them")
+        raise UserError("--checkpoint starts a new run from saved weights and --resume continues a run; give one")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches != 0:
-        raise UserError(f"batch size num_envs*num_steps = {batch_size} does not split into --num_minibatches={args.num_minibatches} "
-                        "equal minibatches; pick num_minibatches dividing it")
+        raise UserError(f"batch size num_envs*num_steps = {batch_size} does not split into "
+                        f"--num_minibatches={args.num_minibatches} equal minibatches; pick num_minibatches dividing it")
     if args.norm_adv and batch_size // args.num_minibatches < 2:
-        raise UserError("--norm_adv needs minibatches of at least 2 samples; lower --num_minibatches or pass --no_norm_adv")
+        raise UserError("--norm_adv needs minibatches of at least 2 samples; lower --num_minibatches or pass "
+                        "--no_norm_adv")
     num_iterations = args.total_timesteps // (batch_size * num_ranks)
     if num_iterations < 1:
         raise UserError(f"--total_timesteps={args.total_timesteps} is smaller than one batch of all processes "
@@ -1026,7 +922,8 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     seeds_per_run = (num_iterations + 1) * num_ranks * (args.num_envs + args.num_eval_envs)
     if seeds_per_run >= 2**32:
         raise UserError(f"--total_timesteps={args.total_timesteps} would need more env seeds than numpy has (2**32)")
-    require(0 <= args.seed < 2**32 - seeds_per_run, "seed", f"in [0, {2**32 - 1 - seeds_per_run}] for this run's length")
+    if not 0 <= args.seed < 2**32 - seeds_per_run:
+        raise UserError(f"--seed must be in [0, {2**32 - 1 - seeds_per_run}] for this run's length, got {args.seed}")
     sim_backend = resolve_sim_backend(args.sim_backend) if maniskill else None
     if sim_backend == "gpu":
         for prefix, num_envs, partial_reset, reconfiguration_freq in (
@@ -1043,11 +940,13 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
         if workers > CPU_WORKERS_PER_CORE * cores:
             num_envs, num_eval_envs = 2 * cores, min(args.num_eval_envs, cores)
             minibatches = max(d for d in range(1, args.num_minibatches + 1) if num_envs * args.num_steps % d == 0)
-            raise UserError(f"--num_envs={args.num_envs} and --num_eval_envs={args.num_eval_envs} would start {workers} "
-                            f"CPU simulator processes on {cores} cores (at most {CPU_WORKERS_PER_CORE} per core); try "
+            raise UserError(f"--num_envs={args.num_envs} and --num_eval_envs={args.num_eval_envs} would start "
+                            f"{workers} CPU simulator processes on {cores} cores (at most {CPU_WORKERS_PER_CORE} per "
+                            "core); try "
                             f"--num_envs={num_envs} --num_eval_envs={num_eval_envs} --num_minibatches={minibatches} "
-                            "(with --resume: a new run with --checkpoint), or a machine with CUDA for the GPU simulation")
-    return batch_size, batch_size // args.num_minibatches, num_iterations
+                            "(with --resume: a new run with --checkpoint), or a machine with CUDA for the GPU "
+                            "simulation")
+    return num_iterations
 
 
 def usable_cores() -> int:
@@ -1070,8 +969,8 @@ VMAS_PREFIX = "vmas:"
 VMAS_MAX_STEPS = 100
 # Env options that ippo.py sets from flags of its own.
 RESERVED_ENV_KWARGS = {
-    True: ("num_envs", "obs_mode", "sim_backend", "render_backend", "render_mode", "control_mode", "reconfiguration_freq",
-           "human_render_camera_configs", "max_episode_steps"),
+    True: ("num_envs", "obs_mode", "sim_backend", "render_backend", "render_mode", "control_mode",
+           "reconfiguration_freq", "human_render_camera_configs", "max_episode_steps"),
     False: ("scenario", "num_envs", "device", "seed", "max_steps", "terminated_truncated", "dict_spaces", "wrapper",
             "wrapper_kwargs", "grad_enabled"),
 }
@@ -1160,7 +1059,7 @@ def in_recorded_rollout(elapsed_steps: int, num_steps: int, freq: int) -> bool:
 
 class AgentViews(gym.ObservationWrapper):
     """A ManiSkill multi-agent task's state_dict observation, flattened as obs_mode="state" flattens it, and which
-    of its entries each agent observes (agent_views; README: "What each agent observes").
+    of its entries each agent observes (agent_views; docs/multi_agent.md, "What each agent observes").
 
     full: every agent observes the whole state. local: agent i observes obs["agent"][<its uid>] and the obs["extra"]
     entries that belong to no other agent. An extra entry belongs to the agent whose uid its name contains; in a
@@ -1212,8 +1111,8 @@ class AgentViews(gym.ObservationWrapper):
         for i, index in enumerate(obs_index):
             for j, column in enumerate(index):
                 position.setdefault(column, i * len(index) + j)
-        self.agent_views = {"agents": agents, "obs_index": obs_index, "state_index": [position[c] for c in range(width)],
-                            "action_space": action_spaces[0]}
+        self.agent_views = {"agents": agents, "obs_index": obs_index,
+                            "state_index": [position[c] for c in range(width)], "action_space": action_spaces[0]}
 
     def observation(self, observation: dict) -> torch.Tensor:
         return self.flatten_state_dict(observation)
@@ -1228,7 +1127,8 @@ def state_dict_leaves(state: dict, path: tuple[str, ...] = ()):
 
 
 def build_maniskill_env(env_id: str, num_envs: int, env_kwargs: dict, agent_obs: str, video_dir: Optional[str],
-                        video_trigger, max_steps_per_video: Optional[int], trajectory_path: Optional[Path] = None) -> gym.Env:
+                        video_trigger, max_steps_per_video: Optional[int],
+                        trajectory_path: Optional[Path] = None) -> gym.Env:
     import mani_skill.envs  # noqa: F401
     from mani_skill.utils.wrappers.flatten import FlattenActionSpaceWrapper
     from mani_skill.utils.wrappers.record import RecordEpisode
@@ -1251,7 +1151,8 @@ def build_maniskill_env(env_id: str, num_envs: int, env_kwargs: dict, agent_obs:
 
 
 def build_maniskill_cpu_worker_env(env_id: str, env_kwargs: dict, agent_obs: str, ignore_terminations: bool,
-                                   video_dir: Optional[str], video_trigger, max_steps_per_video: Optional[int]) -> gym.Env:
+                                   video_dir: Optional[str], video_trigger,
+                                   max_steps_per_video: Optional[int]) -> gym.Env:
     """Module-level so that AsyncVectorEnv can pickle it into forkserver workers."""
     from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
 
@@ -1297,8 +1198,10 @@ class VmasVectorEnv:
         obs_spaces = [gymnasium_space(space) for space in self.env.observation_space]
         action_spaces = [gymnasium_space(space) for space in self.env.action_space]
         if not all(isinstance(space, gym.spaces.Box) and len(space.shape) == 1 for space in obs_spaces):
-            raise UserError(f"{env_id}'s observations ({obs_spaces[0]}) are not flat Boxes; {TRAINER}.py needs them flat")
-        if any(space != obs_spaces[0] for space in obs_spaces) or any(space != action_spaces[0] for space in action_spaces):
+            raise UserError(f"{env_id}'s observations ({obs_spaces[0]}) are not flat Boxes; {TRAINER}.py needs them "
+                            "flat")
+        if (any(space != obs_spaces[0] for space in obs_spaces)
+                or any(space != action_spaces[0] for space in action_spaces)):
             raise UserError(f"{env_id}'s agents have different observation or action spaces ({obs_spaces}, "
                             f"{action_spaces}); {TRAINER}.py stacks the agents' networks and needs them equal")
         self.num_envs, self.device, self.num_agents = num_envs, device, len(obs_spaces)
@@ -1315,7 +1218,8 @@ class VmasVectorEnv:
             try:  # rendering needs a GL context, which fails only at the first frame: find out now, not mid-run
                 self.render()
             except Exception as e:
-                raise UserError(f"{env_id} cannot render videos here ({type(e).__name__}: {e}); pass --no_capture_video") from e
+                raise UserError(f"{env_id} cannot render videos here ({type(e).__name__}: {e}); "
+                                "pass --no_capture_video") from e
 
     def in_own_stream(self, method, *args, **kwargs):
         """VMAS draws every env's random numbers from one stream, a class attribute: each vector env swaps in a
@@ -1512,7 +1416,8 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
         max_steps_per_video = num_eval_steps
     elif args.capture_video and args.save_train_video_freq is not None:
         video_dir = str(run_dir / "train_videos")
-        video_trigger = functools.partial(in_recorded_rollout, num_steps=args.num_steps, freq=args.save_train_video_freq)
+        video_trigger = functools.partial(in_recorded_rollout, num_steps=args.num_steps,
+                                          freq=args.save_train_video_freq)
         max_steps_per_video = args.num_steps
     env_kwargs = parse_env_kwargs(args.env_kwargs, maniskill)
     if maniskill:
@@ -1529,7 +1434,7 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
                         video_dir: Optional[str], video_trigger, max_steps_per_video: Optional[int],
                         trajectory_path: Optional[Path]) -> TorchVecEnv:
     """ManiSkill's GPU simulation runs all envs in one process and has branches of its own for num_envs > 1; each
-    is handled here or refused in validate() (README: "ManiSkill with many envs"):
+    is handled here or refused in validate() (docs/bootstrap.md, "ManiSkill with many envs"):
     - RecordEpisode needs max_steps_per_video (it cannot flush a video at one env's reset): the evaluation's length
       or the rollout's; evaluate() flushes the rest of an evaluation that ends early.
     - Videos tile every env into one frame, so the training video's camera shrinks with the number of envs.
@@ -1540,7 +1445,8 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
 
     gpu = resolve_sim_backend(args.sim_backend) == "gpu"
     on_device = "" if device.index is None else f":{device.index}"  # under torchrun, each rank's own GPU
-    env_kwargs = dict(user_env_kwargs, obs_mode="state_dict", sim_backend=f"physx_cuda{on_device}" if gpu else "physx_cpu",
+    env_kwargs = dict(user_env_kwargs, obs_mode="state_dict",
+                      sim_backend=f"physx_cuda{on_device}" if gpu else "physx_cpu",
                       # the default render backend falls back to the CPU with one warning per env
                       render_backend=f"gpu{on_device}" if torch.cuda.is_available() else "cpu",
                       reconfiguration_freq=args.eval_reconfiguration_freq if evaluation else args.reconfiguration_freq,
@@ -1568,11 +1474,13 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
             raise UserError("trajectories are recorded in one ManiSkill vector env: on the CPU simulation, use one env")
         # The fork start method hangs while workers build SAPIEN scenes; forkserver needs module-level builders.
         env_fns = [functools.partial(build_maniskill_cpu_worker_env, args.env_id, env_kwargs, args.agent_obs,
-                                     ignore_terminations, video_dir if i == 0 else None, video_trigger, max_steps_per_video)
+                                     ignore_terminations, video_dir if i == 0 else None, video_trigger,
+                                     max_steps_per_video)
                    for i in range(num_envs)]
         # AsyncVectorEnv builds its first env in this process before any worker, so a missing asset or Vulkan
         # driver, or a single-agent task, fails here.
-        vec_env = gym.vector.AsyncVectorEnv(env_fns, context="forkserver", autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        vec_env = gym.vector.AsyncVectorEnv(env_fns, context="forkserver",
+                                            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         return TorchVecEnv(vec_env, device, torch_native=False, agent_views=vec_env.get_attr("agent_views")[0])
     except (AssertionError, KeyError, ValueError, TypeError) as e:
         raise UserError(f"cannot make ManiSkill env {args.env_id!r} with {env_kwargs}: {e}") from e
@@ -1584,7 +1492,7 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
 
 
 # ---------------------------------------------------------------------------------------------
-# Checkpoints, resume, signals
+# Checkpoints and resume
 # ---------------------------------------------------------------------------------------------
 
 # --resume continues one experiment: only the flags that say how long it runs and how it is run, watched and stored
@@ -1593,6 +1501,108 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
 RESUME_CHANGEABLE_FIELDS = ("total_timesteps", "eval_freq", "checkpoint_freq", "keep_checkpoints", "capture_video",
                             "save_train_video_freq", "save_model", "track", "wandb_project_name", "wandb_entity",
                             "torch_threads", "cuda", "torch_deterministic")
+
+
+def load_states(agent: Agent, optimizer: torch.optim.Optimizer, reward_normalizer: Optional[RewardNormalizer],
+                init_state: Optional[dict], resume_state: Optional[dict], args: Args,
+                envs: TorchVecEnv) -> tuple[int, int]:
+    """Weights and statistics from --checkpoint or --resume, the optimizer's state too on --resume; every rank then
+    holds rank 0's. Returns the global step and iteration the run continues from."""
+    for state in (init_state, resume_state):
+        if state is not None:
+            load_weights(agent, state, args, envs)
+            if reward_normalizer is not None and state.get("reward_normalizer") is not None:
+                reward_normalizer.load_state_dict(state["reward_normalizer"])
+    if world_size() > 1:
+        for tensor in agent.state_dict().values():  # each rank drew its own initial weights
+            dist.broadcast(tensor, 0)
+    if resume_state is None:
+        return 0, 0
+    optimizer.load_state_dict(resume_state["optimizer"])
+    return resume_state["global_step"], resume_state["iteration"]
+
+
+def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
+    """Load a checkpoint's weights and observation statistics; refuse one whose agents, spaces or network differ."""
+    observation_space = space_to_dict(envs.single_observation_space)
+    action_space = space_to_dict(envs.single_action_space)
+    if (state["agents"] != envs.agents or state["observation_space"] != observation_space
+            or state["action_space"] != action_space):
+        raise UserError(f"the checkpoint's agents and spaces ({state['agents']}, "
+                        f"{state['observation_space']['shape']}, {state['action_space']}) do not match "
+                        f"{args.env_id}'s ({envs.agents}, {observation_space['shape']}, {action_space})")
+    defaults = {field.name: field.default for field in dataclasses.fields(Args)}
+    for name in NETWORK_FIELDS:
+        trained = state["args"].get(name, defaults[name])  # checkpoints older than the flag used its default
+        if trained != getattr(args, name):
+            flag = cli_flag(name, trained)
+            raise UserError(f"the checkpoint was trained with {flag}, and its network needs the same: pass {flag}")
+    try:
+        agent.load_state_dict(state["model"])
+    except RuntimeError as e:  # a copy whose network changed after the checkpoint was written
+        mismatch = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e))[:200]
+        raise UserError(f"the checkpoint's weights do not fit {TRAINER}.py's network ({mismatch.rstrip('.')}); "
+                        f"evaluate or continue it with the file that wrote it") from e
+
+
+def open_run(args: Args, setup: Setup, resume_state: Optional[dict]) -> SummaryWriter:
+    """Rank 0's start of the run's logs; on --resume, what came after the checkpoint is set aside first."""
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=dataclasses.asdict(args), name=setup.run_name, id=setup.run_name, resume="allow",
+                   save_code=True)
+    purge_step = None
+    if resume_state is not None:
+        # Only now that the run has started: a resume that fails must leave the run as it was.
+        set_aside_later_checkpoints(setup.run_dir, resume_state["iteration"])
+        for unfinished in setup.run_dir.glob("*.pt.tmp"):  # checkpoint writes that a kill cut short
+            unfinished.unlink()
+        purge_step = resume_state["global_step"] + 1  # steps logged after the checkpoint are replaced
+    writer = SummaryWriter(str(setup.run_dir), purge_step=purge_step)
+    batch_size = args.num_envs * args.num_steps
+    derived = {"batch_size": batch_size, "minibatch_size": batch_size // args.num_minibatches,
+               "num_iterations": setup.num_iterations, "bootstrap_rule": setup.bootstrap_rule,
+               "num_eval_steps": setup.num_eval_steps, "device": str(setup.device), "world_size": world_size()}
+    table = {**dataclasses.asdict(args), **derived}
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in table.items()))
+    print(f"run {setup.run_name}: {setup.run_dir}  " + "  ".join(f"{k}={v}" for k, v in derived.items()), flush=True)
+    return writer
+
+
+def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: torch.optim.Optimizer,
+                     reward_normalizer: Optional[RewardNormalizer], global_step: int, iteration: int,
+                     final: bool = False) -> Optional[Path]:
+    """Every rank calls it (each hands rank 0 its random state); rank 0 writes ckpt_{iteration}.pt."""
+    if not all_finite(agent):
+        raise NonFiniteError("parameters")
+    rank_rngs = gather_objects(rng_states(setup.device))
+    if setup.rank != 0:
+        return None
+    state = {"format": CHECKPOINT_FORMAT, "trainer": TRAINER, "run_name": setup.run_name,
+             "args": dataclasses.asdict(args), "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
+             "reward_normalizer": None if reward_normalizer is None else reward_normalizer.state_dict(),
+             "agents": envs.agents, "observation_space": space_to_dict(envs.single_observation_space),
+             "action_space": space_to_dict(envs.single_action_space),
+             "global_step": global_step, "iteration": iteration, "world_size": world_size(),
+             "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:]}
+    path = setup.run_dir / f"ckpt_{iteration}.pt"
+    save_checkpoint(path, state)
+    if final:
+        save_checkpoint(setup.run_dir / "final_ckpt.pt", state)
+    if args.keep_checkpoints is not None:
+        numbered = numbered_checkpoints(setup.run_dir)
+        for old in sorted(numbered)[:-args.keep_checkpoints]:
+            numbered[old].unlink()
+    return path
+
+
+def print_how_to_resume(signum: int, checkpoint: Optional[Path], iteration: int, run_dir: Path):
+    resume = f"{shlex.quote(sys.argv[0])} --resume {shlex.quote(str(run_dir))}"
+    how = f"python {resume}" if world_size() == 1 else f"torchrun (the same options) {resume}"
+    print(f"{signal.Signals(signum).name}: saved {checkpoint} at iteration {iteration}; resume with: {how}",
+          file=sys.stderr)
 
 
 def parse_args(argv: list[str]) -> Args:
@@ -1604,11 +1614,13 @@ def parse_args(argv: list[str]) -> Args:
     saved_args = Args(**{f.name: saved[f.name] for f in dataclasses.fields(Args) if f.name in saved})
     # Parse again with the run's own arguments as defaults: flags given now override them.
     args = tyro.cli(Args, args=argv, use_underscores=True, default=saved_args, description=__doc__)
-    fixed = [f.name for f in dataclasses.fields(Args) if f.name not in RESUME_CHANGEABLE_FIELDS + ("resume", "checkpoint")]
+    changeable = RESUME_CHANGEABLE_FIELDS + ("resume", "checkpoint")
+    fixed = [f.name for f in dataclasses.fields(Args) if f.name not in changeable]
     changed = [f"--{name}" for name in fixed if getattr(args, name) != getattr(saved_args, name)]
     if changed:
         raise UserError(f"--resume continues the same experiment and only its run-control flags may change, but "
-                        f"{', '.join(changed)} differ from the run's; start a new run from its weights with --checkpoint")
+                        f"{', '.join(changed)} differ from the run's; start a new run from its weights with "
+                        "--checkpoint")
     return args
 
 
@@ -1657,12 +1669,14 @@ def read_checkpoint(path) -> dict:
     except Exception as e:
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         # torch wraps the reason of a weights_only refusal in advice that does not apply here
-        reason = next((line for line in lines if not line.startswith(TORCH_LOAD_ADVICE)), lines[0] if lines else "no message")
+        reason = next((line for line in lines if not line.startswith(TORCH_LOAD_ADVICE)),
+                      lines[0] if lines else "no message")
         if isinstance(e, pickle.UnpicklingError) and "global" in reason.lower():
             # weights_only stops at the first object that is not a tensor or plain data, before anything is built or run
-            raise UserError(f"checkpoint {path} holds pickled Python objects besides tensors and plain data ({reason}), "
-                            "which could run code when loaded: refused, nothing in it was run") from e
-        raise UserError(f"checkpoint {path} cannot be read, it is damaged or not a checkpoint ({type(e).__name__}: {reason})") from e
+            raise UserError(f"checkpoint {path} holds pickled Python objects besides tensors and plain data "
+                            f"({reason}), which could run code when loaded: refused, nothing in it was run") from e
+        raise UserError(f"checkpoint {path} cannot be read, it is damaged or not a checkpoint "
+                        f"({type(e).__name__}: {reason})") from e
     if not isinstance(ckpt, dict) or "format" not in ckpt or "model" not in ckpt:
         raise UserError(f"{path} is not a checkpoint of these trainers")
     return ckpt
@@ -1672,7 +1686,8 @@ def load_checkpoint(path) -> dict:
     """A checkpoint this trainer can continue or start from."""
     ckpt = read_checkpoint(path)
     if ckpt["format"] != CHECKPOINT_FORMAT:
-        raise UserError(f"{path} has checkpoint format {ckpt['format']}; this {TRAINER}.py reads format {CHECKPOINT_FORMAT}")
+        raise UserError(f"{path} has checkpoint format {ckpt['format']}; this {TRAINER}.py reads format "
+                        f"{CHECKPOINT_FORMAT}")
     if ckpt.get("trainer") != TRAINER:
         raise UserError(f"{path} was written by {ckpt.get('trainer')}.py, not {TRAINER}.py: continue or start from it "
                         f"with {ckpt.get('trainer')}.py")
@@ -1794,12 +1809,124 @@ def all_finite(module: nn.Module) -> bool:
     return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
 
 
+# ---------------------------------------------------------------------------------------------
+# Data parallel: torchrun starts one process (a rank) per GPU, each with its own envs; a plain run is one rank.
+# Whatever decides the course of the run is computed from numbers every rank shares, so that all ranks take it alike.
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def gather_rows(x: torch.Tensor) -> torch.Tensor:
+    """Every rank's x, concatenated along the first dimension in rank order (x itself in a plain run)."""
+    if world_size() == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(world_size())]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts)
+
+
+def mean_over_ranks(x: torch.Tensor) -> torch.Tensor:
+    if world_size() == 1:
+        return x
+    total = x.clone()
+    dist.all_reduce(total)  # gloo has no average
+    return total / world_size()
+
+
+def average_gradients(agent: nn.Module, loss_finite: torch.Tensor) -> torch.Tensor:
+    """Replace each rank's gradients by their mean over all ranks, in one all-reduce (every rank then clips and steps
+    alike); returns whether every rank's loss was finite."""
+    grads = [p.grad for p in agent.parameters()]
+    flat = mean_over_ranks(torch.cat([g.flatten() for g in grads] + [(~loss_finite).float().reshape(1)]))
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+    return flat[-1] == 0
+
+
+def parameters_finite(agent: nn.Module, iteration: int) -> bool:
+    """Whether every rank's parameters and observation statistics are finite; under torchrun every rank must also
+    hold rank 0's, bit for bit (else RuntimeError). All ranks reach the same answer, so they stop together."""
+    finite = all_finite(agent)
+    if world_size() == 1:
+        return finite
+    state = torch.cat([t.detach().flatten().double() for t in agent.state_dict().values() if t.is_floating_point()])
+    rank0_state = state.clone()
+    dist.broadcast(rank0_state, 0)
+    counts = torch.tensor([0.0 if torch.equal(state, rank0_state) else 1.0, 0.0 if finite else 1.0],
+                          device=state.device)
+    dist.all_reduce(counts)  # the ranks that differ from rank 0, the ranks with non-finite values
+    if counts[1] > 0:
+        return False
+    if counts[0] > 0:
+        raise RuntimeError(f"after the update of iteration {iteration}, {int(counts[0].item())} ranks hold other "
+                           "parameters than rank 0")
+    return True
+
+
+def agree_on_signal(signum: Optional[int], device: torch.device) -> Optional[int]:
+    """A stop signal that reached any rank stops every rank after the same iteration."""
+    if world_size() == 1:
+        return signum
+    received = torch.tensor([signum or 0], device=device)
+    dist.all_reduce(received, op=dist.ReduceOp.MAX)
+    return int(received.item()) or None
+
+
+def gather_objects(obj) -> list:
+    """Every rank's obj (plain data and CPU tensors), in rank order."""
+    if world_size() == 1:
+        return [obj]
+    objects = [None] * world_size()
+    dist.all_gather_object(objects, obj)
+    return objects
+
+
+def gather_episodes(episodes: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every rank's finished episodes (metric -> values), for rank 0's logs."""
+    if world_size() == 1:
+        return episodes
+    per_rank = gather_objects({key: values.cpu() for key, values in episodes.items()})
+    return {key: torch.cat([rank_episodes[key] for rank_episodes in per_rank if key in rank_episodes])
+            for key in dict.fromkeys(key for rank_episodes in per_rank for key in rank_episodes)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiling, signals, the command line
+# ---------------------------------------------------------------------------------------------
+
+def compile_unless_unavailable(fn, enabled: bool):
+    """torch.compile(fn) under --compile, else fn. Where compiling fails (the CPU backend needs a C++ compiler; some
+    Python versions have no torch.compile), one line says so and fn runs eagerly from then on."""
+    if not enabled:
+        return fn
+    # Random draws (the policy's sampling) come from torch's own generator, as in eager mode.
+    torch._inductor.config.fallback_random = True
+    compiled = None
+
+    def call(*args):
+        nonlocal compiled
+        if compiled is not fn:
+            try:
+                compiled = compiled or torch.compile(fn)
+                return compiled(*args)
+            except Exception as e:  # whatever compiling raised: an error of fn itself raises again below
+                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                print(f"\nwarning: --compile: torch.compile failed ({reason}); running eagerly", file=sys.stderr)
+                compiled = fn
+        return fn(*args)
+    return call
+
+
 class StopSignal:
     """SIGINT/SIGTERM end the run at the next iteration boundary, after a checkpoint; a second signal exits at once."""
 
     def __init__(self):
         self.signum: Optional[int] = None
-        self.previous_handlers = {signum: signal.signal(signum, self.handle) for signum in (signal.SIGINT, signal.SIGTERM)}
+        self.previous_handlers = {signum: signal.signal(signum, self.handle)
+                                  for signum in (signal.SIGINT, signal.SIGTERM)}
 
     def restore(self):
         """Give the signals back to whoever had them, e.g. a program that called cli() in-process."""
@@ -1810,7 +1937,8 @@ class StopSignal:
         if self.signum is not None:
             raise KeyboardInterrupt
         self.signum = signum
-        print(f"\n{signal.Signals(signum).name} received: stopping after this iteration and saving a checkpoint", file=sys.stderr)
+        print(f"\n{signal.Signals(signum).name} received: stopping after this iteration and saving a checkpoint",
+              file=sys.stderr)
 
 
 def cli(argv: Optional[list[str]] = None) -> int:

@@ -1140,7 +1140,7 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
                         video_trigger, max_steps_per_video: Optional[int],
                         trajectory_path: Optional[Path]) -> TorchVecEnv:
     """ManiSkill's GPU simulation runs all envs in one process and has branches of its own for num_envs > 1; each
-    is handled here or refused in validate() (README: "ManiSkill with many envs"):
+    is handled here or refused in validate() (docs/bootstrap.md, "ManiSkill with many envs"):
     - RecordEpisode needs max_steps_per_video (it cannot flush a video at one env's reset): the evaluation's length
       or the rollout's; evaluate() flushes the rest of an evaluation that ends early.
     - Videos tile every env into one frame, so the training video's camera shrinks with the number of envs.

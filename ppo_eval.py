@@ -11,7 +11,7 @@ uncertainty.
 The policy is rebuilt from the checkpoint alone, with the trainer's own code: its Agent, its envs (with the run's
 evaluation settings) and its evaluation loop. Env i of N plays its first num_episodes // N episodes, one more for
 i < num_episodes % N, so every requested episode is played to its end and counted once, and episodes that end
-early weigh no more than those that last. See README.md, "Evaluating a checkpoint: ppo_eval.py".
+early weigh no more than those that last. See docs/evaluation.md.
 """
 
 from __future__ import annotations

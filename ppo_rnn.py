@@ -1,7 +1,7 @@
 """Recurrent PPO (LSTM or GRU) for GPU-vectorized ManiSkill tasks and any Gymnasium environment, in one file.
 
     python ppo_rnn.py --env_id=PickCube-v1                               # ManiSkill, GPU sim when CUDA is there
-    python ppo_rnn.py --env_id=pomdp:CartPoleNoVel-v1 --num_envs=8 --num_steps=64 --rnn_hidden_size=64   # any Gymnasium id
+    python ppo_rnn.py --env_id=pomdp:CartPoleNoVel-v1 --num_envs=8 --num_steps=64 --rnn_hidden_size=64  # any Gym id
     python ppo_rnn.py --resume runs/RUN_NAME                             # continue an interrupted run
     torchrun --standalone --nproc_per_node=4 ppo_rnn.py --env_id=PickCube-v1   # data parallel: 4 GPUs, 4 x 512 envs
 
@@ -9,9 +9,12 @@ ppo.py with a recurrent policy: `diff ppo.py ppo_rnn.py` shows what recurrence c
 carried from step to step (and across rollouts), zeroed where an episode starts, and stored at the start of each
 sequence of --seq_len steps; the update replays whole sequences from their stored states, resetting where the
 rollout reset. A finished episode's V(final obs) comes from that episode's own state.
-The file reads top to bottom: Args, Agent, advantages, the training loop and evaluation; below the "Plumbing"
-divider, what a researcher rarely changes (startup and validation, env adapters, checkpoints, resume, signals).
-See README.md for the flags, the bootstrap rules and the checkpoint layout.
+Everything happens on torch tensors on the learner's device: rollout, final-value bootstrapping, GAE, update.
+The file reads top to bottom: Args; the Agent; ALGO LOGIC (rollout(), compute_advantages(), ppo_loss(), update());
+train(), the loop that runs them, logs, evaluates and saves. Below the "Plumbing" divider is what a researcher
+rarely changes: startup and validation, env adapters, checkpoints and resume, data parallel, signals.
+A copy (cp ppo_rnn.py my_idea.py) is a trainer of its own: runs/ENV__my_idea__SEED__TIME, its own resume and
+evaluation. Docs: docs/recurrent.md (flags, examples), docs/bootstrap.md, docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -44,17 +47,19 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import tyro
-from torch.distributions import Categorical, Independent, Normal
+from torch.distributions import Categorical
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 CHECKPOINT_FORMAT = 2
-# The file's own name: a copy (cp ppo_rnn.py my_idea.py) names its runs after itself, and its checkpoints say which file
-# wrote them, so that neither this file nor ppo_eval.py mistakes a copy's runs for this file's.
+# The file's own name: a copy (cp ppo_rnn.py my_idea.py) names its runs after itself, and its checkpoints say which
+# file wrote them, so that neither this file nor ppo_eval.py mistakes a copy's runs for this file's.
 TRAINER = Path(__file__).stem
 CPU_WORKERS_PER_CORE = 4
 # The flags that shape the network: a checkpoint's weights fit only a network built with the same.
 NETWORK_FIELDS = ("norm_obs", "activation", "rnn_type", "rnn_hidden_size", "rnn_num_layers", "shared_rnn")
+LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
+NORMAL_ENTROPY_AT_UNIT_STD = 0.5 + 0.5 * math.log(2 * math.pi)
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
@@ -69,9 +74,9 @@ class Args:
     cuda: bool = True
     """if toggled, the learner runs on CUDA when it is available"""
     compile: bool = False
-    """torch.compile the rollout's policy step and the update's losses (changes numbers slightly; falls back to eager with one line where compiling fails)"""
+    """torch.compile the policy step and the losses (numbers change slightly; eager, with a warning, where it fails)"""
     torch_threads: int = 1
-    """CPU threads for torch (0: torch's default); more gain little for these small networks and slow everything down when they contend with simulator workers for cores"""
+    """CPU threads for torch (0: torch's default); more gain little for small networks and compete with env workers"""
     track: bool = False
     """if toggled, also log to Weights and Biases (needs `pip install wandb`)"""
     wandb_project_name: str = "ManiSkill"
@@ -102,7 +107,7 @@ class Args:
     num_envs: int = 512
     """number of parallel training environments (of each torchrun process)"""
     async_envs: bool = False
-    """Gymnasium envs: step the training envs in worker processes, one per env (pays off for envs slower than ~0.1 ms a step, e.g. MuJoCo, with a core per env); ManiSkill's CPU envs always run in workers"""
+    """Gymnasium envs: step the training envs in worker processes (pays off above ~0.1 ms a step)"""
     num_eval_envs: int = 8
     """number of parallel evaluation environments (of rank 0, which alone evaluates)"""
     partial_reset: bool = True
@@ -120,13 +125,14 @@ class Args:
     norm_obs: bool = False
     """normalize observations with running mean/std (float64 statistics, saved in checkpoints)"""
     norm_reward: bool = False
-    """divide rewards by a running std of the discounted return, clipped to +-10 (as SB3's VecNormalize and CleanRL's MuJoCo script; statistics saved in checkpoints)"""
+    """divide rewards by a running std of the discounted return, clip to +-10 (SB3's VecNormalize, CleanRL's MuJoCo)"""
     activation: Literal["tanh", "relu"] = "tanh"
     """the encoder's nonlinearity"""
     log_std_init: float = -0.5
-    """the Gaussian policy's initial log standard deviation, for continuous actions (CleanRL: 0, rl-baselines3-zoo's MuJoCo settings: -2); --checkpoint and --resume keep the trained one"""
+    """the Gaussian policy's initial log-std (CleanRL: 0; the zoo's MuJoCo: -2); --checkpoint/--resume keep theirs"""
     bootstrap_at_done: Literal["auto", "always", "truncated", "never"] = "auto"
-    """which finished episodes bootstrap from V(final obs): always (ManiSkill's rule), truncated (terminations are terminal), never. auto = always for ManiSkill tasks, truncated otherwise"""
+    """finished episodes that bootstrap from V(final obs): always, truncated, never; auto: always on ManiSkill, else
+    truncated"""
 
     rnn_type: str = "lstm"
     """the recurrent layer: lstm or gru"""
@@ -135,14 +141,14 @@ class Args:
     rnn_num_layers: int = 1
     """number of stacked recurrent layers"""
     shared_rnn: bool = False
-    """if toggled, actor and critic share one encoder and RNN (half the compute); else each has its own, as ppo.py's actor and critic share nothing"""
+    """if toggled, actor and critic share one encoder and RNN (half the compute); else each has its own, as in ppo.py"""
 
     total_timesteps: int = 10_000_000
     """total environment steps of the run (of all torchrun processes together)"""
     learning_rate: float = 3e-4
     """the (initial) learning rate of the optimizer"""
     lr_schedule: Literal["constant", "linear", "adaptive"] = "constant"
-    """constant; linear decay to 0; adaptive: multiply/divide the lr by lr_factor when the KL leaves [kl_target/2, 2*kl_target]"""
+    """constant; linear decay to 0; adaptive: lr times or over lr_factor as the KL leaves [kl_target/2, 2*kl_target]"""
     anneal_lr: bool = False
     """ManiSkill/CleanRL's name for --lr_schedule=linear"""
     kl_target: float = 0.01
@@ -160,9 +166,11 @@ class Args:
     finite_horizon_gae: bool = False
     """use ManiSkill's finite-horizon GAE (lambda-weights renormalized over the steps left in the rollout)"""
     seq_len: Optional[int] = None
-    """training sequence length: each env's rollout is cut into sequences of this many steps, replayed from the recurrent state stored at their start (None: num_steps, whole rollouts)"""
+    """training sequence length: each env's rollout is cut into sequences of this many steps, replayed from the
+    recurrent state stored at their start (None: num_steps, whole rollouts)"""
     num_minibatches: int = 32
-    """number of minibatches per epoch (of each torchrun process's rollout); each holds whole sequences, so it must divide num_envs * num_steps / seq_len"""
+    """number of minibatches per epoch (each torchrun process splits its own rollout into this many); each holds
+    whole sequences, so it must divide num_envs * num_steps / seq_len"""
     update_epochs: int = 4
     """number of epochs over each rollout"""
     norm_adv: bool = True
@@ -188,7 +196,7 @@ class Args:
 
 
 # ---------------------------------------------------------------------------------------------
-# Agent
+# Agent: recurrent cores, actor and critic, running normalization
 # ---------------------------------------------------------------------------------------------
 
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
@@ -249,8 +257,8 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
 
     def update(self, x: torch.Tensor):
-        x = x.double()
-        batch_mean, batch_var, batch_count = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        batch_var, batch_mean = torch.var_mean(x.double(), dim=0, correction=0)
+        batch_count = x.shape[0]
         delta = batch_mean - self.mean
         total = self.count + batch_count
         self.mean += delta * batch_count / total
@@ -287,13 +295,14 @@ class Agent(nn.Module):
     the rollout steps with T = 1, the update replays sequences of seq_len steps.
     """
 
-    def __init__(self, obs_dim: int, action_space: dict, norm_obs: bool, activation: str, log_std_init: float, rnn_type: str,
-                 rnn_hidden_size: int, rnn_num_layers: int, shared_rnn: bool):
+    def __init__(self, obs_dim: int, action_space: dict, norm_obs: bool, activation: str, log_std_init: float,
+                 rnn_type: str, rnn_hidden_size: int, rnn_num_layers: int, shared_rnn: bool):
         super().__init__()
         self.discrete = action_space["type"] == "Discrete"
         self.obs_normalizer = RunningMeanStd(obs_dim) if norm_obs else None
         self.actor_core = RecurrentCore(obs_dim, activation, rnn_type, rnn_hidden_size, rnn_num_layers)
-        self.critic_core = None if shared_rnn else RecurrentCore(obs_dim, activation, rnn_type, rnn_hidden_size, rnn_num_layers)
+        self.critic_core = None if shared_rnn else RecurrentCore(obs_dim, activation, rnn_type, rnn_hidden_size,
+                                                                 rnn_num_layers)
         self.critic = layer_init(nn.Linear(rnn_hidden_size, 1), std=1.0)
         if self.discrete:
             self.actor = layer_init(nn.Linear(rnn_hidden_size, action_space["n"]), std=0.01)
@@ -339,47 +348,95 @@ class Agent(nn.Module):
                              action: Optional[torch.Tensor] = None):
         actor_features, critic_features, state = self.cores(obs, state, episode_starts)
         value = self.critic(critic_features).squeeze(-1)
-        # validate_args=False: checking the arguments would sync with the GPU at every call
         if self.discrete:
-            dist = Categorical(logits=self.actor(actor_features), validate_args=False)
-        else:
-            mean = self.actor(actor_features)
-            dist = Independent(Normal(mean, self.actor_logstd.expand_as(mean).exp(), validate_args=False), 1,
-                               validate_args=False)
+            dist = Categorical(logits=self.actor(actor_features), validate_args=False)  # validation syncs with the GPU
+            if action is None:
+                action = dist.sample()
+            return action, dist.log_prob(action), dist.entropy(), value, state
+        # torch.distributions.Normal's sample, log_prob and entropy, written out: building its object costs more than
+        # the arithmetic at a rollout step's batch size (12% of the training time of one CPU env at CleanRL's
+        # settings). The same operations, so the same numbers (tests/test_parts.py).
+        mean = self.actor(actor_features)
+        std = self.actor_logstd.expand_as(mean).exp()
         if action is None:
-            action = dist.sample()
-        return action, dist.log_prob(action), dist.entropy(), value, state
+            with torch.no_grad():
+                action = torch.normal(mean, std)
+        # Two logs of std, as Normal takes: one shared log would add the entropy's gradient to the log-probability's
+        # before dividing by std, which rounds otherwise (with ent_coef > 0).
+        logprob = -((action - mean) ** 2) / (2 * std**2) - std.log() - LOG_SQRT_2PI
+        entropy = NORMAL_ENTROPY_AT_UNIT_STD + std.log()
+        return action, logprob.sum(-1), entropy.sum(-1), value, state
 
 
 def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
-    return Agent(envs.obs_dim, space_to_dict(envs.single_action_space), args.norm_obs, args.activation, args.log_std_init,
-                 args.rnn_type, args.rnn_hidden_size, args.rnn_num_layers, args.shared_rnn)
-
-
-def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
-    """Load a checkpoint's weights and observation statistics; refuse one whose spaces or network differ."""
-    observation_space = space_to_dict(envs.single_observation_space)
-    action_space = space_to_dict(envs.single_action_space)
-    if state["observation_space"] != observation_space or state["action_space"] != action_space:
-        raise UserError(f"the checkpoint's spaces ({state['observation_space']['shape']}, {state['action_space']}) "
-                        f"do not match {args.env_id}'s ({observation_space['shape']}, {action_space})")
-    defaults = {field.name: field.default for field in dataclasses.fields(Args)}
-    for name in NETWORK_FIELDS:
-        trained = state["args"].get(name, defaults[name])  # checkpoints older than the flag used its default
-        if trained != getattr(args, name):
-            flag = cli_flag(name, trained)
-            raise UserError(f"the checkpoint was trained with {flag}, and its network needs the same: pass {flag}")
-    try:
-        agent.load_state_dict(state["model"])
-    except RuntimeError as e:  # a copy whose network changed after the checkpoint was written
-        mismatch = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e))[:200]
-        raise UserError(f"the checkpoint's weights do not fit {TRAINER}.py's network ({mismatch.rstrip('.')}); "
-                        f"evaluate or continue it with the file that wrote it") from e
+    return Agent(envs.obs_dim, space_to_dict(envs.single_action_space), args.norm_obs, args.activation,
+                 args.log_std_init, args.rnn_type, args.rnn_hidden_size, args.rnn_num_layers, args.shared_rnn)
 
 
 # ---------------------------------------------------------------------------------------------
-# Advantages and the learning rate
+# ALGO LOGIC: rollout with final-value bootstrapping, advantages, the clipped-surrogate update
 # ---------------------------------------------------------------------------------------------
+
+class Rollout:
+    """One rollout's tensors, (num_steps, num_envs, ...), on the learner's device. dones[t] marks the episodes that
+    ended with step t; bootstrap_values[t] is V(final obs) for those of them that bootstrap, 0 elsewhere.
+    episode_starts[t] marks the episodes that obs[t] starts; sequence_states[k] is the recurrent state before step
+    k * seq_len, from which the update replays the k-th sequence of each env."""
+
+    def __init__(self, num_steps: int, num_envs: int, obs_dim: int, action_space: dict, device: torch.device,
+                 seq_len: int, state_shape: tuple[int, int]):
+        self.obs = torch.zeros((num_steps, num_envs, obs_dim), device=device)
+        if action_space["type"] == "Discrete":
+            self.actions = torch.zeros((num_steps, num_envs), dtype=torch.long, device=device)
+        else:
+            self.actions = torch.zeros((num_steps, num_envs, action_space["shape"][0]), device=device)
+        self.logprobs, self.rewards, self.dones, self.values, self.bootstrap_values = (
+            torch.zeros((num_steps, num_envs), device=device) for _ in range(5))
+        self.episode_starts = torch.zeros((num_steps, num_envs), dtype=torch.bool, device=device)
+        self.sequence_states = torch.zeros((num_steps // seq_len, state_shape[0], num_envs, state_shape[1]),
+                                           device=device)
+
+
+def rollout(agent: Agent, envs: TorchVecEnv, buf: Rollout, next_obs: torch.Tensor, state: torch.Tensor,
+            next_start: torch.Tensor, policy_step, reward_normalizer: Optional[RewardNormalizer], args: Args,
+            bootstrap_rule: str):
+    """Step the envs num_steps times with the policy, filling buf; state is the recurrent state before next_obs, and
+    next_start marks the envs whose next_obs starts an episode. Returns the observation, the state and the episode
+    starts after the last step, and the finished episodes' metrics (key -> one value per episode)."""
+    episodes = defaultdict(list)
+    buf.bootstrap_values.zero_()
+    continuing = torch.zeros_like(next_start)[None]  # a final observation continues its episode
+    for step in range(args.num_steps):
+        if step % args.seq_len == 0:
+            buf.sequence_states[step // args.seq_len] = state  # the update replays each sequence from here
+        # inference_mode, not no_grad: it skips autograd's version and view tracking, a large share of the cost of a
+        # rollout step's small ops. Its tensors never reach the update's autograd: they are copied into buf, and the
+        # env gets a clamped or shifted copy of the action.
+        with torch.inference_mode():
+            if agent.obs_normalizer is not None:
+                agent.obs_normalizer.update(gather_rows(next_obs))  # so that every rank normalizes alike
+            obs = agent.normalize_obs(next_obs)
+            action, logprob, _, value, state = policy_step(obs[None], state, next_start[None])
+        buf.obs[step], buf.actions[step], buf.logprobs[step], buf.values[step] = obs, action[0], logprob[0], value[0]
+        buf.episode_starts[step] = next_start
+        next_obs, reward, terminated, truncated, final_obs, finished = envs.step(action[0])
+        done = next_start = terminated | truncated
+        if reward_normalizer is not None:
+            reward = reward_normalizer(reward, done)
+        buf.rewards[step] = reward * args.reward_scale
+        buf.dones[step] = done
+        if finished is not None:
+            bootstrap = bootstrap_mask(bootstrap_rule, terminated, truncated)
+            if bootstrap.any():
+                with torch.inference_mode():
+                    # The ended episodes' own memory: their state after this step, before the reset.
+                    final_values = agent.get_value(agent.normalize_obs(final_obs[bootstrap])[None],
+                                                   state[:, bootstrap], continuing[:, bootstrap])
+                buf.bootstrap_values[step, bootstrap] = final_values[0]
+            for key, values in finished.items():
+                episodes[key].append(values)
+    return next_obs, state, next_start, {key: torch.cat(values) for key, values in episodes.items()}
+
 
 def bootstrap_mask(rule: str, terminated: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
     """Which finished episodes take V(final obs) as the value after their last step."""
@@ -392,13 +449,9 @@ def bootstrap_mask(rule: str, terminated: torch.Tensor, truncated: torch.Tensor)
 
 def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, bootstrap_values: torch.Tensor,
                        next_value: torch.Tensor, gamma: float, gae_lambda: float, finite_horizon: bool) -> torch.Tensor:
-    """GAE over a (num_steps, num_envs) rollout.
-
-    dones[t] = 1 where the episode ended with step t; bootstrap_values[t] is V(final obs) for the ended episodes
-    that bootstrap, 0 for the others; next_value = V(obs after the last step). Nothing crosses an episode end.
-    finite_horizon: ManiSkill's variant, whose lambda-weights are renormalized over the steps left before the
-    rollout or episode ends, so a short tail is not dominated by its last value.
-    """
+    """GAE over a (num_steps, num_envs) rollout; next_value = V(obs after the last step). Nothing crosses an episode
+    end. finite_horizon: ManiSkill's variant, whose lambda-weights are renormalized over the steps left before the
+    rollout or episode ends, so a short tail is not dominated by its last value."""
     # Whatever does not depend on the next step's result is computed for all steps at once, outside the loop.
     not_dones = 1.0 - dones
     real_next_values = not_dones * torch.cat([values[1:], next_value[None]]) + bootstrap_values
@@ -422,6 +475,86 @@ def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch
     return advantages
 
 
+def ppo_loss(agent: Agent, args: Args, obs, states, starts, actions, old_logprobs, advantages, returns, old_values):
+    """The clipped surrogate, value and entropy terms of one minibatch of sequences, replayed from their stored
+    states; its log-ratios and ratios, detached."""
+    _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(obs, states, starts, actions)
+    logratio = newlogprob - old_logprobs
+    ratio = logratio.exp()
+    if args.norm_adv:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    clipped_ratio = torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(-advantages * ratio, -advantages * clipped_ratio).mean()
+    if args.clip_vloss:
+        v_clipped = old_values + torch.clamp(newvalue - old_values, -args.clip_coef, args.clip_coef)
+        v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+    return (pg_loss, v_loss, entropy.mean()), logratio.detach(), ratio.detach()
+
+
+def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: Rollout, advantages: torch.Tensor,
+           returns: torch.Tensor, update_losses, args: Args) -> dict[str, float]:
+    """update_epochs epochs of minibatch steps over the rollout's sequences, stopped once a minibatch's approximate
+    KL exceeds target_kl. Returns the statistics to log (the losses of the last minibatch that stepped)."""
+    num_steps, num_envs, seq_len = args.num_steps, args.num_envs, args.seq_len
+    num_sequences = num_envs * num_steps // seq_len
+    # Sequence k * num_envs + i is env i's k-th stretch of seq_len steps: b_* are (seq_len, num_sequences, ...).
+    b_obs, b_actions, b_starts, b_logprobs, b_advantages, b_returns, b_values = (
+        x.reshape(num_steps // seq_len, seq_len, num_envs, *x.shape[2:]).transpose(0, 1)
+        .reshape(seq_len, num_sequences, *x.shape[2:])
+        for x in (buf.obs, buf.actions, buf.episode_starts, buf.logprobs, advantages, returns, buf.values))
+    b_states = buf.sequence_states.transpose(0, 1).reshape(agent.state_shape[0], num_sequences, agent.state_shape[1])
+    stats, clipfracs, minibatch_steps = {}, [], 0
+    for mb in minibatch_indices(num_sequences, num_sequences // args.num_minibatches, args.update_epochs,
+                                b_obs.device):
+        (pg_loss, v_loss, entropy_loss), logratio, ratio = update_losses(
+            b_obs[:, mb], b_states[:, mb], b_starts[:, mb], b_actions[:, mb], b_logprobs[:, mb], b_advantages[:, mb],
+            b_returns[:, mb], b_values[:, mb])
+        with torch.no_grad():
+            kls = torch.stack([(-logratio).mean(), ((ratio - 1) - logratio).mean()])
+            old_approx_kl, approx_kl = mean_over_ranks(kls)
+            if "losses/first_minibatch_ratio_error" not in stats:
+                stats["losses/first_minibatch_ratio_error"] = (ratio - 1.0).abs().max()
+        if args.target_kl is not None and approx_kl > args.target_kl:
+            break
+        clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
+        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+        optimizer.zero_grad()
+        loss.backward()
+        loss_finite = torch.isfinite(loss)
+        if world_size() > 1:
+            loss_finite = average_gradients(agent, loss_finite)
+        grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        if not loss_finite or not torch.isfinite(grad_norm):
+            raise NonFiniteError("gradient" if loss_finite else "loss")
+        optimizer.step()
+        minibatch_steps += 1
+        if args.lr_schedule == "adaptive":
+            lr = optimizer.param_groups[0]["lr"]
+            optimizer.param_groups[0]["lr"] = adapt_learning_rate(lr, approx_kl.item(), args)
+        stats.update({"losses/policy_loss": pg_loss.detach(), "losses/value_loss": v_loss.detach(),
+                      "losses/entropy": entropy_loss.detach()})
+    if clipfracs:  # empty when the first minibatch already exceeded target_kl
+        stats["losses/clipfrac"] = torch.stack(clipfracs).mean()
+    var_y = b_returns.var()
+    explained_var = float("nan") if var_y == 0 else 1 - (b_returns - b_values).var() / var_y
+    stats.update({"losses/old_approx_kl": old_approx_kl, "losses/approx_kl": approx_kl,
+                  "losses/minibatch_steps": minibatch_steps, "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                  "losses/explained_variance": explained_var})
+    return {tag: float(value) for tag, value in stats.items()}
+
+
+def minibatch_indices(batch_size: int, minibatch_size: int, epochs: int, device: torch.device):
+    """Each epoch a new permutation of the batch, cut into minibatches; drawn as needed, so that an update stopped
+    early draws no further permutations from the random stream."""
+    for _ in range(epochs):
+        permutation = torch.randperm(batch_size, device=device)
+        for start in range(0, batch_size, minibatch_size):
+            yield permutation[start:start + minibatch_size]
+
+
 def adapt_learning_rate(lr: float, approx_kl: float, args: Args) -> float:
     """rsl_rl's adaptive schedule: steer the KL of each minibatch step towards kl_target."""
     if approx_kl > 2.0 * args.kl_target:
@@ -431,151 +564,35 @@ def adapt_learning_rate(lr: float, approx_kl: float, args: Args) -> float:
     return lr
 
 
-def compile_unless_unavailable(fn, enabled: bool):
-    """torch.compile(fn) under --compile, else fn. Where compiling fails (the CPU backend needs a C++ compiler; some
-    Python versions have no torch.compile), one line says so and fn runs eagerly from then on."""
-    if not enabled:
-        return fn
-    # Random draws (the policy's sampling) come from torch's own generator, as in eager mode.
-    torch._inductor.config.fallback_random = True
-    compiled = None
-
-    def call(*args):
-        nonlocal compiled
-        if compiled is not fn:
-            try:
-                compiled = compiled or torch.compile(fn)
-                return compiled(*args)
-            except Exception as e:  # whatever compiling raised: an error of fn itself raises again below
-                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                print(f"\nwarning: --compile: torch.compile failed ({reason}); running eagerly", file=sys.stderr)
-                compiled = fn
-        return fn(*args)
-    return call
-
-
 # ---------------------------------------------------------------------------------------------
-# Data parallel: torchrun starts one process (a rank) per GPU, each with its own envs; a plain run is one rank.
-# Whatever decides the course of the run is computed from numbers every rank shares, so that all ranks take it alike.
+# The training loop and evaluation
 # ---------------------------------------------------------------------------------------------
 
-def world_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
+@dataclass
+class Setup:
+    """What main() resolved for train(): the run, this process's device and rank, the derived settings."""
+    run_name: str
+    run_dir: Path
+    device: torch.device
+    rank: int
+    bootstrap_rule: str
+    num_eval_steps: int
+    num_iterations: int
 
 
-def gather_rows(x: torch.Tensor) -> torch.Tensor:
-    """Every rank's x, concatenated along the first dimension in rank order (x itself in a plain run)."""
-    if world_size() == 1:
-        return x
-    parts = [torch.empty_like(x) for _ in range(world_size())]
-    dist.all_gather(parts, x.contiguous())
-    return torch.cat(parts)
-
-
-def mean_over_ranks(x: torch.Tensor) -> torch.Tensor:
-    if world_size() == 1:
-        return x
-    total = x.clone()
-    dist.all_reduce(total)  # gloo has no average
-    return total / world_size()
-
-
-def average_gradients(agent: nn.Module, loss_finite: torch.Tensor) -> torch.Tensor:
-    """Replace each rank's gradients by their mean over all ranks, in one all-reduce (every rank then clips and steps
-    alike); returns whether every rank's loss was finite."""
-    grads = [p.grad for p in agent.parameters()]
-    flat = mean_over_ranks(torch.cat([g.flatten() for g in grads] + [(~loss_finite).float().reshape(1)]))
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
-        offset += g.numel()
-    return flat[-1] == 0
-
-
-def parameters_finite(agent: nn.Module, iteration: int) -> bool:
-    """Whether every rank's parameters and observation statistics are finite; under torchrun every rank must also
-    hold rank 0's, bit for bit (else RuntimeError). All ranks reach the same answer, so they stop together."""
-    finite = all_finite(agent)
-    if world_size() == 1:
-        return finite
-    state = torch.cat([t.detach().flatten().double() for t in agent.state_dict().values() if t.is_floating_point()])
-    rank0_state = state.clone()
-    dist.broadcast(rank0_state, 0)
-    counts = torch.tensor([0.0 if torch.equal(state, rank0_state) else 1.0, 0.0 if finite else 1.0], device=state.device)
-    dist.all_reduce(counts)  # the ranks that differ from rank 0, the ranks with non-finite values
-    if counts[1] > 0:
-        return False
-    if counts[0] > 0:
-        raise RuntimeError(f"after the update of iteration {iteration}, {int(counts[0].item())} ranks hold other parameters than rank 0")
-    return True
-
-
-def agree_on_signal(signum: Optional[int], device: torch.device) -> Optional[int]:
-    """A stop signal that reached any rank stops every rank after the same iteration."""
-    if world_size() == 1:
-        return signum
-    received = torch.tensor([signum or 0], device=device)
-    dist.all_reduce(received, op=dist.ReduceOp.MAX)
-    return int(received.item()) or None
-
-
-def gather_objects(obj) -> list:
-    """Every rank's obj (plain data and CPU tensors), in rank order."""
-    if world_size() == 1:
-        return [obj]
-    objects = [None] * world_size()
-    dist.all_gather_object(objects, obj)
-    return objects
-
-
-# ---------------------------------------------------------------------------------------------
-# Training: rollout with final-value bootstrapping, GAE, update, logging; evaluation
-# ---------------------------------------------------------------------------------------------
-
-def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs: Optional[TorchVecEnv],
-          device: torch.device, rank: int, bootstrap_rule: str, num_eval_steps: int, batch_size: int,
-          minibatch_size: int, num_iterations: int, resume_state: Optional[dict], init_state: Optional[dict]) -> int:
-    """rank 0 alone logs, evaluates (eval_envs is None on the others) and writes checkpoints."""
-    num_ranks = world_size()
-    observation_space = space_to_dict(envs.single_observation_space)
-    action_space = space_to_dict(envs.single_action_space)
+def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[TorchVecEnv],
+          resume_state: Optional[dict], init_state: Optional[dict]) -> int:
+    """Rank 0 alone logs, evaluates (eval_envs is None on the others) and writes checkpoints."""
+    device, rank, num_ranks, num_iterations = setup.device, setup.rank, world_size(), setup.num_iterations
     agent = make_agent(args, envs).to(device)
     # fused: one kernel per parameter for the whole Adam step, on the CPU as on the GPU; it rounds differently from
     # torch's default by about one float32 ulp per step, and takes a third of its time for small networks.
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     reward_normalizer = RewardNormalizer(args.num_envs, args.gamma).to(device) if args.norm_reward else None
-    global_step, start_iteration = 0, 0
-    for state in (init_state, resume_state):
-        if state is not None:
-            load_weights(agent, state, args, envs)
-            if reward_normalizer is not None and state.get("reward_normalizer") is not None:
-                reward_normalizer.load_state_dict(state["reward_normalizer"])
-    if num_ranks > 1:
-        for tensor in agent.state_dict().values():  # each rank drew its own initial weights
-            dist.broadcast(tensor, 0)
-
-    def minibatch_losses(obs, states, starts, actions, old_logprobs, advantages, returns, old_values):
-        """The clipped surrogate, value and entropy terms of one minibatch of sequences, replayed from their
-        stored states; its log-ratios and ratios, detached."""
-        _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(obs, states, starts, actions)
-        logratio = newlogprob - old_logprobs
-        ratio = logratio.exp()
-        if args.norm_adv:
-            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-        pg_loss = torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)).mean()
-        if args.clip_vloss:
-            v_clipped = old_values + torch.clamp(newvalue - old_values, -args.clip_coef, args.clip_coef)
-            v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
-        else:
-            v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
-        return (pg_loss, v_loss, entropy.mean()), logratio.detach(), ratio.detach()
-
+    global_step, start_iteration = load_states(agent, optimizer, reward_normalizer, init_state, resume_state, args,
+                                               envs)
     policy_step = compile_unless_unavailable(agent.get_action_and_value, args.compile)
-    update_losses = compile_unless_unavailable(minibatch_losses, args.compile)
-
-    if resume_state is not None:
-        optimizer.load_state_dict(resume_state["optimizer"])
-        global_step, start_iteration = resume_state["global_step"], resume_state["iteration"]
+    update_losses = compile_unless_unavailable(functools.partial(ppo_loss, agent, args), args.compile)
     # Gymnasium seeds env i with seed + i (ManiSkill env 0 with seed, the others with draws from RandomState(seed)):
     # training and evaluation envs, and each rank, get disjoint blocks of seeds, and a resumed run new ones rather
     # than a replay of its first iteration's starts.
@@ -585,70 +602,20 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
     if resume_state is not None:
         # After the envs are built and reset, so that each rank's random stream continues where it stopped.
         set_rng_states(resume_state["rng"] if rank == 0 else resume_state["other_ranks_rng"][rank - 1], device)
-
-    def write_checkpoint(iteration: int, final: bool = False) -> Optional[Path]:
-        """Every rank calls it (each hands rank 0 its random state); rank 0 writes."""
-        if not all_finite(agent):
-            raise NonFiniteError(f"non-finite parameters at iteration {iteration}")
-        rank_rngs = gather_objects(rng_states(device))
-        if rank != 0:
-            return None
-        state = {"format": CHECKPOINT_FORMAT, "trainer": TRAINER, "run_name": run_name, "args": dataclasses.asdict(args),
-                 "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
-                 "reward_normalizer": None if reward_normalizer is None else reward_normalizer.state_dict(),
-                 "observation_space": observation_space, "action_space": action_space,
-                 "global_step": global_step, "iteration": iteration, "world_size": num_ranks,
-                 "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:]}
-        path = run_dir / f"ckpt_{iteration}.pt"
-        save_checkpoint(path, state)
-        if final:
-            save_checkpoint(run_dir / "final_ckpt.pt", state)
-        if args.keep_checkpoints is not None:
-            numbered = numbered_checkpoints(run_dir)
-            for old in sorted(numbered)[:-args.keep_checkpoints]:
-                numbered[old].unlink()
-        return path
-
-    writer = None
-    if rank == 0:
-        if args.track:
-            import wandb
-
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=dataclasses.asdict(args), name=run_name, id=run_name, resume="allow", save_code=True)
-        if resume_state is not None:
-            # Only now that the run has started: a resume that fails must leave the run as it was.
-            set_aside_later_checkpoints(run_dir, start_iteration)
-            for unfinished in run_dir.glob("*.pt.tmp"):  # checkpoint writes that a kill cut short
-                unfinished.unlink()
-        # Steps logged after the checkpoint we resume from are replaced by the resumed run's.
-        writer = SummaryWriter(str(run_dir), purge_step=global_step + 1 if resume_state is not None else None)
-        derived = {"batch_size": batch_size, "minibatch_size": minibatch_size, "num_iterations": num_iterations,
-                   "bootstrap_rule": bootstrap_rule, "num_eval_steps": num_eval_steps, "device": str(device),
-                   "world_size": num_ranks}
-        table = {**dataclasses.asdict(args), **derived}
-        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in table.items()))
-        print(f"run {run_name}: {run_dir}  " + "  ".join(f"{k}={v}" for k, v in derived.items()), flush=True)
-
-    num_envs, num_steps = args.num_envs, args.num_steps
-    obs_buf = torch.zeros((num_steps, num_envs, envs.obs_dim), device=device)
-    if agent.discrete:
-        actions = torch.zeros((num_steps, num_envs), dtype=torch.long, device=device)
-    else:
-        actions = torch.zeros((num_steps, num_envs, action_space["shape"][0]), device=device)
-    logprobs, rewards, dones, values, bootstrap_values = (torch.zeros((num_steps, num_envs), device=device) for _ in range(5))
-    episode_starts = torch.zeros((num_steps, num_envs), dtype=torch.bool, device=device)
+    writer = open_run(args, setup, resume_state) if rank == 0 else None
+    buf = Rollout(args.num_steps, args.num_envs, envs.obs_dim, space_to_dict(envs.single_action_space), device,
+                  args.seq_len, agent.state_shape)
     # Episodes run on across rollouts, and so does their memory; the envs' first observations start episodes.
-    state = agent.initial_state(num_envs, device)
-    seq_len, num_sequences = args.seq_len, batch_size // args.seq_len
-    sequence_states = torch.zeros((num_steps // seq_len, *state.shape), device=device)
-    next_start = torch.ones(num_envs, dtype=torch.bool, device=device)
-    continuing = torch.zeros((1, num_envs), dtype=torch.bool, device=device)
+    state = agent.initial_state(args.num_envs, device)
+    next_start = torch.ones(args.num_envs, dtype=torch.bool, device=device)
+
+    def checkpoint(iteration: int, final: bool = False) -> Optional[Path]:
+        return write_checkpoint(args, setup, envs, agent, optimizer, reward_normalizer, global_step, iteration, final)
 
     checkpoint_freq = args.checkpoint_freq or args.eval_freq
     last_checkpoint = None
-    progress = tqdm(total=num_iterations, initial=start_iteration, desc=run_name, dynamic_ncols=True, mininterval=1.0,
-                    disable=rank != 0)
+    progress = tqdm(total=num_iterations, initial=start_iteration, desc=setup.run_name, dynamic_ncols=True,
+                    mininterval=1.0, disable=rank != 0)
     start_time, start_step = time.perf_counter(), global_step
     iteration = start_iteration
     stop = StopSignal()
@@ -656,166 +623,70 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
         for iteration in range(start_iteration + 1, num_iterations + 1):
             if args.lr_schedule == "linear":
                 optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
-
-            # Rollout
             rollout_start = time.perf_counter()
             agent.eval()
-            train_metrics = defaultdict(list)
-            bootstrap_values.zero_()
-            for step in range(num_steps):
-                global_step += num_envs * num_ranks
-                if step % seq_len == 0:
-                    sequence_states[step // seq_len] = state  # the update replays each sequence from here
-                # inference_mode, not no_grad: it skips autograd's version and view tracking, a large share of the
-                # cost of a rollout step's small ops. Its tensors never reach the update's autograd: they are copied
-                # into the buffers, and the env gets a clamped or shifted copy of the action.
-                with torch.inference_mode():
-                    if agent.obs_normalizer is not None:
-                        agent.obs_normalizer.update(gather_rows(next_obs))  # so that every rank normalizes alike
-                    obs = agent.normalize_obs(next_obs)
-                    action, logprob, _, value, state = policy_step(obs[None], state, next_start[None])
-                obs_buf[step], actions[step], logprobs[step], values[step] = obs, action[0], logprob[0], value[0]
-                episode_starts[step] = next_start
-                next_obs, reward, terminated, truncated, final_obs, finished = envs.step(action[0])
-                next_start = terminated | truncated
-                if reward_normalizer is not None:
-                    reward = reward_normalizer(reward, next_start)
-                rewards[step] = reward * args.reward_scale
-                dones[step] = next_start
-                if finished is not None:
-                    bootstraps = bootstrap_mask(bootstrap_rule, terminated, truncated)
-                    if bootstraps.any():
-                        with torch.inference_mode():
-                            # The ended episodes' own memory: their state after this step, before the reset.
-                            final_values = agent.get_value(agent.normalize_obs(final_obs[bootstraps])[None],
-                                                           state[:, bootstraps], continuing[:, bootstraps])
-                        bootstrap_values[step, bootstraps] = final_values[0]
-                    for key, episode_values in finished.items():
-                        train_metrics[key].append(episode_values)
+            next_obs, state, next_start, episodes = rollout(agent, envs, buf, next_obs, state, next_start,
+                                                            policy_step, reward_normalizer, args, setup.bootstrap_rule)
+            global_step += args.num_steps * args.num_envs * num_ranks
             with torch.no_grad():
                 next_value = agent.get_value(agent.normalize_obs(next_obs)[None], state, next_start[None])[0]
-                advantages = compute_advantages(rewards, values, dones, bootstrap_values, next_value,
+                advantages = compute_advantages(buf.rewards, buf.values, buf.dones, buf.bootstrap_values, next_value,
                                                 args.gamma, args.gae_lambda, args.finite_horizon_gae)
-                returns = advantages + values
+                returns = advantages + buf.values
             rollout_time = time.perf_counter() - rollout_start
-
-            # Update
             update_start = time.perf_counter()
             agent.train()
-            # Sequence k * num_envs + i is env i's k-th stretch of seq_len steps: b_* are (seq_len, num_sequences, ...).
-            b_obs, b_actions, b_starts, b_logprobs, b_advantages, b_returns, b_values = (
-                x.reshape(num_steps // seq_len, seq_len, num_envs, *x.shape[2:]).transpose(0, 1)
-                .reshape(seq_len, num_sequences, *x.shape[2:])
-                for x in (obs_buf, actions, episode_starts, logprobs, advantages, returns, values))
-            b_states = sequence_states.transpose(0, 1).reshape(agent.state_shape[0], num_sequences, agent.state_shape[1])
-            clipfracs, first_ratio_error, minibatch_steps = [], None, 0
-            kl_stop = False
-            for _ in range(args.update_epochs):
-                permutation = torch.randperm(num_sequences, device=device)
-                for start in range(0, num_sequences, minibatch_size // seq_len):
-                    mb = permutation[start:start + minibatch_size // seq_len]
-                    minibatch_loss_terms, logratio, ratio = update_losses(
-                        b_obs[:, mb], b_states[:, mb], b_starts[:, mb], b_actions[:, mb], b_logprobs[:, mb],
-                        b_advantages[:, mb], b_returns[:, mb], b_values[:, mb])
-                    with torch.no_grad():
-                        old_approx_kl, approx_kl = mean_over_ranks(torch.stack([(-logratio).mean(),
-                                                                                ((ratio - 1) - logratio).mean()]))
-                        if first_ratio_error is None:
-                            first_ratio_error = (ratio - 1.0).abs().max()
-                    if args.target_kl is not None and approx_kl > args.target_kl:
-                        kl_stop = True
-                        break
-                    pg_loss, v_loss, entropy_loss = minibatch_loss_terms  # logs show the last minibatch that stepped
-                    clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
-                    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-
-                    optimizer.zero_grad()
-                    loss.backward()
-                    loss_finite = torch.isfinite(loss)
-                    if num_ranks > 1:
-                        loss_finite = average_gradients(agent, loss_finite)
-                    grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                    if not loss_finite or not torch.isfinite(grad_norm):
-                        raise NonFiniteError(f"non-finite {'gradient' if loss_finite else 'loss'} "
-                                             f"at iteration {iteration} (global step {global_step})")
-                    optimizer.step()
-                    minibatch_steps += 1
-                    if args.lr_schedule == "adaptive":
-                        optimizer.param_groups[0]["lr"] = adapt_learning_rate(optimizer.param_groups[0]["lr"],
-                                                                              approx_kl.item(), args)
-                if kl_stop:
-                    break
+            stats = update(agent, optimizer, buf, advantages, returns, update_losses, args)
             if not parameters_finite(agent, iteration):
-                raise NonFiniteError(f"non-finite parameters after the update of iteration {iteration}")
+                raise NonFiniteError("parameters")
             update_time = time.perf_counter() - update_start
 
-            # Logging: rank 0, with every rank's training episodes
-            train_episodes = {key: torch.cat(values) for key, values in train_metrics.items()}
-            if num_ranks > 1:
-                per_rank = gather_objects({key: values.cpu() for key, values in train_episodes.items()})
-                train_episodes = {key: torch.cat([episodes[key] for episodes in per_rank if key in episodes])
-                                  for key in dict.fromkeys(key for episodes in per_rank for key in episodes)}
+            # TRY NOT TO MODIFY: logging and evaluation (rank 0, with every rank's episodes), checkpoints, stopping
+            episodes = gather_episodes(episodes)
             if rank == 0:
-                y_pred, y_true = b_values, b_returns
-                var_y = y_true.var()
-                explained_var = float("nan") if var_y == 0 else (1 - (y_true - y_pred).var() / var_y).item()
-                writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-                if clipfracs:  # empty when the first minibatch already exceeded target_kl
-                    writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
-                    writer.add_scalar("losses/policy_loss", pg_loss.item(), global_step)
-                    writer.add_scalar("losses/entropy", entropy_loss.item(), global_step)
-                    writer.add_scalar("losses/clipfrac", torch.stack(clipfracs).mean().item(), global_step)
-                writer.add_scalar("losses/old_approx_kl", old_approx_kl.item(), global_step)
-                writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
-                writer.add_scalar("losses/first_minibatch_ratio_error", first_ratio_error.item(), global_step)
-                writer.add_scalar("losses/minibatch_steps", minibatch_steps, global_step)
-                writer.add_scalar("losses/explained_variance", explained_var, global_step)
                 sps = int((global_step - start_step) / (time.perf_counter() - start_time))
-                writer.add_scalar("charts/SPS", sps, global_step)
-                writer.add_scalar("time/rollout_time", rollout_time, global_step)
-                writer.add_scalar("time/update_time", update_time, global_step)
-                writer.add_scalar("time/rollout_fps", num_envs * num_ranks * num_steps / rollout_time, global_step)
-                train_means = log_episode_metrics(writer, "train", train_episodes, global_step)
+                stats.update({"charts/SPS": sps, "time/rollout_time": rollout_time, "time/update_time": update_time,
+                              "time/rollout_fps": args.num_envs * num_ranks * args.num_steps / rollout_time})
+                for tag, value in stats.items():
+                    writer.add_scalar(tag, value, global_step)
+                train_means = log_episode_metrics(writer, "train", episodes, global_step)
                 if "return" in train_means:
                     writer.add_scalar("charts/episodic_return", train_means["return"], global_step)
                     writer.add_scalar("charts/episodic_length", train_means["episode_len"], global_step)
-                postfix = {"step": global_step, "SPS": sps}
-                postfix.update({f"train_{k}": round(v, 3) for k, v in train_means.items() if k in ("return", "success_once")})
-
+                postfix = {"step": global_step, "SPS": sps, **progress_items("train", train_means)}
                 if iteration % args.eval_freq == 0 or iteration == num_iterations:
                     agent.eval()
-                    eval_means = log_episode_metrics(writer, "eval", evaluate(agent, eval_envs, num_eval_steps, eval_seed), global_step)
+                    eval_episodes = evaluate(agent, eval_envs, setup.num_eval_steps, eval_seed)
+                    eval_means = log_episode_metrics(writer, "eval", eval_episodes, global_step)
                     eval_seed = None
                     if eval_means["episodes"] == 0:
-                        print(f"\nevaluation at iteration {iteration}: no episode finished within {num_eval_steps} steps", file=sys.stderr)
-                    postfix.update({f"eval_{k}": round(v, 3) for k, v in eval_means.items() if k in ("return", "success_once")})
+                        print(f"\nevaluation at iteration {iteration}: no episode finished within "
+                              f"{setup.num_eval_steps} steps", file=sys.stderr)
+                    postfix.update(progress_items("eval", eval_means))
                     writer.flush()
                 progress.set_postfix(postfix, refresh=False)
                 progress.update(1)
             checkpoint_due = args.save_model and (iteration % checkpoint_freq == 0 or iteration == num_iterations)
             if checkpoint_due:
-                last_checkpoint = write_checkpoint(iteration, final=iteration == num_iterations)
+                last_checkpoint = checkpoint(iteration, final=iteration == num_iterations)
                 if rank == 0:
                     writer.flush()
-
             signum = agree_on_signal(stop.signum, device)
             if signum is not None and iteration < num_iterations:
                 if not checkpoint_due:
-                    last_checkpoint = write_checkpoint(iteration)
+                    last_checkpoint = checkpoint(iteration)
                 progress.close()
                 if rank == 0:
                     writer.flush()
-                    resume = f"{shlex.quote(sys.argv[0])} --resume {shlex.quote(str(run_dir))}"
-                    how = f"python {resume}" if num_ranks == 1 else f"torchrun (the same options) {resume}"
-                    print(f"{signal.Signals(signum).name}: saved {last_checkpoint} at iteration {iteration}; "
-                          f"resume with: {how}", file=sys.stderr)
+                    print_how_to_resume(signum, last_checkpoint, iteration, setup.run_dir)
                 return 128 + signum
     except NonFiniteError as e:
         # every rank stops at the same point: the checks run on numbers all ranks share
         progress.close()
         if rank == 0:
-            kept = f"the last checkpoint {last_checkpoint} is untouched" if last_checkpoint else "no checkpoint was written"
-            print(f"error: {e}; the run stops and {kept}", file=sys.stderr)
+            kept = f"the last checkpoint {last_checkpoint} is untouched" if last_checkpoint else "none was written"
+            print(f"error: non-finite {e} at iteration {iteration} (global step {global_step}); the run stops and "
+                  f"{kept}", file=sys.stderr)
         return 1
     finally:
         stop.restore()
@@ -826,7 +697,7 @@ def train(args: Args, run_name: str, run_dir: Path, envs: TorchVecEnv, eval_envs
             wandb.finish()
     progress.close()
     if rank == 0:
-        print(f"done: {num_iterations} iterations, {global_step} steps; run in {run_dir}", flush=True)
+        print(f"done: {num_iterations} iterations, {global_step} steps; run in {setup.run_dir}", flush=True)
     return 0
 
 
@@ -865,16 +736,21 @@ def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Op
     return metrics
 
 
-def log_episode_metrics(writer: SummaryWriter, prefix: str, metrics: dict[str, torch.Tensor], global_step: int) -> dict[str, float]:
+def log_episode_metrics(writer: SummaryWriter, prefix: str, metrics: dict[str, torch.Tensor],
+                        global_step: int) -> dict[str, float]:
     means = {key: values.float().mean().item() for key, values in metrics.items() if values.numel() > 0}
     for key, value in means.items():
         writer.add_scalar(f"{prefix}/{key}", value, global_step)
     return means
 
 
+def progress_items(prefix: str, means: dict[str, float]) -> dict[str, float]:
+    return {f"{prefix}_{key}": round(value, 3) for key, value in means.items() if key in ("return", "success_once")}
+
+
 # =============================================================================================
 # Plumbing: what a researcher rarely changes.
-# Env adapters, startup and validation, checkpoints and resume, signals.
+# Startup and validation, env adapters, checkpoints and resume, data parallel, signals.
 # =============================================================================================
 
 # ---------------------------------------------------------------------------------------------
@@ -892,7 +768,7 @@ class NonFiniteError(Exception):
 def main(args: Args) -> int:
     rank, local_rank, num_ranks, local_ranks = torchrun_ranks()
     maniskill, time_limit = find_env(args.env_id)
-    batch_size, minibatch_size, num_iterations = validate(args, maniskill, time_limit, num_ranks, local_ranks)
+    num_iterations = validate(args, maniskill, time_limit, num_ranks, local_ranks)
     bootstrap_rule = args.bootstrap_at_done
     if bootstrap_rule == "auto":
         bootstrap_rule = "always" if maniskill else "truncated"
@@ -920,8 +796,10 @@ def main(args: Args) -> int:
 
     lock = RunDirLock(run_dir) if rank == 0 else None  # rank 0 alone writes the run directory
     try:
-        if rank == 0 and resume_state is None and (any(run_dir.glob("*.pt")) or any(run_dir.glob("events.out.tfevents.*"))):
-            raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or pick another --exp_name")
+        holds_a_run = any(run_dir.glob("*.pt")) or any(run_dir.glob("events.out.tfevents.*"))
+        if rank == 0 and resume_state is None and holds_a_run:
+            raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or pick another "
+                            "--exp_name")
         random.seed(args.seed + rank)
         np.random.seed(args.seed + rank)
         torch.manual_seed(args.seed + rank)
@@ -943,17 +821,18 @@ def main(args: Args) -> int:
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(hours=1))
             resume_iterations = gather_objects(None if resume_state is None else resume_state["iteration"])
             if len(set(resume_iterations)) > 1:
-                raise UserError(f"the ranks found different checkpoints to resume from (iterations {resume_iterations}); "
-                                "give --resume the checkpoint file")
+                raise UserError(f"the ranks found different checkpoints to resume from (iterations "
+                                f"{resume_iterations}); give --resume the checkpoint file")
 
         env_args = args if rank == 0 else dataclasses.replace(args, capture_video=False)
         envs = make_envs(env_args, maniskill, device, evaluation=False, run_dir=run_dir, num_eval_steps=num_eval_steps)
         eval_envs = None
         try:
             if rank == 0:
-                eval_envs = make_envs(args, maniskill, device, evaluation=True, run_dir=run_dir, num_eval_steps=num_eval_steps)
-            status = train(args, run_name, run_dir, envs, eval_envs, device, rank, bootstrap_rule, num_eval_steps,
-                           batch_size, minibatch_size, num_iterations, resume_state, init_state)
+                eval_envs = make_envs(args, maniskill, device, evaluation=True, run_dir=run_dir,
+                                      num_eval_steps=num_eval_steps)
+            setup = Setup(run_name, run_dir, device, rank, bootstrap_rule, num_eval_steps, num_iterations)
+            status = train(args, setup, envs, eval_envs, resume_state, init_state)
             if num_ranks > 1:
                 dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)  # rank 0's last writes
             return status
@@ -974,49 +853,60 @@ def main(args: Args) -> int:
 
 
 def torchrun_ranks() -> tuple[int, int, int, int]:
-    """(rank, local rank, number of ranks, number of ranks on this node), as torchrun sets them; a plain run is 0 of 1."""
+    """(rank, local rank, number of ranks, ranks on this node), as torchrun sets them; a plain run is 0 of 1."""
     return tuple(int(os.environ.get(name, default)) for name, default in
                  (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_WORLD_SIZE", 1)))
 
 
+def finite(value) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def plain_name(name: Optional[str]) -> bool:
+    return name is None or (name not in ("", ".", "..") and "/" not in name and os.sep not in name and "\0" not in name)
+
+
+# (flags, check, what the flags must be): validate() refuses the first value that fails its check.
+FLAG_RULES = (
+    (("exp_name",), plain_name, "a plain directory name under runs/ (no '/', not '..')"),
+    (("env_id",), bool, "a task id"),
+    (("num_envs", "num_eval_envs", "num_steps", "num_minibatches", "update_epochs", "eval_freq", "total_timesteps",
+      "rnn_hidden_size", "rnn_num_layers"), lambda value: value >= 1, "positive"),
+    (("rnn_type",), lambda value: value in ("lstm", "gru"), "lstm or gru"),
+    (("num_eval_steps", "save_train_video_freq", "max_episode_steps", "checkpoint_freq", "keep_checkpoints"),
+     lambda value: value is None or value >= 1, "positive (or None)"),
+    (("reconfiguration_freq", "eval_reconfiguration_freq"), lambda value: value is None or value >= 0,
+     "0 (never) or positive (or None)"),
+    (("learning_rate", "kl_target", "min_learning_rate", "max_learning_rate", "clip_coef", "vf_coef", "reward_scale"),
+     lambda value: finite(value) and value > 0, "a positive finite number"),
+    (("lr_factor",), lambda value: finite(value) and value > 1, "a finite number above 1"),
+    (("ent_coef",), lambda value: finite(value) and value >= 0, "0 or a positive finite number"),
+    (("max_grad_norm",), lambda value: value > 0, "positive (inf: no clipping)"),  # nan fails the comparison
+    (("target_kl",), lambda value: value is None or value > 0, "positive (or None: never stop early)"),
+    (("gamma",), lambda value: finite(value) and 0.0 < value <= 1.0, "in (0, 1]"),
+    (("gae_lambda",), lambda value: finite(value) and 0.0 <= value <= 1.0, "in [0, 1]"),
+    (("log_std_init",), finite, "a finite number"),
+    (("seq_len",), lambda value: value is None or value >= 1, "positive (or None: num_steps)"),
+)
+
+
 def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: int = 1,
-             local_ranks: int = 1) -> tuple[int, int, int]:
-    """Check every flag's range and resolve max_episode_steps; return (batch_size, minibatch_size, num_iterations)
-    of each of the num_ranks processes (local_ranks of them on this machine)."""
-    def require(ok: bool, flag: str, rule: str):
-        if not ok:
-            raise UserError(f"--{flag} must be {rule}, got {getattr(args, flag)}")
-
-    def finite(value) -> bool:
-        return value is not None and math.isfinite(value)
-
-    if args.exp_name is not None:
-        require(args.exp_name not in ("", ".", "..") and "/" not in args.exp_name and os.sep not in args.exp_name
-                and "\0" not in args.exp_name, "exp_name", "a plain directory name under runs/ (no '/', not '..')")
-    require(bool(args.env_id), "env_id", "a task id")
+             local_ranks: int = 1) -> int:
+    """Check every flag's range and resolve max_episode_steps; return the number of iterations of the num_ranks
+    processes (local_ranks of them on this machine)."""
+    for flags, ok, rule in FLAG_RULES:
+        for flag in flags:
+            if not ok(getattr(args, flag)):
+                raise UserError(f"--{flag} must be {rule}, got {getattr(args, flag)}")
     cores = max(1, usable_cores() // local_ranks)
-    require(0 <= args.torch_threads <= cores, "torch_threads", f"0 (torch's default) to {cores}, the cores of a process")
-    for flag in ("num_envs", "num_eval_envs", "num_steps", "num_minibatches", "update_epochs", "eval_freq", "total_timesteps",
-                 "rnn_hidden_size", "rnn_num_layers"):
-        require(getattr(args, flag) >= 1, flag, "positive")
-    require(args.rnn_type in ("lstm", "gru"), "rnn_type", "lstm or gru")
-    for flag in ("num_eval_steps", "save_train_video_freq", "max_episode_steps", "checkpoint_freq", "keep_checkpoints"):
-        require(getattr(args, flag) is None or getattr(args, flag) >= 1, flag, "positive (or None)")
+    if not 0 <= args.torch_threads <= cores:
+        raise UserError(f"--torch_threads must be 0 (torch's default) to {cores}, the cores of a process, "
+                        f"got {args.torch_threads}")
     if args.max_episode_steps is None:
         args.max_episode_steps = time_limit
-    for flag in ("reconfiguration_freq", "eval_reconfiguration_freq"):
-        require(getattr(args, flag) is None or getattr(args, flag) >= 0, flag, "0 (never) or positive (or None)")
-    for flag in ("learning_rate", "kl_target", "min_learning_rate", "max_learning_rate", "clip_coef", "vf_coef", "reward_scale"):
-        require(finite(getattr(args, flag)) and getattr(args, flag) > 0, flag, "a positive finite number")
-    require(finite(args.lr_factor) and args.lr_factor > 1, "lr_factor", "a finite number above 1")
     if args.min_learning_rate > args.max_learning_rate:
-        raise UserError(f"--min_learning_rate ({args.min_learning_rate}) is above --max_learning_rate ({args.max_learning_rate})")
-    require(finite(args.ent_coef) and args.ent_coef >= 0, "ent_coef", "0 or a positive finite number")
-    require(args.max_grad_norm > 0, "max_grad_norm", "positive (inf: no clipping)")  # nan fails the comparison
-    require(args.target_kl is None or args.target_kl > 0, "target_kl", "positive (or None: never stop early)")
-    require(finite(args.gamma) and 0.0 < args.gamma <= 1.0, "gamma", "in (0, 1]")
-    require(finite(args.gae_lambda) and 0.0 <= args.gae_lambda <= 1.0, "gae_lambda", "in [0, 1]")
-    require(finite(args.log_std_init), "log_std_init", "a finite number")
+        raise UserError(f"--min_learning_rate ({args.min_learning_rate}) is above --max_learning_rate "
+                        f"({args.max_learning_rate})")
     if args.anneal_lr and args.lr_schedule not in ("constant", "linear"):
         raise UserError(f"--anneal_lr means --lr_schedule=linear and conflicts with --lr_schedule={args.lr_schedule}")
     if args.anneal_lr:
@@ -1024,21 +914,21 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     if args.track and importlib.util.find_spec("wandb") is None:
         raise UserError("--track logs to Weights and Biases, which is not installed: pip install wandb")
     if args.checkpoint is not None and args.resume is not None:
-        raise UserError("--checkpoint starts a new run from saved weights and --resume continues a run; give one of them")
-    require(args.seq_len is None or args.seq_len >= 1, "seq_len", "positive (or None: num_steps)")
+        raise UserError("--checkpoint starts a new run from saved weights and --resume continues a run; give one")
     if args.seq_len is None:
         args.seq_len = args.num_steps
     if args.num_steps % args.seq_len != 0:
-        raise UserError(f"--seq_len={args.seq_len} does not divide --num_steps={args.num_steps}; sequences are cut from "
-                        "each env's rollout, so pick a divisor of num_steps")
+        raise UserError(f"--seq_len={args.seq_len} does not divide --num_steps={args.num_steps}; sequences are cut "
+                        "from each env's rollout, so pick a divisor of num_steps")
     batch_size = args.num_envs * args.num_steps
     num_sequences = batch_size // args.seq_len
     if num_sequences % args.num_minibatches != 0:
         raise UserError(f"the rollout's {num_sequences} sequences (num_envs*num_steps/seq_len) do not split into "
-                        f"--num_minibatches={args.num_minibatches} minibatches of whole sequences; pick num_minibatches "
-                        "dividing it, or a shorter --seq_len")
+                        f"--num_minibatches={args.num_minibatches} minibatches of whole sequences; pick "
+                        "num_minibatches dividing it, or a shorter --seq_len")
     if args.norm_adv and batch_size // args.num_minibatches < 2:
-        raise UserError("--norm_adv needs minibatches of at least 2 samples; lower --num_minibatches or pass --no_norm_adv")
+        raise UserError("--norm_adv needs minibatches of at least 2 samples; lower --num_minibatches or pass "
+                        "--no_norm_adv")
     num_iterations = args.total_timesteps // (batch_size * num_ranks)
     if num_iterations < 1:
         raise UserError(f"--total_timesteps={args.total_timesteps} is smaller than one batch of all processes "
@@ -1048,7 +938,8 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     seeds_per_run = (num_iterations + 1) * num_ranks * (args.num_envs + args.num_eval_envs)
     if seeds_per_run >= 2**32:
         raise UserError(f"--total_timesteps={args.total_timesteps} would need more env seeds than numpy has (2**32)")
-    require(0 <= args.seed < 2**32 - seeds_per_run, "seed", f"in [0, {2**32 - 1 - seeds_per_run}] for this run's length")
+    if not 0 <= args.seed < 2**32 - seeds_per_run:
+        raise UserError(f"--seed must be in [0, {2**32 - 1 - seeds_per_run}] for this run's length, got {args.seed}")
     sim_backend = resolve_sim_backend(args.sim_backend) if maniskill else None
     if sim_backend == "gpu":
         for prefix, num_envs, partial_reset, reconfiguration_freq in (
@@ -1064,12 +955,15 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
         workers = sum(n for n in (args.num_envs, args.num_eval_envs) if n > 1)
         if workers > CPU_WORKERS_PER_CORE * cores:
             num_envs, num_eval_envs = 2 * cores, min(args.num_eval_envs, cores)
-            minibatches = max(d for d in range(1, args.num_minibatches + 1) if num_envs * args.num_steps // args.seq_len % d == 0)
-            raise UserError(f"--num_envs={args.num_envs} and --num_eval_envs={args.num_eval_envs} would start {workers} "
-                            f"CPU simulator processes on {cores} cores (at most {CPU_WORKERS_PER_CORE} per core); try "
+            minibatches = max(d for d in range(1, args.num_minibatches + 1)
+                              if num_envs * args.num_steps // args.seq_len % d == 0)
+            raise UserError(f"--num_envs={args.num_envs} and --num_eval_envs={args.num_eval_envs} would start "
+                            f"{workers} CPU simulator processes on {cores} cores (at most {CPU_WORKERS_PER_CORE} per "
+                            "core); try "
                             f"--num_envs={num_envs} --num_eval_envs={num_eval_envs} --num_minibatches={minibatches} "
-                            "(with --resume: a new run with --checkpoint), or a machine with CUDA for the GPU simulation")
-    return batch_size, batch_size // args.num_minibatches, num_iterations
+                            "(with --resume: a new run with --checkpoint), or a machine with CUDA for the GPU "
+                            "simulation")
+    return num_iterations
 
 
 def usable_cores() -> int:
@@ -1107,7 +1001,8 @@ def find_env(env_id: str) -> tuple[bool, Optional[int]]:
             from mani_skill.utils.registration import REGISTERED_ENVS
         except ImportError as e:
             if name not in gym.registry:
-                raise UserError(f"unknown env id {env_id!r}, and ManiSkill is not importable ({e}); pip install mani_skill") from e
+                raise UserError(f"unknown env id {env_id!r}, and ManiSkill is not importable ({e}); "
+                                "pip install mani_skill") from e
         else:
             if name in REGISTERED_ENVS:
                 return True, REGISTERED_ENVS[name].max_episode_steps
@@ -1141,7 +1036,8 @@ def starts_recorded_rollout(step: int, num_steps: int, freq: int) -> bool:
 
 
 def build_maniskill_env(env_id: str, num_envs: int, env_kwargs: dict, video_dir: Optional[str],
-                        video_trigger, max_steps_per_video: Optional[int], trajectory_path: Optional[Path] = None) -> gym.Env:
+                        video_trigger, max_steps_per_video: Optional[int],
+                        trajectory_path: Optional[Path] = None) -> gym.Env:
     import mani_skill.envs  # noqa: F401
     from mani_skill.utils.wrappers.flatten import FlattenActionSpaceWrapper
     from mani_skill.utils.wrappers.record import RecordEpisode
@@ -1163,7 +1059,8 @@ def build_maniskill_env(env_id: str, num_envs: int, env_kwargs: dict, video_dir:
 
 
 def build_maniskill_cpu_worker_env(env_id: str, env_kwargs: dict, ignore_terminations: bool,
-                                   video_dir: Optional[str], video_trigger, max_steps_per_video: Optional[int]) -> gym.Env:
+                                   video_dir: Optional[str], video_trigger,
+                                   max_steps_per_video: Optional[int]) -> gym.Env:
     """Module-level so that AsyncVectorEnv can pickle it into forkserver workers."""
     from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
 
@@ -1233,7 +1130,8 @@ class TorchVecEnv:
     EPISODE_KEYS = ("success_once", "success_at_end", "fail_once", "fail_at_end")
 
     def __init__(self, env: gym.vector.VectorEnv, device: torch.device, torch_native: bool,
-                 reset_video_trigger: Optional[ResetEpisodeTrigger] = None, video_recorder: Optional[gym.Wrapper] = None):
+                 reset_video_trigger: Optional[ResetEpisodeTrigger] = None,
+                 video_recorder: Optional[gym.Wrapper] = None):
         self.env = env
         self.reset_video_trigger = reset_video_trigger
         self.video_recorder = video_recorder
@@ -1243,8 +1141,8 @@ class TorchVecEnv:
         self.single_observation_space = env.single_observation_space
         self.single_action_space = env.single_action_space
         if not isinstance(self.single_observation_space, gym.spaces.Box):
-            raise UserError(f"observation space {self.single_observation_space} is not supported; {TRAINER}.py needs a Box "
-                            "observation (flatten Dict observations with a wrapper)")
+            raise UserError(f"observation space {self.single_observation_space} is not supported; {TRAINER}.py "
+                            "needs a Box observation (flatten Dict observations with a wrapper)")
         space = self.single_action_space
         if isinstance(space, gym.spaces.Box):
             if len(space.shape) != 1:
@@ -1334,15 +1232,16 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
         max_steps_per_video = args.num_steps
     try:
         if maniskill:
-            return make_maniskill_envs(args, num_envs, device, evaluation, video_dir, video_trigger, max_steps_per_video,
-                                       trajectory_path)
+            return make_maniskill_envs(args, num_envs, device, evaluation, video_dir, video_trigger,
+                                       max_steps_per_video, trajectory_path)
         prefix = "eval" if evaluation else "train"
         if evaluation and video_dir is not None:
             video_trigger = ResetEpisodeTrigger()
         env_fns = [functools.partial(build_gym_env, args.env_id, args.max_episode_steps, video_dir if i == 0 else None,
                                      video_trigger, max_steps_per_video, prefix) for i in range(num_envs)]
         if args.async_envs and not evaluation:  # evaluation's video trigger must live in this process
-            env = gym.vector.AsyncVectorEnv(env_fns, context="forkserver", autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+            env = gym.vector.AsyncVectorEnv(env_fns, context="forkserver",
+                                            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         else:
             env = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         return TorchVecEnv(env, device, torch_native=False, reset_video_trigger=video_trigger if evaluation else None)
@@ -1354,9 +1253,10 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
 
 
 def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluation: bool, video_dir: Optional[str],
-                        video_trigger, max_steps_per_video: Optional[int], trajectory_path: Optional[Path]) -> TorchVecEnv:
+                        video_trigger, max_steps_per_video: Optional[int],
+                        trajectory_path: Optional[Path]) -> TorchVecEnv:
     """ManiSkill's GPU simulation runs all envs in one process and has branches of its own for num_envs > 1; each
-    is handled here or refused in validate() (README: "ManiSkill with many envs"):
+    is handled here or refused in validate() (docs/bootstrap.md, "ManiSkill with many envs"):
     - RecordEpisode needs max_steps_per_video (it cannot flush a video at one env's reset): the evaluation's length
       or the rollout's; evaluate() flushes the rest of an evaluation that ends early.
     - Videos tile every env into one frame, so the training video's camera shrinks with the number of envs.
@@ -1398,7 +1298,8 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
                    for i in range(num_envs)]
         # AsyncVectorEnv builds its first env in this process before any worker, so a missing asset or Vulkan
         # driver fails here.
-        vec_env = gym.vector.AsyncVectorEnv(env_fns, context="forkserver", autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        vec_env = gym.vector.AsyncVectorEnv(env_fns, context="forkserver",
+                                            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         return TorchVecEnv(vec_env, device, torch_native=False)
     except (AssertionError, KeyError, ValueError) as e:
         raise UserError(f"cannot make ManiSkill env {args.env_id!r} with {env_kwargs}: {e}") from e
@@ -1410,7 +1311,7 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
 
 
 # ---------------------------------------------------------------------------------------------
-# Checkpoints, resume, signals
+# Checkpoints and resume
 # ---------------------------------------------------------------------------------------------
 
 # --resume continues one experiment: only the flags that say how long it runs and how it is run, watched and stored
@@ -1419,6 +1320,106 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
 RESUME_CHANGEABLE_FIELDS = ("total_timesteps", "eval_freq", "checkpoint_freq", "keep_checkpoints", "capture_video",
                             "save_train_video_freq", "save_model", "track", "wandb_project_name", "wandb_entity",
                             "torch_threads", "cuda", "torch_deterministic")
+
+
+def load_states(agent: Agent, optimizer: torch.optim.Optimizer, reward_normalizer: Optional[RewardNormalizer],
+                init_state: Optional[dict], resume_state: Optional[dict], args: Args,
+                envs: TorchVecEnv) -> tuple[int, int]:
+    """Weights and statistics from --checkpoint or --resume, the optimizer's state too on --resume; every rank then
+    holds rank 0's. Returns the global step and iteration the run continues from."""
+    for state in (init_state, resume_state):
+        if state is not None:
+            load_weights(agent, state, args, envs)
+            if reward_normalizer is not None and state.get("reward_normalizer") is not None:
+                reward_normalizer.load_state_dict(state["reward_normalizer"])
+    if world_size() > 1:
+        for tensor in agent.state_dict().values():  # each rank drew its own initial weights
+            dist.broadcast(tensor, 0)
+    if resume_state is None:
+        return 0, 0
+    optimizer.load_state_dict(resume_state["optimizer"])
+    return resume_state["global_step"], resume_state["iteration"]
+
+
+def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
+    """Load a checkpoint's weights and observation statistics; refuse one whose spaces or network differ."""
+    observation_space = space_to_dict(envs.single_observation_space)
+    action_space = space_to_dict(envs.single_action_space)
+    if state["observation_space"] != observation_space or state["action_space"] != action_space:
+        raise UserError(f"the checkpoint's spaces ({state['observation_space']['shape']}, {state['action_space']}) "
+                        f"do not match {args.env_id}'s ({observation_space['shape']}, {action_space})")
+    defaults = {field.name: field.default for field in dataclasses.fields(Args)}
+    for name in NETWORK_FIELDS:
+        trained = state["args"].get(name, defaults[name])  # checkpoints older than the flag used its default
+        if trained != getattr(args, name):
+            flag = cli_flag(name, trained)
+            raise UserError(f"the checkpoint was trained with {flag}, and its network needs the same: pass {flag}")
+    try:
+        agent.load_state_dict(state["model"])
+    except RuntimeError as e:  # a copy whose network changed after the checkpoint was written
+        mismatch = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e))[:200]
+        raise UserError(f"the checkpoint's weights do not fit {TRAINER}.py's network ({mismatch.rstrip('.')}); "
+                        f"evaluate or continue it with the file that wrote it") from e
+
+
+def open_run(args: Args, setup: Setup, resume_state: Optional[dict]) -> SummaryWriter:
+    """Rank 0's start of the run's logs; on --resume, what came after the checkpoint is set aside first."""
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=dataclasses.asdict(args), name=setup.run_name, id=setup.run_name, resume="allow",
+                   save_code=True)
+    purge_step = None
+    if resume_state is not None:
+        # Only now that the run has started: a resume that fails must leave the run as it was.
+        set_aside_later_checkpoints(setup.run_dir, resume_state["iteration"])
+        for unfinished in setup.run_dir.glob("*.pt.tmp"):  # checkpoint writes that a kill cut short
+            unfinished.unlink()
+        purge_step = resume_state["global_step"] + 1  # steps logged after the checkpoint are replaced
+    writer = SummaryWriter(str(setup.run_dir), purge_step=purge_step)
+    batch_size = args.num_envs * args.num_steps
+    derived = {"batch_size": batch_size, "minibatch_size": batch_size // args.num_minibatches,
+               "num_iterations": setup.num_iterations, "bootstrap_rule": setup.bootstrap_rule,
+               "num_eval_steps": setup.num_eval_steps, "device": str(setup.device), "world_size": world_size()}
+    table = {**dataclasses.asdict(args), **derived}
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in table.items()))
+    print(f"run {setup.run_name}: {setup.run_dir}  " + "  ".join(f"{k}={v}" for k, v in derived.items()), flush=True)
+    return writer
+
+
+def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: torch.optim.Optimizer,
+                     reward_normalizer: Optional[RewardNormalizer], global_step: int, iteration: int,
+                     final: bool = False) -> Optional[Path]:
+    """Every rank calls it (each hands rank 0 its random state); rank 0 writes ckpt_{iteration}.pt."""
+    if not all_finite(agent):
+        raise NonFiniteError("parameters")
+    rank_rngs = gather_objects(rng_states(setup.device))
+    if setup.rank != 0:
+        return None
+    state = {"format": CHECKPOINT_FORMAT, "trainer": TRAINER, "run_name": setup.run_name,
+             "args": dataclasses.asdict(args), "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
+             "reward_normalizer": None if reward_normalizer is None else reward_normalizer.state_dict(),
+             "observation_space": space_to_dict(envs.single_observation_space),
+             "action_space": space_to_dict(envs.single_action_space),
+             "global_step": global_step, "iteration": iteration, "world_size": world_size(),
+             "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:]}
+    path = setup.run_dir / f"ckpt_{iteration}.pt"
+    save_checkpoint(path, state)
+    if final:
+        save_checkpoint(setup.run_dir / "final_ckpt.pt", state)
+    if args.keep_checkpoints is not None:
+        numbered = numbered_checkpoints(setup.run_dir)
+        for old in sorted(numbered)[:-args.keep_checkpoints]:
+            numbered[old].unlink()
+    return path
+
+
+def print_how_to_resume(signum: int, checkpoint: Optional[Path], iteration: int, run_dir: Path):
+    resume = f"{shlex.quote(sys.argv[0])} --resume {shlex.quote(str(run_dir))}"
+    how = f"python {resume}" if world_size() == 1 else f"torchrun (the same options) {resume}"
+    print(f"{signal.Signals(signum).name}: saved {checkpoint} at iteration {iteration}; resume with: {how}",
+          file=sys.stderr)
 
 
 def parse_args(argv: list[str]) -> Args:
@@ -1430,11 +1431,13 @@ def parse_args(argv: list[str]) -> Args:
     saved_args = Args(**{f.name: saved[f.name] for f in dataclasses.fields(Args) if f.name in saved})
     # Parse again with the run's own arguments as defaults: flags given now override them.
     args = tyro.cli(Args, args=argv, use_underscores=True, default=saved_args, description=__doc__)
-    fixed = [f.name for f in dataclasses.fields(Args) if f.name not in RESUME_CHANGEABLE_FIELDS + ("resume", "checkpoint")]
+    changeable = RESUME_CHANGEABLE_FIELDS + ("resume", "checkpoint")
+    fixed = [f.name for f in dataclasses.fields(Args) if f.name not in changeable]
     changed = [f"--{name}" for name in fixed if getattr(args, name) != getattr(saved_args, name)]
     if changed:
         raise UserError(f"--resume continues the same experiment and only its run-control flags may change, but "
-                        f"{', '.join(changed)} differ from the run's; start a new run from its weights with --checkpoint")
+                        f"{', '.join(changed)} differ from the run's; start a new run from its weights with "
+                        "--checkpoint")
     return args
 
 
@@ -1481,12 +1484,14 @@ def read_checkpoint(path) -> dict:
     except Exception as e:
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         # torch wraps the reason of a weights_only refusal in advice that does not apply here
-        reason = next((line for line in lines if not line.startswith(TORCH_LOAD_ADVICE)), lines[0] if lines else "no message")
+        reason = next((line for line in lines if not line.startswith(TORCH_LOAD_ADVICE)),
+                      lines[0] if lines else "no message")
         if isinstance(e, pickle.UnpicklingError) and "global" in reason.lower():
             # weights_only stops at the first object that is not a tensor or plain data, before anything is built or run
-            raise UserError(f"checkpoint {path} holds pickled Python objects besides tensors and plain data ({reason}), "
-                            "which could run code when loaded: refused, nothing in it was run") from e
-        raise UserError(f"checkpoint {path} cannot be read, it is damaged or not a checkpoint ({type(e).__name__}: {reason})") from e
+            raise UserError(f"checkpoint {path} holds pickled Python objects besides tensors and plain data "
+                            f"({reason}), which could run code when loaded: refused, nothing in it was run") from e
+        raise UserError(f"checkpoint {path} cannot be read, it is damaged or not a checkpoint "
+                        f"({type(e).__name__}: {reason})") from e
     if not isinstance(ckpt, dict) or "format" not in ckpt or "model" not in ckpt:
         raise UserError(f"{path} is not a checkpoint of these trainers")
     return ckpt
@@ -1496,7 +1501,8 @@ def load_checkpoint(path) -> dict:
     """A checkpoint this trainer can continue or start from."""
     ckpt = read_checkpoint(path)
     if ckpt["format"] != CHECKPOINT_FORMAT:
-        raise UserError(f"{path} has checkpoint format {ckpt['format']}; this {TRAINER}.py reads format {CHECKPOINT_FORMAT}")
+        raise UserError(f"{path} has checkpoint format {ckpt['format']}; this {TRAINER}.py reads format "
+                        f"{CHECKPOINT_FORMAT}")
     if ckpt.get("trainer") != TRAINER:
         raise UserError(f"{path} was written by {ckpt.get('trainer')}.py, not {TRAINER}.py: continue or start from it "
                         f"with {ckpt.get('trainer')}.py")
@@ -1618,12 +1624,124 @@ def all_finite(module: nn.Module) -> bool:
     return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
 
 
+# ---------------------------------------------------------------------------------------------
+# Data parallel: torchrun starts one process (a rank) per GPU, each with its own envs; a plain run is one rank.
+# Whatever decides the course of the run is computed from numbers every rank shares, so that all ranks take it alike.
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def gather_rows(x: torch.Tensor) -> torch.Tensor:
+    """Every rank's x, concatenated along the first dimension in rank order (x itself in a plain run)."""
+    if world_size() == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(world_size())]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts)
+
+
+def mean_over_ranks(x: torch.Tensor) -> torch.Tensor:
+    if world_size() == 1:
+        return x
+    total = x.clone()
+    dist.all_reduce(total)  # gloo has no average
+    return total / world_size()
+
+
+def average_gradients(agent: nn.Module, loss_finite: torch.Tensor) -> torch.Tensor:
+    """Replace each rank's gradients by their mean over all ranks, in one all-reduce (every rank then clips and steps
+    alike); returns whether every rank's loss was finite."""
+    grads = [p.grad for p in agent.parameters()]
+    flat = mean_over_ranks(torch.cat([g.flatten() for g in grads] + [(~loss_finite).float().reshape(1)]))
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+    return flat[-1] == 0
+
+
+def parameters_finite(agent: nn.Module, iteration: int) -> bool:
+    """Whether every rank's parameters and observation statistics are finite; under torchrun every rank must also
+    hold rank 0's, bit for bit (else RuntimeError). All ranks reach the same answer, so they stop together."""
+    finite = all_finite(agent)
+    if world_size() == 1:
+        return finite
+    state = torch.cat([t.detach().flatten().double() for t in agent.state_dict().values() if t.is_floating_point()])
+    rank0_state = state.clone()
+    dist.broadcast(rank0_state, 0)
+    counts = torch.tensor([0.0 if torch.equal(state, rank0_state) else 1.0, 0.0 if finite else 1.0],
+                          device=state.device)
+    dist.all_reduce(counts)  # the ranks that differ from rank 0, the ranks with non-finite values
+    if counts[1] > 0:
+        return False
+    if counts[0] > 0:
+        raise RuntimeError(f"after the update of iteration {iteration}, {int(counts[0].item())} ranks hold other "
+                           "parameters than rank 0")
+    return True
+
+
+def agree_on_signal(signum: Optional[int], device: torch.device) -> Optional[int]:
+    """A stop signal that reached any rank stops every rank after the same iteration."""
+    if world_size() == 1:
+        return signum
+    received = torch.tensor([signum or 0], device=device)
+    dist.all_reduce(received, op=dist.ReduceOp.MAX)
+    return int(received.item()) or None
+
+
+def gather_objects(obj) -> list:
+    """Every rank's obj (plain data and CPU tensors), in rank order."""
+    if world_size() == 1:
+        return [obj]
+    objects = [None] * world_size()
+    dist.all_gather_object(objects, obj)
+    return objects
+
+
+def gather_episodes(episodes: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every rank's finished episodes (metric -> values), for rank 0's logs."""
+    if world_size() == 1:
+        return episodes
+    per_rank = gather_objects({key: values.cpu() for key, values in episodes.items()})
+    return {key: torch.cat([rank_episodes[key] for rank_episodes in per_rank if key in rank_episodes])
+            for key in dict.fromkeys(key for rank_episodes in per_rank for key in rank_episodes)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiling, signals, the command line
+# ---------------------------------------------------------------------------------------------
+
+def compile_unless_unavailable(fn, enabled: bool):
+    """torch.compile(fn) under --compile, else fn. Where compiling fails (the CPU backend needs a C++ compiler; some
+    Python versions have no torch.compile), one line says so and fn runs eagerly from then on."""
+    if not enabled:
+        return fn
+    # Random draws (the policy's sampling) come from torch's own generator, as in eager mode.
+    torch._inductor.config.fallback_random = True
+    compiled = None
+
+    def call(*args):
+        nonlocal compiled
+        if compiled is not fn:
+            try:
+                compiled = compiled or torch.compile(fn)
+                return compiled(*args)
+            except Exception as e:  # whatever compiling raised: an error of fn itself raises again below
+                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                print(f"\nwarning: --compile: torch.compile failed ({reason}); running eagerly", file=sys.stderr)
+                compiled = fn
+        return fn(*args)
+    return call
+
+
 class StopSignal:
     """SIGINT/SIGTERM end the run at the next iteration boundary, after a checkpoint; a second signal exits at once."""
 
     def __init__(self):
         self.signum: Optional[int] = None
-        self.previous_handlers = {signum: signal.signal(signum, self.handle) for signum in (signal.SIGINT, signal.SIGTERM)}
+        self.previous_handlers = {signum: signal.signal(signum, self.handle)
+                                  for signum in (signal.SIGINT, signal.SIGTERM)}
 
     def restore(self):
         """Give the signals back to whoever had them, e.g. a program that called cli() in-process."""
@@ -1634,7 +1752,8 @@ class StopSignal:
         if self.signum is not None:
             raise KeyboardInterrupt
         self.signum = signum
-        print(f"\n{signal.Signals(signum).name} received: stopping after this iteration and saving a checkpoint", file=sys.stderr)
+        print(f"\n{signal.Signals(signum).name} received: stopping after this iteration and saving a checkpoint",
+              file=sys.stderr)
 
 
 def cli(argv: Optional[list[str]] = None) -> int:

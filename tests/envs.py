@@ -61,7 +61,8 @@ class PointMass(gym.Env):
 gym.register("PointMass-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS)
 gym.register("PointMassEnds-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS,
              kwargs={"terminate_odd_episodes": True})
-gym.register("PointMassNaN-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS, kwargs={"nan_reward_after": 200})
+gym.register("PointMassNaN-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS,
+             kwargs={"nan_reward_after": 200})
 gym.register("PointMassNaNOnRank1-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS,
              kwargs={"nan_reward_after": 200, "nan_only_on_rank": 1})
 

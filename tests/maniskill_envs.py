@@ -1,4 +1,5 @@
-"""A researcher's own ManiSkill task, registered with ManiSkill when imported: "tests.maniskill_envs:ShortPushCube-v1"."""
+"""A researcher's own ManiSkill task, registered with ManiSkill when imported:
+"tests.maniskill_envs:ShortPushCube-v1"."""
 
 from mani_skill.envs.tasks.tabletop.push_cube import PushCubeEnv
 from mani_skill.utils.registration import register_env

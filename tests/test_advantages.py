@@ -16,7 +16,8 @@ GAMMA, LAM = 0.9, 0.8
 def next_state_value(t, env, terminated, truncated, final_values, values, next_value, rule):
     """Value of the state after step t, as seen by step t's own episode."""
     if terminated[t, env] or truncated[t, env]:
-        bootstraps = {"always": True, "truncated": bool(truncated[t, env] and not terminated[t, env]), "never": False}[rule]
+        bootstraps = {"always": True, "truncated": bool(truncated[t, env] and not terminated[t, env]),
+                      "never": False}[rule]
         return final_values[t, env] if bootstraps else 0.0
     return next_value[env] if t == len(values) - 1 else values[t + 1, env]
 
@@ -36,7 +37,8 @@ def reference(rewards, values, terminated, truncated, final_values, next_value, 
     for env in range(N):
         for t in range(T):
             end = segment_end(t, env, terminated, truncated)
-            v_next = [next_state_value(k, env, terminated, truncated, final_values, values, next_value, rule) for k in range(T)]
+            v_next = [next_state_value(k, env, terminated, truncated, final_values, values, next_value, rule)
+                      for k in range(T)]
             if not finite_horizon:
                 # sum of discounted TD errors, forwards over the rest of the episode segment
                 adv[t, env] = sum((GAMMA * LAM) ** (k - t) * (rewards[k, env] + GAMMA * v_next[k] - values[k, env])
@@ -113,7 +115,8 @@ def test_running_mean_std_matches_numpy(trainer):
 
 @pytest.mark.parametrize("rule,after_termination,after_truncation",
                          [("always", 500.0, 1000.0), ("truncated", 0.0, 1000.0), ("never", 0.0, 0.0)])
-def test_rollout_bootstraps_from_the_final_observation(tmp_path, monkeypatch, rule, after_termination, after_truncation):
+def test_rollout_bootstraps_from_the_final_observation(tmp_path, monkeypatch, rule, after_termination,
+                                                       after_truncation):
     """In a real rollout, a finished episode bootstraps from V(its final observation), as the rule says.
 
     PointMassEnds episodes alternate: a termination after 8 steps, then a truncation at 16. The critic is replaced

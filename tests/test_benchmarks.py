@@ -45,7 +45,8 @@ def test_throughput_benchmark_prints_its_table(tmp_path):
     rows = [line.strip("| ").split(" | ") for line in result.stdout.strip().splitlines()[2:]]
     assert [row[:2] for row in rows] == [["PushCube-v1", "1"], ["Pendulum-v1", "2"]]
     for row in rows:  # rollout and training rates, each with its ratio to random stepping
-        random_rate, (rollout, rollout_ratio), (training, training_ratio) = float(row[2]), row[3].split(), row[4].split()
+        random_rate, (rollout, rollout_ratio), (training, training_ratio) = (float(row[2]), row[3].split(),
+                                                                             row[4].split())
         assert abs(float(rollout) / random_rate - float(rollout_ratio.strip("()"))) < 0.01
         assert 0 < float(training) / random_rate < float(rollout) / random_rate + 0.01
         assert abs(float(training) / random_rate - float(training_ratio.strip("()"))) < 0.01
@@ -94,7 +95,8 @@ def test_pushcube_benchmark_writes_its_table_and_plots(tmp_path):
 
 def test_memory_benchmark_prints_its_tenths(tmp_path):
     # 4 samples a second: the run takes a few seconds, and less on a faster machine
-    result = run([sys.executable, str(REPO / "benchmarks/rss.py"), "--interval", "0.25", "--", "--env_id", "CartPole-v1",
+    result = run([sys.executable, str(REPO / "benchmarks/rss.py"), "--interval", "0.25", "--",
+                  "--env_id", "CartPole-v1",
                   "--num_envs", "1", "--num_steps", "16", "--num_minibatches", "1", "--update_epochs", "1",
                   "--total_timesteps", "6400", "--eval_freq", "1000", "--no_capture_video"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -20,10 +20,12 @@ CHANGED_NETWORK = {
             "layers += [layer_init(nn.Linear(width, size)), nn.LayerNorm(size), ACTIVATIONS[activation]()]",
             "actor.1.weight"),
     "ppo_rnn": ("layer_init(nn.Linear(hidden_size, hidden_size)), ACTIVATIONS[activation]())",
-                "layer_init(nn.Linear(hidden_size, hidden_size)), nn.LayerNorm(hidden_size), ACTIVATIONS[activation]())",
+                "layer_init(nn.Linear(hidden_size, hidden_size)), nn.LayerNorm(hidden_size), "
+                "ACTIVATIONS[activation]())",
                 "actor_core.encoder.3.weight"),
     "ippo": ("layers += [AgentLinear(num_nets, width, size), ACTIVATIONS[activation]()]",
-             "layers += [AgentLinear(num_nets, width, size), AgentLinear(num_nets, size, size), ACTIVATIONS[activation]()]",
+             "layers += [AgentLinear(num_nets, width, size), AgentLinear(num_nets, size, size), "
+             "ACTIVATIONS[activation]()]",
              "actor.1.weight"),
 }
 

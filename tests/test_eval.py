@@ -35,7 +35,8 @@ def assert_agrees_with_training(results: dict, run_dir: Path):
     assert set(logged) == set(results["metrics"]), (logged, results["metrics"])
     for key, value in logged.items():
         row = results["metrics"][key]
-        assert (row["rate"] if row["interval"] == "wilson" else row["mean"]) == pytest.approx(value, rel=1e-6, abs=1e-6), key
+        assert ((row["rate"] if row["interval"] == "wilson" else row["mean"])
+                == pytest.approx(value, rel=1e-6, abs=1e-6)), key
 
 
 @pytest.mark.parametrize("script,extra", [("ppo.py", []), ("ppo_rnn.py", ["--rnn_hidden_size", "8"])],
@@ -107,8 +108,9 @@ def test_ppo_rnn_round_trip_seeded_and_stochastic(tmp_path):
 
 def test_ippo_round_trip_per_agent(tmp_path):
     """VMAS navigation's starts depend on the seed; the evaluator reports each agent's return as the trainer did."""
-    train = run_script("ippo.py", fast_args("vmas:navigation", "nav", total_timesteps=64, eval_freq=100, num_eval_envs=4,
-                                            max_episode_steps=16) + ["--env_kwargs", "n_agents=2"], tmp_path)
+    train = run_script("ippo.py", fast_args("vmas:navigation", "nav", total_timesteps=64, eval_freq=100,
+                                            num_eval_envs=4, max_episode_steps=16) + ["--env_kwargs", "n_agents=2"],
+                       tmp_path)
     assert train.returncode == 0, train.stderr
     results = evaluate(tmp_path, ["runs/nav", "--num_episodes", "4", "--num_envs", "4", "--seed", "3"])
     assert_agrees_with_training(results, tmp_path / "runs/nav")

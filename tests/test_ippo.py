@@ -76,9 +76,9 @@ def test_shared_parameters_tell_agents_apart_by_their_id():
 
 
 @pytest.mark.parametrize("share_parameters", [False, True], ids=["own-networks", "shared-network"])
-def test_each_agent_samples_from_its_own_gaussian(share_parameters):
-    """Sample, log-probability and entropy of every agent's Gaussian: torch.distributions.Normal's with that agent's
-    log-std, summed over the action dimension (one per agent), gradients included."""
+def test_written_out_normal_gives_torch_distributions_numbers(share_parameters):
+    """Sample, log-probability and entropy of every agent's Gaussian, bit for bit torch.distributions.Normal's
+    (summed over the action dimension, one per agent), each agent with its own log-std, gradients included."""
     torch.manual_seed(0)
     agent = ippo.Agent(3, 5, {**BOX, "shape": [4]}, norm_obs=False, hidden_sizes=(16,), activation="tanh",
                        log_std_init=-0.5, share_parameters=share_parameters, state_index=None)
@@ -188,9 +188,9 @@ def test_vmas_navigation_learns(tmp_path):
     """3 agents, 30,000 frames (about 25 s here), benchmarks/vmas_navigation.py's command: the mean agent return of 20
     evaluation episodes goes from below 1 after the first 6,000 frames to above 2 (seed 1 reaches 2.8)."""
     argv = ["--env_id", "vmas:navigation", *NAVIGATION, "--exp_name", "nav", "--num_envs", "60", "--num_steps", "50",
-            "--total_timesteps", "30000", "--hidden_sizes", "64", "64", "--num_minibatches", "15", "--update_epochs", "30",
-            "--learning_rate", "1e-3", "--gamma", "0.9", "--eval_freq", "2", "--num_eval_envs", "20",
-            "--no_capture_video"]
+            "--total_timesteps", "30000", "--hidden_sizes", "64", "64", "--num_minibatches", "15",
+            "--update_epochs", "30", "--learning_rate", "1e-3", "--gamma", "0.9", "--eval_freq", "2",
+            "--num_eval_envs", "20", "--no_capture_video"]
     result = run_script("ippo.py", argv, tmp_path)
     assert result.returncode == 0, result.stderr
     returns = [value for _, value in scalars(tmp_path / "runs/nav")["eval/return"]]
@@ -201,7 +201,8 @@ def test_same_seed_same_numbers_and_evaluation_leaves_training_alone(tmp_path):
     """VMAS draws every env's resets from one random stream; each vector env has its own, so evaluating every
     iteration or only at the end gives training the same episodes."""
     for name, eval_freq in (("a", 1), ("b", 1), ("rare", 100)):
-        result = run_script("ippo.py", navigation_args(name, norm_obs=True, eval_freq=eval_freq, num_eval_envs=2), tmp_path)
+        result = run_script("ippo.py", navigation_args(name, norm_obs=True, eval_freq=eval_freq, num_eval_envs=2),
+                            tmp_path)
         assert result.returncode == 0, result.stderr
     assert_same_numbers(tmp_path / "runs/a", tmp_path / "runs/b", tags={"losses/agent_0/policy_loss", "eval/return"})
     a, rare = scalars(tmp_path / "runs/a"), scalars(tmp_path / "runs/rare")
@@ -269,7 +270,8 @@ def test_sigterm_then_resume_equals_uninterrupted_run(tmp_path):
     # the statistics of every step's returns, not of the resumed part's alone; one per agent
     for key in ("return_rms.mean", "return_rms.var", "return_rms.count"):
         assert torch.equal(a["reward_normalizer"][key], b["reward_normalizer"][key]), key
-    assert b["reward_normalizer"]["return_rms.count"] > 32 * 150 and b["reward_normalizer"]["return_rms.var"].shape == (2,)
+    assert (b["reward_normalizer"]["return_rms.count"] > 32 * 150
+            and b["reward_normalizer"]["return_rms.var"].shape == (2,))
     steps = [step for step, _ in scalars(run)["losses/agent_0/value_loss"]]
     assert steps == list(range(32, 32 * 151, 32))
 
@@ -292,7 +294,8 @@ def test_compile_stays_close_to_eager_and_falls_back_in_one_line(tmp_path, monke
     assert ippo.cli(fast_args(CLOCK, "fallback", compile=True, **argv)) == 0
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning")]
     assert warnings == ["warning: --compile: torch.compile failed (no C++ compiler found); running eagerly"] * 2
-    assert_same_numbers(tmp_path / "runs/eager", tmp_path / "runs/fallback", tags={"losses/agent_0/policy_loss", "eval/return"})
+    assert_same_numbers(tmp_path / "runs/eager", tmp_path / "runs/fallback",
+                        tags={"losses/agent_0/policy_loss", "eval/return"})
 
 
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path):
@@ -390,7 +393,8 @@ BAD_INPUTS = [
 
 # This one runs in a process of its own, the others in the test's (refused_in_one_line)
 WHOLE_PROCESS = (["--env_id", "vmas:no_such_scenario"],)
-assert all(any(argv == bad for bad, _ in BAD_INPUTS) for argv in WHOLE_PROCESS), "WHOLE_PROCESS names an input not in BAD_INPUTS"
+assert all(any(argv == bad for bad, _ in BAD_INPUTS)
+           for argv in WHOLE_PROCESS), "WHOLE_PROCESS names an input not in BAD_INPUTS"
 
 
 @pytest.mark.parametrize("argv,mentions", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
@@ -402,7 +406,9 @@ def test_bad_input_is_one_clear_line(tmp_path, capfd, argv, mentions):
 
 def test_missing_vmas_names_the_package(tmp_path, monkeypatch, capsys):
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vmas" else real_find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "vmas" else real_find_spec(name, *a))
     monkeypatch.chdir(tmp_path)
     assert ippo.cli(["--env_id", "vmas:navigation"]) == 2
-    assert capsys.readouterr().err.strip() == "error: vmas:navigation is a VMAS scenario and VMAS is not installed: pip install vmas"
+    assert capsys.readouterr().err.strip() == ("error: vmas:navigation is a VMAS scenario and VMAS is not installed: "
+                                               "pip install vmas")

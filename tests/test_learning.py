@@ -10,8 +10,8 @@ CARTPOLE = ("--env_id CartPole-v1 --num_envs 4 --num_steps 128 --num_minibatches
             "--gae_lambda 0.95 --learning_rate 2e-3 --lr_schedule linear --target_kl None --total_timesteps 15360 "
             "--eval_freq 1000 --no_capture_video")
 PENDULUM = ("--env_id Pendulum-v1 --num_envs 8 --num_steps 256 --num_minibatches 8 --update_epochs 10 --gamma 0.95 "
-            "--gae_lambda 0.95 --learning_rate 1e-3 --lr_schedule linear --target_kl None --norm_obs --reward_scale 0.1 "
-            "--total_timesteps 61440 --eval_freq 1000 --no_capture_video")
+            "--gae_lambda 0.95 --learning_rate 1e-3 --lr_schedule linear --target_kl None --norm_obs "
+            "--reward_scale 0.1 --total_timesteps 61440 --eval_freq 1000 --no_capture_video")
 
 
 def final_eval_return(tmp_path, command: str, name: str) -> float:

@@ -21,7 +21,8 @@ from tests.util import REPO, fast_args, load, run_script, scalars, start_script,
 pytest.importorskip("mani_skill")
 
 # Short rollouts; evaluation runs PickCube's full 50-step episodes.
-PICK_CUBE = dict(num_steps=10, num_minibatches=1, update_epochs=1, eval_freq=1, capture_video=True, gamma=0.8, gae_lambda=0.9)
+PICK_CUBE = dict(num_steps=10, num_minibatches=1, update_epochs=1, eval_freq=1, capture_video=True, gamma=0.8,
+                 gae_lambda=0.9)
 
 
 def check_run(run_dir, num_eval_envs):
@@ -71,7 +72,8 @@ def test_two_envs_in_workers_and_group_signal(tmp_path, signum):
     check_run(run, 2)
 
 
-@pytest.mark.parametrize("trainer,env_id", [(ppo, "PushCube-v1"), (ppo_rnn, "PushCube-v1"), (ippo, "TwoRobotPickCube-v1")],
+@pytest.mark.parametrize("trainer,env_id", [(ppo, "PushCube-v1"), (ppo_rnn, "PushCube-v1"),
+                                            (ippo, "TwoRobotPickCube-v1")],
                          ids=["ppo", "ppo_rnn", "ippo"])
 def test_a_worker_env_autoresets_the_same_whatever_the_process_torch_stream(trainer, env_id):
     """Autoresets are unseeded; a worker's torch stream is seeded by no one, so it must not decide the next episode."""
@@ -128,8 +130,8 @@ def test_dict_action_space_is_flattened(tmp_path):
 
 
 def test_missing_assets_fail_with_one_line(tmp_path):
-    result = run_script("ppo.py", ["--env_id", "AnymalC-Reach-v1", "--num_envs", "1", "--num_eval_envs", "1", "--num_minibatches", "1",
-                                   "--no_capture_video"], tmp_path, timeout=300)
+    result = run_script("ppo.py", ["--env_id", "AnymalC-Reach-v1", "--num_envs", "1", "--num_eval_envs", "1",
+                                   "--num_minibatches", "1", "--no_capture_video"], tmp_path, timeout=300)
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "python -m mani_skill.utils.download_asset AnymalC-Reach-v1" in errors[0]
@@ -226,7 +228,8 @@ def test_gpu_path_under_torchrun_simulates_on_the_rank_gpu(tmp_path, gpu_sized_e
     envs = trainer.make_envs(args, True, torch.device("cuda", 3), evaluation=False, run_dir=tmp_path,
                              num_eval_steps=time_limit)
     envs.close()
-    assert asked[0]["num_envs"] == 512 and asked[0]["sim_backend"] == "physx_cuda:3" and asked[0]["render_backend"] == "gpu:3"
+    assert (asked[0]["num_envs"] == 512 and asked[0]["sim_backend"] == "physx_cuda:3"
+            and asked[0]["render_backend"] == "gpu:3")
 
 
 def test_ippo_gpu_path_default_flags_build(tmp_path, gpu_sized_envs):

@@ -1,4 +1,5 @@
-"""Pieces of the trainers with rules of their own: evaluation counting, the adaptive learning rate, the network flags."""
+"""Pieces of the trainers with rules of their own: evaluation counting, the adaptive learning rate, the network
+flags."""
 
 import dataclasses
 import types
@@ -65,7 +66,8 @@ def test_cuda_rng_state_is_the_learner_gpus_alone(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_rng_state", get_rng_state)
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [get_rng_state(i) for i in range(gpus["count"])])
     monkeypatch.setattr(torch.cuda, "set_rng_state", set_rng_state)
-    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: [set_rng_state(s, i) for i, s in enumerate(states)])
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all",
+                        lambda states: [set_rng_state(s, i) for i, s in enumerate(states)])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus["count"])
     torch_state = torch.get_rng_state()
@@ -112,16 +114,25 @@ def test_a_checkpoint_from_before_the_network_flags_loads_with_their_defaults(tr
         trainer.load_weights(trainer.make_agent(relu, envs), state, relu, envs)
 
 
-def test_written_out_gaussian_is_torch_normal_bit_for_bit():
-    """ppo.py writes out Normal's sample, log-probability and entropy for speed: the same numbers and gradients."""
+@pytest.mark.parametrize("trainer", [ppo, ppo_rnn])
+def test_written_out_gaussian_is_torch_normal_bit_for_bit(trainer):
+    """The trainers write out Normal's sample, log-probability and entropy for speed: the same numbers and gradients."""
     torch.manual_seed(0)
-    agent = ppo.make_agent(ppo.Args(hidden_sizes=(16,)), fake_envs())
+    small = dict(rnn_hidden_size=16) if trainer is ppo_rnn else dict(hidden_sizes=(16,))
+    agent = trainer.make_agent(trainer.Args(**small), fake_envs())
     with torch.no_grad():
         agent.actor_logstd.copy_(torch.randn_like(agent.actor_logstd))
     obs = torch.randn(32, 3)
+    if trainer is ppo_rnn:  # one step of 32 envs from a zero state
+        state, starts = agent.initial_state(32, torch.device("cpu")), torch.ones(1, 32, dtype=torch.bool)
+        policy = lambda action=None: agent.get_action_and_value(obs[None], state, starts, action)  # noqa: E731
+        actor_mean = lambda: agent.actor(agent.cores(obs[None], state, starts)[0])  # noqa: E731
+    else:
+        policy = lambda action=None: agent.get_action_and_value(obs, action)  # noqa: E731
+        actor_mean = lambda: agent.actor(obs)  # noqa: E731
     torch.manual_seed(1)
-    action, logprob, entropy, _ = agent.get_action_and_value(obs)
-    mean = agent.actor(obs)
+    action, logprob, entropy = policy()[:3]
+    mean = actor_mean()
     dist = torch.distributions.Normal(mean, agent.actor_logstd.expand_as(mean).exp())
     torch.manual_seed(1)
     assert torch.equal(action, dist.sample())
@@ -132,8 +143,7 @@ def test_written_out_gaussian_is_torch_normal_bit_for_bit():
         (logprob.mean() - 0.01 * entropy.mean()).backward()
         return [p.grad.clone() for p in (agent.actor_logstd, *agent.actor.parameters())]
 
-    mean = agent.actor(obs)
+    mean = actor_mean()
     dist = torch.distributions.Normal(mean, agent.actor_logstd.expand_as(mean).exp())
     want = gradients(dist.log_prob(action).sum(-1), dist.entropy().sum(-1))
-    _, logprob, entropy, _ = agent.get_action_and_value(obs, action)
-    assert all(torch.equal(g, w) for g, w in zip(gradients(logprob, entropy), want))
+    assert all(torch.equal(g, w) for g, w in zip(gradients(*policy(action)[1:3]), want))

@@ -1,4 +1,5 @@
-"""ppo.py end to end on Gymnasium envs: ratio, determinism, checkpoints, resume, signals, non-finite guard, bad input."""
+"""ppo.py end to end on Gymnasium envs: ratio, determinism, checkpoints, resume, signals, non-finite guard, bad
+input."""
 
 import dataclasses
 import importlib.util
@@ -125,7 +126,8 @@ def test_checkpoint_contents(tmp_path):
     ckpt = load(run / "final_ckpt.pt")
     assert ckpt["trainer"] == "ppo" and ckpt["iteration"] == 4 and ckpt["global_step"] == 128
     assert ckpt["args"]["env_id"] == "CartPole-v1" and ckpt["args"]["norm_obs"] is True
-    assert ckpt["action_space"] == {"type": "Discrete", "n": 2, "start": 0} and ckpt["observation_space"]["shape"] == [4]
+    assert (ckpt["action_space"] == {"type": "Discrete", "n": 2, "start": 0}
+            and ckpt["observation_space"]["shape"] == [4])
     assert ckpt["model"]["obs_normalizer.count"] > 128 and ckpt["optimizer"]["state"]
     assert {"torch", "numpy", "python"} <= set(ckpt["rng"])
     assert not list(run.glob("*.tmp"))
@@ -145,14 +147,16 @@ def test_checkpoint_contents(tmp_path):
     again = run_script("ppo.py", fast_args("CartPole-v1", "from_ckpt", norm_obs=True, total_timesteps=32,
                                            checkpoint=run / "final_ckpt.pt"), tmp_path)
     assert again.returncode == 0, again.stderr
-    assert load(tmp_path / "runs/from_ckpt/final_ckpt.pt")["model"]["obs_normalizer.count"] > ckpt["model"]["obs_normalizer.count"]
+    assert (load(tmp_path / "runs/from_ckpt/final_ckpt.pt")["model"]["obs_normalizer.count"]
+            > ckpt["model"]["obs_normalizer.count"])
     # the network of a --norm_obs run needs --norm_obs
     mismatch = run_script("ppo.py", fast_args("CartPole-v1", "no_norm", checkpoint=run / "final_ckpt.pt"), tmp_path)
     assert mismatch.returncode == 2
     assert mismatch.stderr.strip().splitlines()[-1] == ("error: the checkpoint was trained with --norm_obs, and its "
                                                         "network needs the same: pass --norm_obs")
     # a checkpoint of another trainer or checkpoint format is refused in words
-    for key, value, mention in (("trainer", "ppo_rnn", "written by ppo_rnn.py"), ("format", 1, "has checkpoint format 1")):
+    for key, value, mention in (("trainer", "ppo_rnn", "written by ppo_rnn.py"),
+                                ("format", 1, "has checkpoint format 1")):
         torch.save({**ckpt, key: value}, tmp_path / "other.pt")
         other = run_script("ppo.py", fast_args("CartPole-v1", "other", norm_obs=True, checkpoint="other.pt"), tmp_path)
         assert other.returncode == 2 and mention in other.stderr.strip().splitlines()[-1], other.stderr
@@ -169,8 +173,8 @@ def test_network_flags_shape_the_networks_and_travel_in_checkpoints(tmp_path):
     ckpt = load(tmp_path / "runs/small/final_ckpt.pt")
     assert ckpt["args"]["hidden_sizes"] == (64, 32) and ckpt["args"]["activation"] == "relu"
     shapes = {key: tuple(value.shape) for key, value in ckpt["model"].items() if key.startswith("actor.")}
-    assert shapes == {"actor.0.weight": (64, 3), "actor.0.bias": (64,), "actor.2.weight": (32, 64), "actor.2.bias": (32,),
-                      "actor.4.weight": (1, 32), "actor.4.bias": (1,)}
+    assert shapes == {"actor.0.weight": (64, 3), "actor.0.bias": (64,), "actor.2.weight": (32, 64),
+                      "actor.2.bias": (32,), "actor.4.weight": (1, 32), "actor.4.bias": (1,)}
     # 16 Adam steps of about 3e-4 each move the log std from where it started by at most about 0.005
     assert abs(float(ckpt["model"]["actor_logstd"]) + 2) < 0.01
     run = ppo_eval.run_args(ppo, ckpt, ppo_eval.EvalArgs(checkpoint="unused"))
@@ -269,7 +273,8 @@ def test_resume_refuses_a_different_experiment(tmp_path):
     assert len(errors) == 1 and "--checkpoint" in errors[0]
     for flag in changed:
         if flag.startswith("--"):
-            assert flag.replace("--no_", "--") + " " in errors[0] or flag.replace("--no_", "--") + "," in errors[0], flag
+            assert (flag.replace("--no_", "--") + " " in errors[0]
+                    or flag.replace("--no_", "--") + "," in errors[0]), flag
     assert snapshot(tmp_path / "runs/r") == before
     finished = run_script("ppo.py", ["--resume", "runs/r"], tmp_path)
     assert finished.returncode == 2 and "--total_timesteps" in finished.stderr
@@ -352,7 +357,8 @@ BAD_INPUTS = [
     (["--env_id", "no_such_module:Env-v0"], "no_such_module"),
     (["--env_id", "CartPole-v1", "--num_envs", "0"], "--num_envs"),
     (["--env_id", "CartPole-v1", "--num_envs", "3", "--num_steps", "5", "--num_minibatches", "4"], "num_minibatches"),
-    (["--env_id", "CartPole-v1", "--num_envs", "2", "--num_steps", "8", "--num_minibatches", "2", "--total_timesteps", "10"],
+    (["--env_id", "CartPole-v1", "--num_envs", "2", "--num_steps", "8", "--num_minibatches", "2",
+      "--total_timesteps", "10"],
      "--total_timesteps"),
     (["--env_id", "CartPole-v1", "--num_envs", "2", "--num_steps", "4", "--num_minibatches", "8"], "--norm_adv"),
     (["--env_id", "CartPole-v1", "--checkpoint", "missing.pt"], "missing.pt"),
@@ -398,7 +404,8 @@ BAD_INPUTS = [
 
 # These run in a process of their own, the others in the test's (refused_in_one_line)
 WHOLE_PROCESS = (["--env_id", "NoSuchEnv-v0"], ["--env_id", "CartPole-v1", "--num_envs", "0"])
-assert all(any(argv == bad for bad, _ in BAD_INPUTS) for argv in WHOLE_PROCESS), "WHOLE_PROCESS names an input not in BAD_INPUTS"
+assert all(any(argv == bad for bad, _ in BAD_INPUTS)
+           for argv in WHOLE_PROCESS), "WHOLE_PROCESS names an input not in BAD_INPUTS"
 
 
 @pytest.mark.parametrize("argv,mentions", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])

@@ -44,7 +44,8 @@ def test_replay_equals_step_by_step_and_resets_are_fresh_starts(rnn_type, shared
     with torch.no_grad():
         state, stepped = carried, []
         for t in range(steps):
-            _, logprob, _, value, state = agent.get_action_and_value(obs[t:t + 1], state, starts[t:t + 1], actions[t:t + 1])
+            _, logprob, _, value, state = agent.get_action_and_value(obs[t:t + 1], state, starts[t:t + 1],
+                                                                     actions[t:t + 1])
             stepped.append((logprob[0], value[0]))
         _, logprob, _, value, replay_state = agent.get_action_and_value(obs, carried, starts, actions)
     torch.testing.assert_close(logprob, torch.stack([lp for lp, _ in stepped]), rtol=0, atol=1e-6)
@@ -192,7 +193,8 @@ def test_evaluation_does_not_disturb_training(tmp_path):
 
 
 def test_same_seed_same_numbers_and_checkpoint_contents(tmp_path):
-    argv = dict(norm_obs=True, total_timesteps=32 * 4, lr_schedule="adaptive", seq_len=8, rnn_type="gru", rnn_num_layers=2)
+    argv = dict(norm_obs=True, total_timesteps=32 * 4, lr_schedule="adaptive", seq_len=8, rnn_type="gru",
+                rnn_num_layers=2)
     for name in ("a", "b"):
         result = run_script("ppo_rnn.py", rnn_args("Pendulum-v1", name, **argv), tmp_path)
         assert result.returncode == 0, result.stderr
@@ -202,8 +204,8 @@ def test_same_seed_same_numbers_and_checkpoint_contents(tmp_path):
     assert ckpt["trainer"] == "ppo_rnn" and ckpt["format"] == ppo_rnn.CHECKPOINT_FORMAT
     assert ckpt["iteration"] == 4 and ckpt["global_step"] == 128
     saved = ckpt["args"]
-    assert (saved["rnn_type"], saved["rnn_hidden_size"], saved["rnn_num_layers"], saved["shared_rnn"], saved["seq_len"]) \
-        == ("gru", 16, 2, False, 8)
+    assert (saved["rnn_type"], saved["rnn_hidden_size"], saved["rnn_num_layers"], saved["shared_rnn"],
+            saved["seq_len"]) == ("gru", 16, 2, False, 8)
     # the checkpoint alone rebuilds the network
     agent = ppo_rnn.Agent(ckpt["observation_space"]["shape"][0], ckpt["action_space"],
                           log_std_init=saved["log_std_init"], **{name: saved[name] for name in ppo_rnn.NETWORK_FIELDS})

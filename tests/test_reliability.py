@@ -16,7 +16,8 @@ from tests.util import REPO, fast_args, load, run_script, scalars, script_env, s
 TRAINERS = ["ppo", "ppo_rnn", "ippo"]
 # Envs whose resets ignore the random stream, with 16-step episodes: 16-step rollouts end on episode boundaries, so
 # resumes can be exact (see test_ppo.py and test_ippo.py). Small recurrent cores.
-ENV = {"ppo": "tests.envs:PointMass-v0", "ppo_rnn": "tests.envs:PointMass-v0", "ippo": "vmas:tests.vmas_scenarios:Clock"}
+ENV = {"ppo": "tests.envs:PointMass-v0", "ppo_rnn": "tests.envs:PointMass-v0",
+       "ippo": "vmas:tests.vmas_scenarios:Clock"}
 FLAGS = {"ppo": {}, "ppo_rnn": dict(seq_len=8, rnn_hidden_size=16), "ippo": dict(max_episode_steps=16)}
 # The learning checks' commands (test_learning.py, test_ppo_rnn.py, test_ippo.py) with half the envs on each of two
 # ranks: the same global batch, and minibatches of the same global size.
@@ -100,7 +101,8 @@ def test_torchrun_sigterm_then_resume_equals_uninterrupted_run(tmp_path, trainer
     # The uninterrupted run and the one to cut, side by side: most of a short run is its processes starting.
     full, proc = (subprocess.Popen(torchrun([script, *fast_args(ENV[trainer], name, **argv)], tmp_path), cwd=tmp_path,
                                    env=torchrun_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True, start_new_session=True) for name in ("full", "cut"))
+                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
+                  for name in ("full", "cut"))
     run = tmp_path / "runs" / "cut"
     try:
         wait_for(run / "ckpt_5.pt", proc, 300)
@@ -156,7 +158,8 @@ def test_sigkill_during_training_then_resume(tmp_path, trainer):
     proc.communicate(timeout=60)
     saved = max(int(p.stem.split("_")[1]) for p in run.glob("ckpt_*.pt"))
     assert 9 <= saved < 400
-    resumed = run_script(f"{trainer}.py", ["--resume", "runs/kill", "--total_timesteps", str(32 * (saved + 6))], tmp_path)
+    resumed = run_script(f"{trainer}.py", ["--resume", "runs/kill", "--total_timesteps", str(32 * (saved + 6))],
+                         tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert load(run / "final_ckpt.pt")["global_step"] == 32 * (saved + 6)
     steps = [step for step, _ in scalars(run)["charts/learning_rate"]]

@@ -66,7 +66,8 @@ def test_sweep_runs_every_combination_then_finishes_what_is_missing(tmp_path):
         assert png.startswith(b"\x89PNG") and len(png) > 10_000
 
     missing = run_tool(tmp_path, "plot.py", f"runs/{names[0]}", "--metrics", "eval/nothing")
-    assert missing.returncode == 2 and missing.stderr.strip().splitlines()[-1].startswith("error: no run logged 'eval/nothing'")
+    assert (missing.returncode == 2
+            and missing.stderr.strip().splitlines()[-1].startswith("error: no run logged 'eval/nothing'"))
     unmatched = run_tool(tmp_path, "summarize.py", f"runs/{names[0]}", "--group", "^cheetah")
     assert unmatched.returncode == 2 and "does not match the run name" in unmatched.stderr
 
@@ -79,7 +80,8 @@ def test_sweep_reports_failed_runs(tmp_path):
 
 @pytest.mark.parametrize("options,says", [
     (["--jobs", "0", "pend", "--", "true"], "error: --jobs must be a positive integer, not 0"),
-    (["--vary", "--learning_rate 1e-3", "pend", "--", "true"], "error: --vary takes --flag=value words, not --learning_rate"),
+    (["--vary", "--learning_rate 1e-3", "pend", "--", "true"],
+     "error: --vary takes --flag=value words, not --learning_rate"),
     (["--bogus", "pend", "--", "true"], "error: unknown option --bogus"),
     (["pend", "true"], "usage: "),
     (["--seeds"], "usage: "),
@@ -91,7 +93,8 @@ def test_sweep_refuses_bad_options_before_running_anything(tmp_path, options, sa
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("name,group", [("cheetah__seed3", "cheetah"), ("HalfCheetah-v5__ppo__2__1763900000", "HalfCheetah-v5__ppo"),
+@pytest.mark.parametrize("name,group", [("cheetah__seed3", "cheetah"),
+                                        ("HalfCheetah-v5__ppo__2__1763900000", "HalfCheetah-v5__ppo"),
                                         ("my_run", "my_run")])
 def test_default_grouping_drops_the_seed(tmp_path, name, group):
     (tmp_path / name).mkdir()
