@@ -95,3 +95,16 @@ def test_a_copy_trains_resumes_and_evaluates_as_itself(tmp_path, trainer, capfd)
     errors = [line for line in mismatch.stderr.splitlines() if line.startswith("error:")]
     assert mismatch.returncode == 2 and len(errors) == 1 and "Traceback" not in mismatch.stderr, mismatch.stderr
     assert f"do not fit {trainer}.py's network" in errors[0]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_evaluating_a_copy_in_maniskill_cpu_workers(tmp_path):
+    """ManiSkill's CPU simulation with 2 envs runs in forkserver workers, which import the copy by its module name:
+    ppo_eval.py must make the copy importable there, even when it lies outside the working directory."""
+    copy = make_copy("ppo", tmp_path / "ideas")
+    run_copy(copy, fast_args("PushCube-v1", "pick", num_envs=1, num_eval_envs=1, num_steps=10, total_timesteps=10,
+                             num_minibatches=1, update_epochs=1), tmp_path)
+    evaluated = run_script("ppo_eval.py", ["runs/pick", "--trainer", str(copy), "--num_envs", "2",
+                                           "--num_episodes", "2"], tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert "(my_ppo.py, PushCube-v1" in evaluated.stdout and "2 episodes on 2 envs" in evaluated.stdout
