@@ -138,21 +138,21 @@ class Args:
     activation: Literal["tanh", "relu"] = "tanh"
     """the hidden layers' nonlinearity"""
     log_std_init: float = -0.5
-    """the Gaussian policy's initial log-std (CleanRL: 0; the zoo's MuJoCo: -2); --checkpoint/--resume keep theirs"""
+    """the Gaussian policy's initial log-std (CleanRL: 0; zoo's MuJoCo: -2); a loaded checkpoint's trained one wins"""
     share_parameters: bool = False
     """one actor and one critic for all agents, each agent's inputs tagged with a one-hot agent id"""
     centralized_critic: bool = False
     """each agent's critic sees the global state (every agent's observation, or ManiSkill's full state): MAPPO"""
     bootstrap_at_done: Literal["auto", "always", "truncated", "never"] = "auto"
-    """finished episodes that bootstrap from V(final obs): always, truncated, never; auto: always on ManiSkill, else
-    truncated"""
+    """finished episodes that bootstrap from V(final obs): always, truncated (terminations are terminal), never;
+    auto: always for ManiSkill tasks, truncated otherwise"""
 
     total_timesteps: int = 10_000_000
     """total environment steps of the run (of all torchrun processes together)"""
     learning_rate: float = 3e-4
     """the (initial) learning rate of the optimizer"""
     lr_schedule: Literal["constant", "linear", "adaptive"] = "constant"
-    """constant; linear decay to 0; adaptive: lr times or over lr_factor as the KL leaves [kl_target/2, 2*kl_target]"""
+    """constant; linear (decay to 0); adaptive (multiply or divide by lr_factor to keep the KL near kl_target)"""
     anneal_lr: bool = False
     """ManiSkill/CleanRL's name for --lr_schedule=linear"""
     kl_target: float = 0.01
@@ -325,10 +325,10 @@ class Agent(nn.Module):
 
     def get_action_and_value(self, obs: torch.Tensor, action: Optional[torch.Tensor] = None):
         if self.discrete:
-            dist = Categorical(logits=self.run(self.actor, obs), validate_args=False)  # validation syncs with the GPU
+            pi = Categorical(logits=self.run(self.actor, obs), validate_args=False)  # validation syncs with the GPU
             if action is None:
-                action = dist.sample()
-            return action, dist.log_prob(action), dist.entropy(), self.get_value(obs)
+                action = pi.sample()
+            return action, pi.log_prob(action), pi.entropy(), self.get_value(obs)
         # torch.distributions.Normal's sample, log_prob and entropy, written out: building its object costs more than
         # the arithmetic at a rollout step's batch size (12% of the training time of one CPU env at CleanRL's
         # settings). The same operations, so the same numbers (tests/test_ippo.py).
@@ -354,7 +354,7 @@ def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
 # ALGO LOGIC: rollout with final-value bootstrapping, advantages, the clipped-surrogate update
 # ---------------------------------------------------------------------------------------------
 
-class Rollout:
+class RolloutBuffer:
     """One rollout's tensors, (num_steps, num_envs, num_agents, ...), on the learner's device. dones[t] (num_envs, 1)
     marks the episodes that ended with step t (every agent's episode ends with its env's); bootstrap_values[t] is
     V(final obs) for those of them that bootstrap, 0 elsewhere."""
@@ -371,10 +371,11 @@ class Rollout:
         self.dones = torch.zeros((num_steps, num_envs, 1), device=device)
 
 
-def rollout(agent: Agent, envs: TorchVecEnv, buf: Rollout, next_obs: torch.Tensor, policy_step,
+def rollout(agent: Agent, envs: TorchVecEnv, buf: RolloutBuffer, next_obs: torch.Tensor, policy_step,
             reward_normalizer: Optional[RewardNormalizer], args: Args, bootstrap_rule: str):
-    """Step the envs num_steps times with the policy, filling buf. Returns the observation after the last step and
-    the finished episodes' metrics (key -> one value per episode)."""
+    """Step the envs num_steps times with the policy (policy_step: get_action_and_value, compiled under
+    --compile), filling buf. Returns the observation after the last step and the finished episodes' metrics (key
+    -> one value per episode)."""
     episodes = defaultdict(list)
     buf.bootstrap_values.zero_()
     for step in range(args.num_steps):
@@ -459,12 +460,14 @@ def ppo_loss(agent: Agent, args: Args, obs, actions, old_logprobs, advantages, r
     return (pg_loss, v_loss, entropy.mean(0)), logratio.detach(), ratio.detach()
 
 
-def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: Rollout, advantages: torch.Tensor,
+def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, advantages: torch.Tensor,
            returns: torch.Tensor, update_losses, args: Args, agents: list[str]) -> dict[str, float]:
     """update_epochs epochs of minibatch steps over the rollout, stopped once a minibatch's approximate KL exceeds
     target_kl for any agent. Every agent's loss on the same minibatch of env steps, summed, so that one optimizer
-    step moves every agent, each by its own gradient. Returns the statistics to log (the losses of the last minibatch
-    that stepped): per agent under losses/<agent>/, and what the update decided on jointly under losses/."""
+    step moves every agent, each by its own gradient. update_losses is ppo_loss with agent and args bound (compiled
+    under --compile). Returns the statistics to log (the losses of the last minibatch that stepped): per agent under
+    losses/<agent>/, and what the update decided on jointly under losses/. The KL logged is the last minibatch's,
+    the one that stopped the update if one did."""
     batch_size = args.num_envs * args.num_steps
     b_obs = buf.obs.reshape((batch_size,) + buf.obs.shape[2:])
     b_actions = buf.actions.reshape((batch_size,) + buf.actions.shape[2:])
@@ -580,9 +583,8 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
     policy_step = compile_unless_unavailable(agent.get_action_and_value, args.compile)
     update_losses = compile_unless_unavailable(functools.partial(ppo_loss, agent, args), args.compile)
     # ManiSkill workers seed env i with seed + i (one vector env: env 0 with seed, the others with draws from
-    # RandomState(seed)); VMAS seeds its whole batch with seed:
-    # training and evaluation envs, and each rank, get disjoint blocks of seeds, and a resumed run new ones rather
-    # than a replay of its first iteration's starts.
+    # RandomState(seed)); VMAS seeds its whole batch with seed. Training and evaluation envs, and each rank, get
+    # disjoint blocks of seeds, and a resumed run new ones rather than a replay of its first iteration's starts.
     train_seed = args.seed + (start_iteration * num_ranks + rank) * (args.num_envs + args.num_eval_envs)
     next_obs = envs.reset(seed=train_seed)
     eval_seed = train_seed + args.num_envs  # seeds the next evaluation; later ones continue the envs' streams
@@ -590,10 +592,10 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
         # After the envs are built and reset, so that each rank's random stream continues where it stopped.
         set_rng_states(resume_state["rng"] if rank == 0 else resume_state["other_ranks_rng"][rank - 1], device)
     writer = open_run(args, setup, resume_state) if rank == 0 else None
-    buf = Rollout(args.num_steps, args.num_envs, num_agents, envs.obs_dim, space_to_dict(envs.single_action_space),
-                  device)
+    buf = RolloutBuffer(args.num_steps, args.num_envs, num_agents, envs.obs_dim,
+                        space_to_dict(envs.single_action_space), device)
 
-    def checkpoint(iteration: int, final: bool = False) -> Optional[Path]:
+    def save(iteration: int, final: bool = False) -> Optional[Path]:
         return write_checkpoint(args, setup, envs, agent, optimizer, reward_normalizer, global_step, iteration, final)
 
     checkpoint_freq = args.checkpoint_freq or args.eval_freq
@@ -652,13 +654,13 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
                 progress.update(1)
             checkpoint_due = args.save_model and (iteration % checkpoint_freq == 0 or iteration == num_iterations)
             if checkpoint_due:
-                last_checkpoint = checkpoint(iteration, final=iteration == num_iterations)
+                last_checkpoint = save(iteration, final=iteration == num_iterations)
                 if rank == 0:
                     writer.flush()
             signum = agree_on_signal(stop.signum, device)
             if signum is not None and iteration < num_iterations:
                 if not checkpoint_due:
-                    last_checkpoint = checkpoint(iteration)
+                    last_checkpoint = save(iteration)
                 progress.close()
                 if rank == 0:
                     writer.flush()
@@ -1812,6 +1814,7 @@ def all_finite(module: nn.Module) -> bool:
 # ---------------------------------------------------------------------------------------------
 # Data parallel: torchrun starts one process (a rank) per GPU, each with its own envs; a plain run is one rank.
 # Whatever decides the course of the run is computed from numbers every rank shares, so that all ranks take it alike.
+# ---------------------------------------------------------------------------------------------
 
 def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
@@ -1849,13 +1852,13 @@ def average_gradients(agent: nn.Module, loss_finite: torch.Tensor) -> torch.Tens
 def parameters_finite(agent: nn.Module, iteration: int) -> bool:
     """Whether every rank's parameters and observation statistics are finite; under torchrun every rank must also
     hold rank 0's, bit for bit (else RuntimeError). All ranks reach the same answer, so they stop together."""
-    finite = all_finite(agent)
+    own_finite = all_finite(agent)
     if world_size() == 1:
-        return finite
+        return own_finite
     state = torch.cat([t.detach().flatten().double() for t in agent.state_dict().values() if t.is_floating_point()])
     rank0_state = state.clone()
     dist.broadcast(rank0_state, 0)
-    counts = torch.tensor([0.0 if torch.equal(state, rank0_state) else 1.0, 0.0 if finite else 1.0],
+    counts = torch.tensor([0.0 if torch.equal(state, rank0_state) else 1.0, 0.0 if own_finite else 1.0],
                           device=state.device)
     dist.all_reduce(counts)  # the ranks that differ from rank 0, the ranks with non-finite values
     if counts[1] > 0:

@@ -104,7 +104,7 @@ class Args:
     num_envs: int = 512
     """number of parallel training environments (of each torchrun process)"""
     async_envs: bool = False
-    """Gymnasium envs: step the training envs in worker processes (pays off above ~0.1 ms a step)"""
+    """Gymnasium envs: step training envs in worker processes (steps over ~0.1 ms); ManiSkill's CPU envs always are"""
     num_eval_envs: int = 8
     """number of parallel evaluation environments (of rank 0, which alone evaluates)"""
     partial_reset: bool = True
@@ -128,17 +128,17 @@ class Args:
     activation: Literal["tanh", "relu"] = "tanh"
     """the hidden layers' nonlinearity (rl-baselines3-zoo's MuJoCo networks: relu)"""
     log_std_init: float = -0.5
-    """the Gaussian policy's initial log-std (CleanRL: 0; the zoo's MuJoCo: -2); --checkpoint/--resume keep theirs"""
+    """the Gaussian policy's initial log-std (CleanRL: 0; zoo's MuJoCo: -2); a loaded checkpoint's trained one wins"""
     bootstrap_at_done: Literal["auto", "always", "truncated", "never"] = "auto"
-    """finished episodes that bootstrap from V(final obs): always, truncated, never; auto: always on ManiSkill, else
-    truncated"""
+    """finished episodes that bootstrap from V(final obs): always, truncated (terminations are terminal), never;
+    auto: always for ManiSkill tasks, truncated otherwise"""
 
     total_timesteps: int = 10_000_000
     """total environment steps of the run (of all torchrun processes together)"""
     learning_rate: float = 3e-4
     """the (initial) learning rate of the optimizer"""
     lr_schedule: Literal["constant", "linear", "adaptive"] = "constant"
-    """constant; linear decay to 0; adaptive: lr times or over lr_factor as the KL leaves [kl_target/2, 2*kl_target]"""
+    """constant; linear (decay to 0); adaptive (multiply or divide by lr_factor to keep the KL near kl_target)"""
     anneal_lr: bool = False
     """ManiSkill/CleanRL's name for --lr_schedule=linear"""
     kl_target: float = 0.01
@@ -242,6 +242,9 @@ class RewardNormalizer(nn.Module):
 
 
 class Agent(nn.Module):
+    """An MLP actor (logits, or a Gaussian's mean with a state-independent log-std) and an MLP critic, on observations
+    that normalize_obs scales when --norm_obs. get_action_and_value returns (action, log-prob, entropy, value)."""
+
     def __init__(self, obs_dim: int, action_space: dict, norm_obs: bool, hidden_sizes: tuple[int, ...], activation: str,
                  log_std_init: float):
         super().__init__()
@@ -269,10 +272,10 @@ class Agent(nn.Module):
 
     def get_action_and_value(self, obs: torch.Tensor, action: Optional[torch.Tensor] = None):
         if self.discrete:
-            dist = Categorical(logits=self.actor(obs), validate_args=False)  # validation syncs with the GPU
+            pi = Categorical(logits=self.actor(obs), validate_args=False)  # validation syncs with the GPU
             if action is None:
-                action = dist.sample()
-            return action, dist.log_prob(action), dist.entropy(), self.get_value(obs)
+                action = pi.sample()
+            return action, pi.log_prob(action), pi.entropy(), self.get_value(obs)
         # torch.distributions.Normal's sample, log_prob and entropy, written out: building its object costs more than
         # the arithmetic at a rollout step's batch size (12% of the training time of one CPU env at CleanRL's
         # settings). The same operations, so the same numbers (tests/test_parts.py).
@@ -297,7 +300,7 @@ def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
 # ALGO LOGIC: rollout with final-value bootstrapping, advantages, the clipped-surrogate update
 # ---------------------------------------------------------------------------------------------
 
-class Rollout:
+class RolloutBuffer:
     """One rollout's tensors, (num_steps, num_envs, ...), on the learner's device. dones[t] marks the episodes that
     ended with step t; bootstrap_values[t] is V(final obs) for those of them that bootstrap, 0 elsewhere."""
 
@@ -311,10 +314,11 @@ class Rollout:
             torch.zeros((num_steps, num_envs), device=device) for _ in range(5))
 
 
-def rollout(agent: Agent, envs: TorchVecEnv, buf: Rollout, next_obs: torch.Tensor, policy_step,
+def rollout(agent: Agent, envs: TorchVecEnv, buf: RolloutBuffer, next_obs: torch.Tensor, policy_step,
             reward_normalizer: Optional[RewardNormalizer], args: Args, bootstrap_rule: str):
-    """Step the envs num_steps times with the policy, filling buf. Returns the observation after the last step and
-    the finished episodes' metrics (key -> one value per episode)."""
+    """Step the envs num_steps times with the policy (policy_step: get_action_and_value, compiled under
+    --compile), filling buf. Returns the observation after the last step and the finished episodes' metrics (key
+    -> one value per episode)."""
     episodes = defaultdict(list)
     buf.bootstrap_values.zero_()
     for step in range(args.num_steps):
@@ -398,10 +402,12 @@ def ppo_loss(agent: Agent, args: Args, obs, actions, old_logprobs, advantages, r
     return (pg_loss, v_loss, entropy.mean()), logratio.detach(), ratio.detach()
 
 
-def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: Rollout, advantages: torch.Tensor,
+def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, advantages: torch.Tensor,
            returns: torch.Tensor, update_losses, args: Args) -> dict[str, float]:
     """update_epochs epochs of minibatch steps over the rollout, stopped once a minibatch's approximate KL exceeds
-    target_kl. Returns the statistics to log (the losses of the last minibatch that stepped)."""
+    target_kl. update_losses is ppo_loss with agent and args bound (compiled under --compile). Returns the
+    statistics to log (the losses of the last minibatch that stepped). The KL logged is the last minibatch's, the
+    one that stopped the update if one did."""
     batch_size = args.num_envs * args.num_steps
     b_obs = buf.obs.reshape((batch_size, -1))
     b_actions = buf.actions.reshape((batch_size,) + buf.actions.shape[2:])
@@ -503,9 +509,9 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
         # After the envs are built and reset, so that each rank's random stream continues where it stopped.
         set_rng_states(resume_state["rng"] if rank == 0 else resume_state["other_ranks_rng"][rank - 1], device)
     writer = open_run(args, setup, resume_state) if rank == 0 else None
-    buf = Rollout(args.num_steps, args.num_envs, envs.obs_dim, space_to_dict(envs.single_action_space), device)
+    buf = RolloutBuffer(args.num_steps, args.num_envs, envs.obs_dim, space_to_dict(envs.single_action_space), device)
 
-    def checkpoint(iteration: int, final: bool = False) -> Optional[Path]:
+    def save(iteration: int, final: bool = False) -> Optional[Path]:
         return write_checkpoint(args, setup, envs, agent, optimizer, reward_normalizer, global_step, iteration, final)
 
     checkpoint_freq = args.checkpoint_freq or args.eval_freq
@@ -564,13 +570,13 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
                 progress.update(1)
             checkpoint_due = args.save_model and (iteration % checkpoint_freq == 0 or iteration == num_iterations)
             if checkpoint_due:
-                last_checkpoint = checkpoint(iteration, final=iteration == num_iterations)
+                last_checkpoint = save(iteration, final=iteration == num_iterations)
                 if rank == 0:
                     writer.flush()
             signum = agree_on_signal(stop.signum, device)
             if signum is not None and iteration < num_iterations:
                 if not checkpoint_due:
-                    last_checkpoint = checkpoint(iteration)
+                    last_checkpoint = save(iteration)
                 progress.close()
                 if rank == 0:
                     writer.flush()
@@ -1513,6 +1519,7 @@ def all_finite(module: nn.Module) -> bool:
 # ---------------------------------------------------------------------------------------------
 # Data parallel: torchrun starts one process (a rank) per GPU, each with its own envs; a plain run is one rank.
 # Whatever decides the course of the run is computed from numbers every rank shares, so that all ranks take it alike.
+# ---------------------------------------------------------------------------------------------
 
 def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
@@ -1550,13 +1557,13 @@ def average_gradients(agent: nn.Module, loss_finite: torch.Tensor) -> torch.Tens
 def parameters_finite(agent: nn.Module, iteration: int) -> bool:
     """Whether every rank's parameters and observation statistics are finite; under torchrun every rank must also
     hold rank 0's, bit for bit (else RuntimeError). All ranks reach the same answer, so they stop together."""
-    finite = all_finite(agent)
+    own_finite = all_finite(agent)
     if world_size() == 1:
-        return finite
+        return own_finite
     state = torch.cat([t.detach().flatten().double() for t in agent.state_dict().values() if t.is_floating_point()])
     rank0_state = state.clone()
     dist.broadcast(rank0_state, 0)
-    counts = torch.tensor([0.0 if torch.equal(state, rank0_state) else 1.0, 0.0 if finite else 1.0],
+    counts = torch.tensor([0.0 if torch.equal(state, rank0_state) else 1.0, 0.0 if own_finite else 1.0],
                           device=state.device)
     dist.all_reduce(counts)  # the ranks that differ from rank 0, the ranks with non-finite values
     if counts[1] > 0:

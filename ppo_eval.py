@@ -87,6 +87,10 @@ class UserError(Exception):
     """A mistake the user can fix: reported as one line and exit status 2."""
 
 
+# What a trainer file holds and defines: import_trainer imports no other file a checkpoint names.
+TRAINER_MARKERS = ("TRAINER = Path(__file__).stem", "CHECKPOINT_FORMAT = ", "def make_agent(", "def evaluate(")
+TRAINER_API = ("TRAINER", "CHECKPOINT_FORMAT", "UserError", "Args", "find_env", "resolve_sim_backend", "make_envs",
+               "make_agent", "load_weights", "evaluate", "CPU_WORKERS_PER_CORE")
 # The trainers' own mistakes are the user's too; import_trainer adds each trainer's.
 USER_ERRORS = [UserError, ppo.UserError]
 
@@ -174,8 +178,8 @@ def load(path: Path, trainer_file: Optional[str]):
 
 def import_trainer(name, checkpoint: Path, trainer_file: Optional[str]):
     """The module of the file that wrote the checkpoint: --trainer, else {name}.py beside ppo_eval.py or in the working
-    directory. A checkpoint supplies a file name, never a path, so one from elsewhere cannot make this run other
-    code."""
+    directory, and only a file that reads as a trainer. A checkpoint supplies a file name, never a path, so one from
+    elsewhere cannot make this import a file from anywhere else, nor one that is not a trainer."""
     if not isinstance(name, str) or not name.isidentifier():
         raise UserError(f"{checkpoint} names its trainer {name!r}, not a Python file name; ppo_eval.py can import only "
                         "trainers named like Python modules (rename the file, e.g. my_idea.py, and train again)")
@@ -197,15 +201,30 @@ def import_trainer(name, checkpoint: Path, trainer_file: Optional[str]):
     (path,) = paths
     module = sys.modules.get(name)
     if module is None:
+        # Whatever file the name finds runs when imported: only one that reads as a trainer is imported at all.
+        if not all(marker in path.read_text(errors="replace") for marker in TRAINER_MARKERS):
+            raise UserError(f"{checkpoint} names {name}.py, and {path} is not a trainer file (it lacks "
+                            f"{', '.join(TRAINER_MARKERS)}): not imported")
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # CPU simulator workers unpickle the trainer's env builders by module name
-        if str(path.parent) not in sys.path:
+        added_path = str(path.parent) not in sys.path
+        if added_path:
             sys.path.append(str(path.parent))
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:  # leave no half-imported module behind
+            del sys.modules[name]
+            if added_path:
+                sys.path.remove(str(path.parent))
+            raise
     elif Path(getattr(module, "__file__", None) or "").resolve() != path:
         raise UserError(f"{checkpoint} was written by {name}.py, but a module {name} from elsewhere is already "
                         f"imported ({getattr(module, '__file__', None)}): rename the trainer file and train again")
+    if getattr(module, "TRAINER", None) != name or not all(hasattr(module, attr) for attr in TRAINER_API):
+        raise UserError(f"{path} is not a trainer that wrote {checkpoint}: its TRAINER is "
+                        f"{getattr(module, 'TRAINER', None)!r}, not {name!r}, or it lacks one of "
+                        f"{', '.join(TRAINER_API)}")
     if module.UserError not in USER_ERRORS:
         USER_ERRORS.append(module.UserError)
     return module

@@ -3,7 +3,7 @@
     python benchmarks/rnn_pomdp.py                       # CartPoleNoVel-v1 (seeds 1-5) and PendulumNoVel-v1 (seeds 1-3)
     python benchmarks/rnn_pomdp.py --tasks cartpole --seeds 1 2 --total_timesteps 4096 --out /tmp/check
 
-Runs each command of TASKS (the README's) one seed at a time into runs/ of the working directory, then writes to
+Runs each command of TASKS (docs/recurrent.md's) one seed at a time into runs/ of the working directory, then writes to
 --out (default benchmarks/results/rnn_pomdp/) table.md, one markdown row per seed (the final evaluation return, the
 first step at which the evaluation reached the task's threshold, wall time, training steps per second (charts/SPS)
 and the share of rollout and update in it), and each task's learning curves, <task>/eval_return.png.

@@ -5,7 +5,7 @@
     python benchmarks/rss.py --trainer ippo -- --env_id vmas:navigation --num_envs 60 --total_timesteps 3000000
 
 Everything after `--` replaces the default training flags. Prints the highest RSS of the process tree in each tenth
-of the run, and the growth of the last tenth's over the first's (start-up and warm-up); README.md (Benchmarks) has
+of the run, and the growth of the last tenth's over the first's (start-up and warm-up); benchmarks/README.md has
 the results.
 """
 

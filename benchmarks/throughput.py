@@ -8,7 +8,7 @@ Random stepping goes through ppo.py's own env interface (TorchVecEnv, the same v
 rollout apart from it is the policy's inference, the observation and reward bookkeeping and the bootstrapping, and
 what sets training apart is the update besides. Rollout is ppo.py's time/rollout_fps and training its charts/SPS, both
 at the last iteration (no evaluation in between). PushCube-v1 trains with ManiSkill's defaults on the CPU simulation
-(1 env: ManiSkillVectorEnv in-process; more: worker processes); Pendulum-v1 with the README's command. Prints a
+(1 env: ManiSkillVectorEnv in-process; more: worker processes); Pendulum-v1 with docs/ppo.md's command. Prints a
 markdown table.
 """
 

@@ -1,4 +1,4 @@
-"""The benchmark scripts in tiny configurations, so that they keep working (their real runs are in README.md)."""
+"""The benchmark scripts in tiny configurations, so that they keep working (their real runs: benchmarks/README.md)."""
 
 import subprocess
 import sys

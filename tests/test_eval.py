@@ -175,6 +175,9 @@ def test_bad_checkpoints_are_one_clear_line(tmp_path, monkeypatch, capfd):
     ckpt = load(tmp_path / "runs/ids/final_ckpt.pt")
     torch.save({**ckpt, "trainer": "sac"}, tmp_path / "sac.pt")
     torch.save({**ckpt, "trainer": "../evil/ppo"}, tmp_path / "path.pt")
+    (tmp_path / "setup.py").write_text(f"open({str(marker)!r}, 'w').close()\n")  # no trainer: must not run
+    torch.save({**ckpt, "trainer": "setup"}, tmp_path / "setup.pt")
+    torch.save({**ckpt, "trainer": "pomdp"}, tmp_path / "pomdp.pt")  # pomdp.py lies beside ppo_eval.py
     torch.save({**ckpt, "format": 1}, tmp_path / "old.pt")
     torch.save({"weights": torch.zeros(3)}, tmp_path / "foreign.pt")
     (tmp_path / "empty_run").mkdir()
@@ -189,6 +192,8 @@ def test_bad_checkpoints_are_one_clear_line(tmp_path, monkeypatch, capfd):
         (["garbage.pt"], "cannot be read"),
         (["sac.pt"], "written by sac.py, which is neither beside ppo_eval.py nor in the working directory"),
         (["path.pt"], "not a Python file name"),
+        (["setup.pt"], "is not a trainer file"),
+        (["pomdp.pt"], "is not a trainer file"),
         (["runs/ids", "--trainer", "elsewhere/ppo_rnn.py"], "written by ppo.py, not by --trainer elsewhere/ppo_rnn.py"),
         (["runs/ids", "--trainer", "elsewhere/ppo.py"], "--trainer elsewhere/ppo.py does not exist"),
         (["old.pt"], "format 1"),
@@ -237,3 +242,14 @@ def test_trainers_refuse_a_pickle_that_runs_code(tmp_path):
         assert result.returncode == 2 and "could run code" in result.stderr, (script, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not marker.exists()
+
+
+def test_a_trainer_that_fails_to_import_leaves_nothing_behind(tmp_path):
+    """A copy whose import fails (its own bug: the traceback is the user's to read) is not left half-imported in
+    sys.modules, nor its folder on sys.path, for a later import in the same process."""
+    broken = tmp_path / "broken_idea.py"
+    broken.write_text("from pathlib import Path\nTRAINER = Path(__file__).stem\nCHECKPOINT_FORMAT = 2\n"
+                      "def make_agent(): pass\ndef evaluate(): pass\nraise ImportError('a bug of the copy')\n")
+    with pytest.raises(ImportError, match="a bug of the copy"):
+        ppo_eval.import_trainer("broken_idea", tmp_path / "ckpt.pt", str(broken))
+    assert "broken_idea" not in ppo_eval.sys.modules and str(tmp_path) not in ppo_eval.sys.path

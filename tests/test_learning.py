@@ -1,4 +1,4 @@
-"""ppo.py learns. Budgets (also in README.md): CartPole-v1 15,360 steps, Pendulum-v1 61,440 steps.
+"""ppo.py learns. Budgets (also in benchmarks/README.md): CartPole-v1 15,360 steps, Pendulum-v1 61,440 steps.
 
 The configurations were chosen on 2 CPU cores over seeds 1-6 (CartPole: final eval return 454.6-500) and
 seeds 1-3 (Pendulum: -174 to -285); each test runs seed 1.
