@@ -461,7 +461,7 @@ def ppo_loss(agent: Agent, args: Args, obs, actions, old_logprobs, advantages, r
 
 
 def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, advantages: torch.Tensor,
-           returns: torch.Tensor, update_losses, args: Args, agents: list[str]) -> dict[str, float]:
+           returns: torch.Tensor, update_losses, args: Args, agents: list[str]) -> dict:
     """update_epochs epochs of minibatch steps over the rollout, stopped once a minibatch's approximate KL exceeds
     target_kl for any agent. Every agent's loss on the same minibatch of env steps, summed, so that one optimizer
     step moves every agent, each by its own gradient. update_losses is ppo_loss with agent and args bound (compiled
@@ -516,10 +516,10 @@ def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, a
     logged = {"losses/approx_kl": approx_kl.max()}
     for tag, value in stats.items():
         if torch.is_tensor(value) and value.dim() == 1:
-            logged.update({tag.replace("losses/", f"losses/{name}/"): v for name, v in zip(agents, value.tolist())})
+            logged.update({tag.replace("losses/", f"losses/{name}/"): v for name, v in zip(agents, value)})
         else:
             logged[tag] = value
-    return {tag: float(value) for tag, value in logged.items()}
+    return logged
 
 
 def minibatch_indices(batch_size: int, minibatch_size: int, epochs: int, device: torch.device):
@@ -633,8 +633,8 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
                 sps = int((global_step - start_step) / (time.perf_counter() - start_time))
                 stats.update({"charts/SPS": sps, "time/rollout_time": rollout_time, "time/update_time": update_time,
                               "time/rollout_fps": args.num_envs * num_ranks * args.num_steps / rollout_time})
-                for tag, value in stats.items():
-                    writer.add_scalar(tag, value, global_step)
+                for tag, value in stats.items():  # tensors until here: only rank 0 waits for them
+                    writer.add_scalar(tag, float(value), global_step)
                 train_means = log_episode_metrics(writer, "train", episodes, global_step)
                 if "return" in train_means:
                     writer.add_scalar("charts/episodic_return", train_means["return"], global_step)

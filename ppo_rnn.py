@@ -495,7 +495,7 @@ def ppo_loss(agent: Agent, args: Args, obs, states, starts, actions, old_logprob
 
 
 def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, advantages: torch.Tensor,
-           returns: torch.Tensor, update_losses, args: Args) -> dict[str, float]:
+           returns: torch.Tensor, update_losses, args: Args) -> dict:
     """update_epochs epochs of minibatch steps over the rollout's sequences, stopped once a minibatch's approximate
     KL exceeds target_kl. update_losses is ppo_loss with agent and args bound (compiled under --compile). Returns
     the statistics to log (the losses of the last minibatch that stepped). The KL logged is the last minibatch's,
@@ -542,11 +542,11 @@ def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, a
     if clipfracs:  # empty when the first minibatch already exceeded target_kl
         stats["losses/clipfrac"] = torch.stack(clipfracs).mean()
     var_y = b_returns.var()
-    explained_var = float("nan") if var_y == 0 else 1 - (b_returns - b_values).var() / var_y
+    explained_var = torch.where(var_y == 0, float("nan"), 1 - (b_returns - b_values).var() / var_y)
     stats.update({"losses/old_approx_kl": old_approx_kl, "losses/approx_kl": approx_kl,
                   "losses/minibatch_steps": minibatch_steps, "charts/learning_rate": optimizer.param_groups[0]["lr"],
                   "losses/explained_variance": explained_var})
-    return {tag: float(value) for tag, value in stats.items()}
+    return stats
 
 
 def minibatch_indices(batch_size: int, minibatch_size: int, epochs: int, device: torch.device):
@@ -650,8 +650,8 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
                 sps = int((global_step - start_step) / (time.perf_counter() - start_time))
                 stats.update({"charts/SPS": sps, "time/rollout_time": rollout_time, "time/update_time": update_time,
                               "time/rollout_fps": args.num_envs * num_ranks * args.num_steps / rollout_time})
-                for tag, value in stats.items():
-                    writer.add_scalar(tag, value, global_step)
+                for tag, value in stats.items():  # tensors until here: only rank 0 waits for them
+                    writer.add_scalar(tag, float(value), global_step)
                 train_means = log_episode_metrics(writer, "train", episodes, global_step)
                 if "return" in train_means:
                     writer.add_scalar("charts/episodic_return", train_means["return"], global_step)
