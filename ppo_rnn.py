@@ -19,6 +19,7 @@ evaluation. Docs: docs/recurrent.md (flags, examples), docs/bootstrap.md, docs/c
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import errno
@@ -659,7 +660,8 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
                 postfix = {"step": global_step, "SPS": sps, **progress_items("train", train_means)}
                 if iteration % args.eval_freq == 0 or iteration == num_iterations:
                     agent.eval()
-                    eval_episodes = evaluate(agent, eval_envs, setup.num_eval_steps, eval_seed)
+                    with eval_envs.own_random_stream():
+                        eval_episodes = evaluate(agent, eval_envs, setup.num_eval_steps, eval_seed)
                     eval_means = log_episode_metrics(writer, "eval", eval_episodes, global_step)
                     eval_seed = None
                     if eval_means["episodes"] == 0:
@@ -1140,6 +1142,8 @@ class TorchVecEnv:
         self.video_recorder = video_recorder
         self.device = device
         self.torch_native = torch_native
+        self.sim_device = torch.device(env.device) if torch_native else torch.device("cpu")
+        self.random_states: Optional[list[torch.Tensor]] = None
         self.num_envs = env.num_envs
         self.single_observation_space = env.single_observation_space
         self.single_action_space = env.single_action_space
@@ -1209,6 +1213,20 @@ class TorchVecEnv:
             self.episode_return = torch.where(done, 0.0, self.episode_return)
             self.episode_length = torch.where(done, 0, self.episode_length)
         return next_obs, reward, terminated, truncated, final_obs, finished
+
+    @contextlib.contextmanager
+    def own_random_stream(self):
+        """ManiSkill draws the starts of unseeded episodes from torch's global generator of the sim's device, which
+        also samples training's actions: evaluation swaps in a generator state of its own, carried from one
+        evaluation to the next, so that how often a run evaluates does not change what it trains on."""
+        gpus = [self.sim_device] if self.sim_device.type == "cuda" else []
+        with torch.random.fork_rng(devices=gpus):
+            if self.random_states is not None:
+                torch.set_rng_state(self.random_states[0])
+                for gpu, state in zip(gpus, self.random_states[1:]):
+                    torch.cuda.set_rng_state(state, gpu)
+            yield
+            self.random_states = [torch.get_rng_state(), *(torch.cuda.get_rng_state(gpu) for gpu in gpus)]
 
     def flush_video(self):
         """ManiSkill's RecordEpisode over many envs saves a video every max_steps_per_video steps only; an

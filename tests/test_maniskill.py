@@ -298,3 +298,19 @@ def test_an_evaluation_that_ends_early_saves_its_video(tmp_path):
         assert len(videos) == 1 and videos[0].stat().st_size > 1000
     finally:
         eval_envs.close()
+
+
+@pytest.mark.parametrize("script,env_id", [("ppo.py", "PushCube-v1"), ("ppo_rnn.py", "PushCube-v1"),
+                                           ("ippo.py", "TwoRobotPickCube-v1")], ids=["ppo", "ppo_rnn", "ippo"])
+def test_evaluation_leaves_training_numbers_alone(tmp_path, script, env_id):
+    """ManiSkill draws the starts of unseeded episodes (every evaluation after the first) from torch's global
+    generator of the sim device, the one that samples training's actions: how often a run evaluates must not change
+    what it trains on."""
+    common = dict(num_envs=1, num_eval_envs=1, num_steps=10, num_minibatches=1, update_epochs=1, total_timesteps=40)
+    losses = []
+    for name, eval_freq in (("often", 1), ("once", 4)):
+        result = run_script(script, fast_args(env_id, name, eval_freq=eval_freq, **common), tmp_path)
+        assert result.returncode == 0, result.stderr
+        tags = scalars(tmp_path / "runs" / name)
+        losses.append({tag: values for tag, values in tags.items() if tag.startswith("losses/")})
+    assert losses[0] and losses[0] == losses[1]
