@@ -531,7 +531,7 @@ def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, a
         if world_size() > 1:
             loss_finite = average_gradients(agent, loss_finite)
         grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-        if not loss_finite or not torch.isfinite(grad_norm):
+        if not (loss_finite & torch.isfinite(grad_norm)):  # one wait for the GPU, not two
             raise NonFiniteError("gradient" if loss_finite else "loss")
         optimizer.step()
         minibatch_steps += 1

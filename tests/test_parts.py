@@ -147,3 +147,32 @@ def test_written_out_gaussian_is_torch_normal_bit_for_bit(trainer):
     dist = torch.distributions.Normal(mean, agent.actor_logstd.expand_as(mean).exp())
     want = gradients(dist.log_prob(action).sum(-1), dist.entropy().sum(-1))
     assert all(torch.equal(g, w) for g, w in zip(gradients(*policy(action)[1:3]), want))
+
+
+@pytest.mark.parametrize("trainer,env_id", [(ppo, "Pendulum-v1"), (ppo_rnn, "Pendulum-v1"),
+                                            (ippo, "vmas:tests.vmas_scenarios:Clock")], ids=["ppo", "ppo_rnn", "ippo"])
+def test_a_minibatch_step_waits_for_the_device_once(tmp_path, monkeypatch, trainer, env_id):
+    """On a GPU every tensor read on the host (bool, item, float) waits for the device: without a KL stop or an
+    adaptive learning rate, a minibatch step reads one, whether the loss and the gradient are finite."""
+    pytest.importorskip("vmas") if trainer is ippo else None
+    reads, steps = [], []
+    update = trainer.update
+
+    def counting_update(*args, **kwargs):
+        counted = []
+        with pytest.MonkeyPatch.context() as patch:
+            for name in ("__bool__", "item", "__float__", "__int__"):
+                real = getattr(torch.Tensor, name)
+                patch.setattr(torch.Tensor, name, lambda self, *a, real=real: counted.append(1) or real(self, *a))
+            stats = update(*args, **kwargs)
+        reads.append(len(counted))
+        steps.append(stats["losses/minibatch_steps"])
+        return stats
+
+    monkeypatch.setattr(trainer, "update", counting_update)
+    monkeypatch.chdir(tmp_path)
+    argv = ["--env_id", env_id, "--num_envs", "2", "--num_steps", "8", "--num_minibatches", "2", "--update_epochs", "2",
+            "--total_timesteps", "32", "--target_kl", "None", "--no_capture_video", "--no_save_model",
+            "--num_eval_envs", "1", "--eval_freq", "100"]
+    assert trainer.cli(argv) == 0
+    assert steps == [4, 4] and reads == steps
