@@ -27,6 +27,7 @@ import errno
 import fcntl
 import functools
 import importlib.util
+import io
 import math
 import multiprocessing
 import os
@@ -668,18 +669,22 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
                     writer.flush()
                     print_how_to_resume(signum, last_checkpoint, iteration, setup.run_dir)
                 return 128 + signum
-    except NonFiniteError as e:
-        # every rank stops at the same point: the checks run on numbers all ranks share
+    except (NonFiniteError, OSError) as e:
+        # non-finite numbers stop every rank at the same point: the checks run on numbers all ranks share
         progress.close()
         if rank == 0:
             kept = f"the last checkpoint {last_checkpoint} is untouched" if last_checkpoint else "none was written"
-            print(f"error: non-finite {e} at iteration {iteration} (global step {global_step}); the run stops and "
+            problem = f"non-finite {e}" if isinstance(e, NonFiniteError) else str(e)
+            if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+                problem, kept = f"the disk is full ({e})", f"{kept}; free some space, then --resume {setup.run_dir}"
+            print(f"error: {problem} at iteration {iteration} (global step {global_step}); the run stops and "
                   f"{kept}", file=sys.stderr)
         return 1
     finally:
         stop.restore()
         if writer is not None:
-            writer.close()
+            with contextlib.suppress(OSError):  # a full disk fails the writer's last flush as well
+                writer.close()
         if args.track and rank == 0:
             import wandb
             wandb.finish()
@@ -1787,12 +1792,19 @@ class RunDirLock:
 
 def save_checkpoint(path: Path, state: dict):
     """Write to a temporary file, put it on disk, then rename it: a kill mid-write (or a power cut after the rename)
-    never leaves a truncated checkpoint, only a stray .tmp that the next resume removes."""
+    never leaves a truncated checkpoint, only a stray .tmp that the next resume removes. Serialized in memory first:
+    torch.save onto a full disk fails with a RuntimeError that does not say so, a plain write with ENOSPC."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "wb") as f:
+            f.write(buffer.getbuffer())
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(path)) from e
     os.replace(tmp, path)
     directory = os.open(path.parent, os.O_RDONLY)
     try:
@@ -1966,10 +1978,10 @@ def cli(argv: Optional[list[str]] = None) -> int:
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
         return main(args)
-    except UserError as e:
+    except (UserError, OSError) as e:  # OSError: a run directory that cannot be written, a full disk
         rank, _, num_ranks, _ = torchrun_ranks()
         print(f"error: {e}" if num_ranks == 1 else f"error (rank {rank}): {e}", file=sys.stderr)
-        return 2
+        return 2 if isinstance(e, UserError) else 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -329,9 +329,8 @@ def main(args: EvalArgs) -> int:
     # Every episode ends within the time limit, and the next one starts at once.
     max_steps = int(episodes_per_env.max()) * run.max_episode_steps
     output_dir = prepare_output_dir(args, checkpoint)
-    if args.output is not None and Path(args.output).is_dir():
-        raise UserError(f"--output {args.output} is a directory; give a file name, e.g. "
-                        f"{Path(args.output) / 'results.json'}")
+    if args.output is not None:
+        check_output(Path(args.output))
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -419,12 +418,27 @@ def remove_empty_dirs(output_dir: Optional[Path], new_dirs: list[Path]):
         directory.rmdir()
 
 
+def check_output(path: Path):
+    """Try a write where --output goes before evaluating, so that a path that cannot be written fails at once."""
+    if path.is_dir():
+        raise UserError(f"--output {path} is a directory; give a file name, e.g. {path / 'results.json'}")
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.touch()
+        tmp.unlink()
+    except OSError as e:
+        raise UserError(f"--output {path} cannot be written ({e.strerror}); give a file in a writable directory") from e
+
+
 def write_json(path: Path, results: dict):
     """Write to a temporary file, then rename: an interrupted write never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(results, indent=2) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(results, indent=2) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"the results (above) could not be written to {path}: {e.strerror}") from e
 
 
 def cli(argv: Optional[list[str]] = None) -> int:
@@ -435,6 +449,9 @@ def cli(argv: Optional[list[str]] = None) -> int:
     except tuple(USER_ERRORS) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # videos or trajectories that cannot be written, a full disk
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

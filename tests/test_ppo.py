@@ -2,6 +2,7 @@
 input."""
 
 import dataclasses
+import errno
 import importlib.util
 import os
 import signal
@@ -350,6 +351,33 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path):
     assert sorted(p.name for p in run.glob("*.pt")) == ["ckpt_10.pt", "ckpt_5.pt"]
     ckpt = load(run / "ckpt_10.pt")
     assert all(torch.isfinite(t).all() for t in ckpt["model"].values())
+
+
+@pytest.mark.parametrize("trainer,env_id", [(ppo, POINT_MASS), (ppo_rnn, POINT_MASS),
+                                            (ippo, "vmas:tests.vmas_scenarios:Clock")], ids=["ppo", "ppo_rnn", "ippo"])
+def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, capfd, trainer,
+                                                                              env_id):
+    """The disk fills up while the second checkpoint is written: one error line naming the cause and the checkpoint
+    to resume from, no traceback, no half-written file."""
+    if trainer is ippo:
+        pytest.importorskip("vmas")
+    fsync = os.fsync
+
+    def full_at_the_second_checkpoint(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("ckpt_2.pt.tmp"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full_at_the_second_checkpoint)
+    monkeypatch.chdir(tmp_path)
+    assert trainer.cli(fast_args(env_id, "full", total_timesteps=32 * 4, eval_freq=100, checkpoint_freq=1)) == 1
+    errors = [line for line in capfd.readouterr().err.splitlines() if "error" in line.lower() or "Traceback" in line]
+    run = tmp_path / "runs" / "full"
+    assert len(errors) == 1 and errors[0].startswith("error: the disk is full"), errors
+    assert f"{run.relative_to(tmp_path)}/ckpt_2.pt" in errors[0] and "ckpt_1.pt is untouched" in errors[0]
+    assert "--resume runs/full" in errors[0]
+    assert sorted(p.name for p in run.iterdir() if p.name.endswith((".pt", ".tmp"))) == ["ckpt_1.pt"]
+    assert load(run / "ckpt_1.pt")["iteration"] == 1
 
 
 BAD_INPUTS = [
