@@ -65,7 +65,7 @@ class EvalArgs:
     bootstrap_samples: int = 10_000
     """resamples for the bootstrap intervals of the means"""
     cuda: bool = True
-    """if toggled, the policy (and ManiSkill's GPU simulation) runs on CUDA when it is available"""
+    """if toggled, the policy and ManiSkill's simulation and rendering run on CUDA when it is available"""
     torch_threads: int = 1
     """CPU threads for torch (0: torch's default)"""
 
@@ -247,6 +247,10 @@ def run_args(trainer, ckpt: dict, args: EvalArgs):
                  "eval_partial_reset": args.partial_reset}
     run = dataclasses.replace(run, **{name: value for name, value in overrides.items() if value is not None},
                               capture_video=args.capture_video, cuda=args.cuda, torch_threads=args.torch_threads)
+    if not args.cuda:
+        if args.sim_backend == "gpu":
+            raise UserError("--sim_backend gpu runs ManiSkill on CUDA, which --no_cuda turns off; give one of them")
+        run.sim_backend = "cpu"  # the run's "auto" would pick the GPU simulation where CUDA is available
     if run.env_id != saved["env_id"]:
         run.max_episode_steps = None  # the run's time limit was its own task's
     if args.max_episode_steps is not None:

@@ -1294,8 +1294,9 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
     gpu = resolve_sim_backend(args.sim_backend) == "gpu"
     on_device = "" if device.index is None else f":{device.index}"  # under torchrun, each rank's own GPU
     env_kwargs = dict(obs_mode="state", sim_backend=f"physx_cuda{on_device}" if gpu else "physx_cpu",
-                      # the default render backend falls back to the CPU with one warning per env
-                      render_backend=f"gpu{on_device}" if torch.cuda.is_available() else "cpu",
+                      # the default render backend falls back to the CPU with one warning per env; --no_cuda with
+                      # the CPU simulation keeps rendering off the GPU too
+                      render_backend=f"gpu{on_device}" if torch.cuda.is_available() and (gpu or args.cuda) else "cpu",
                       reconfiguration_freq=args.eval_reconfiguration_freq if evaluation else args.reconfiguration_freq,
                       max_episode_steps=args.max_episode_steps)
     if args.control_mode is not None:

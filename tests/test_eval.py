@@ -2,6 +2,7 @@
 trajectories, seeding, safe loading and bad input."""
 
 import dataclasses
+import importlib
 import json
 import os
 import pickle
@@ -254,3 +255,25 @@ def test_a_trainer_that_fails_to_import_leaves_nothing_behind(tmp_path):
     with pytest.raises(ImportError, match="a bug of the copy"):
         ppo_eval.import_trainer("broken_idea", tmp_path / "ckpt.pt", str(broken))
     assert "broken_idea" not in ppo_eval.sys.modules and str(tmp_path) not in ppo_eval.sys.path
+
+
+@pytest.mark.parametrize("trainer,env_id", [("ppo", "PickCube-v1"), ("ppo_rnn", "PickCube-v1"),
+                                            ("ippo", "TwoRobotPickCube-v1")])
+def test_no_cuda_keeps_maniskill_off_the_gpu(tmp_path, monkeypatch, trainer, env_id):
+    """ppo_eval.py --no_cuda on a machine with CUDA: the policy, ManiSkill's simulation and its renderer run on the
+    CPU, whatever the run's --sim_backend=auto would pick there."""
+    pytest.importorskip("mani_skill")
+    import gymnasium as gym
+
+    trainer = importlib.import_module(trainer)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    ckpt = {"args": dataclasses.asdict(trainer.Args(env_id=env_id, sim_backend="auto"))}
+    args = ppo_eval.EvalArgs(checkpoint="unused", cuda=False, num_envs=1)
+    run = ppo_eval.run_args(trainer, ckpt, args)
+    assert ppo_eval.validate_run(run, trainer, True, args) == "cpu"
+    asked, real_make = [], gym.make
+    monkeypatch.setattr(gym, "make", lambda env_id, **kwargs: asked.append(kwargs) or real_make(env_id, **kwargs))
+    trainer.make_envs(run, True, torch.device("cpu"), evaluation=True, run_dir=tmp_path, num_eval_steps=50).close()
+    assert asked[0]["sim_backend"] == "physx_cpu" and asked[0]["render_backend"] == "cpu"
+    with pytest.raises(ppo_eval.UserError, match="--no_cuda"):
+        ppo_eval.run_args(trainer, ckpt, dataclasses.replace(args, sim_backend="gpu"))
