@@ -1285,7 +1285,7 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
     is handled here or refused in validate() (docs/bootstrap.md, "ManiSkill with many envs"):
     - RecordEpisode needs max_steps_per_video (it cannot flush a video at one env's reset): the evaluation's length
       or the rollout's; evaluate() flushes the rest of an evaluation that ends early.
-    - Videos tile every env into one frame, so the training video's camera shrinks with the number of envs.
+    - Videos tile every env into one frame, so the camera shrinks with the number of envs.
     - ManiSkillVectorEnv cannot reconfigure on a partial reset: refused in validate().
     - reset(seed=s) gives env 0 seed s and the others seeds drawn from RandomState(s); autoresets are unseeded.
     """
@@ -1303,11 +1303,14 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
         env_kwargs["control_mode"] = args.control_mode
     if video_dir is not None:
         env_kwargs["render_mode"] = "rgb_array"
-    if evaluation:
-        env_kwargs["human_render_camera_configs"] = dict(shader_pack="default")
-    elif video_dir is not None and gpu and num_envs > 1:
-        side = max(64, min(512, 1024 // math.ceil(math.sqrt(num_envs))))  # a tiled frame of about 1024 pixels square
-        env_kwargs["human_render_camera_configs"] = dict(width=side, height=side)
+    camera = dict(shader_pack="default") if evaluation else {}
+    if video_dir is not None and gpu and num_envs > 1:
+        # RecordEpisode tiles every env into one frame of int(sqrt(num_envs)) rows: each env's camera shrinks so that
+        # the frame stays at most about 1024 pixels wide, and a video's memory bounded, whatever the number of envs
+        side = max(16, min(512, 1024 // math.ceil(num_envs / int(math.sqrt(num_envs)))))
+        camera.update(width=side, height=side)
+    if camera:
+        env_kwargs["human_render_camera_configs"] = camera
     ignore_terminations = not (args.eval_partial_reset if evaluation else args.partial_reset)
     try:
         if gpu or num_envs == 1:

@@ -203,8 +203,9 @@ def test_gpu_path_default_flags_build(tmp_path, gpu_sized_envs, trainer):
         # RecordEpisode cannot flush at one env's reset: videos are cut at the evaluation's and the rollout's length
         assert eval_envs.video_recorder.max_steps_per_video == 50 and envs.video_recorder.max_steps_per_video == 50
         assert eval_envs.num_envs == 8 and envs.num_envs == 512
-        # 512 tiled 512x512 frames would be 400 MB each: the training camera shrinks
-        assert train_kwargs["human_render_camera_configs"] == dict(width=64, height=64)
+        # 512 tiled 512x512 frames would be 400 MB each: the cameras shrink to keep a tiled frame near 1024 pixels
+        assert train_kwargs["human_render_camera_configs"] == dict(width=42, height=42)  # 22 rows of 24
+        assert eval_kwargs["human_render_camera_configs"] == dict(shader_pack="default", width=256, height=256)
     finally:
         envs.close()
         eval_envs.close()
@@ -246,7 +247,8 @@ def test_ippo_gpu_path_default_flags_build(tmp_path, gpu_sized_envs):
         assert eval_envs.video_recorder.max_steps_per_video == 100 and envs.video_recorder.max_steps_per_video == 50
         assert eval_envs.num_envs == 8 and envs.num_envs == 512
         assert envs.agents == ["panda_wristcam-0", "panda_wristcam-1"] and envs.obs_dim == 66
-        assert train_kwargs["human_render_camera_configs"] == dict(width=64, height=64)
+        assert train_kwargs["human_render_camera_configs"] == dict(width=42, height=42)
+        assert eval_kwargs["human_render_camera_configs"] == dict(shader_pack="default", width=256, height=256)
     finally:
         envs.close()
         eval_envs.close()
@@ -262,6 +264,8 @@ def test_evaluator_gpu_path_builds_with_video_and_trajectory(tmp_path, gpu_sized
     try:
         recorder = eval_envs.video_recorder
         assert eval_envs.num_envs == 256 and recorder.num_envs == 256
+        # 16 x 16 tiles of 64 pixels: a 1024-pixel frame, where the task's 512-pixel camera would make 8192 pixels
+        assert gpu_sized_envs[0]["human_render_camera_configs"] == dict(shader_pack="default", width=64, height=64)
         assert recorder.save_trajectory and recorder._save_video and recorder.max_steps_per_video == 50
         assert (tmp_path / "out" / "trajectory.h5").is_file() and recorder.output_dir == tmp_path / "out" / "videos"
     finally:
