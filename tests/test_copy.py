@@ -1,6 +1,7 @@
 """A copy of a trainer with a changed network (cp ppo.py my_ppo.py) is a trainer of its own: its runs carry its
 name, it resumes them exactly, the original refuses them, and ppo_eval.py evaluates them with the copy's code."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,15 @@ def test_a_copy_trains_resumes_and_evaluates_as_itself(tmp_path, trainer, capfd)
     errors = [line for line in mismatch.stderr.splitlines() if line.startswith("error:")]
     assert mismatch.returncode == 2 and len(errors) == 1 and "Traceback" not in mismatch.stderr, mismatch.stderr
     assert f"do not fit {trainer}.py's network" in errors[0]
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    os.replace(tmp_path / "renamed.pt", saved / "ckpt_2.pt")
+    before = snapshot(tmp_path)
+    for refused_argv in (argv + ["--checkpoint", str(saved / "ckpt_2.pt")],
+                         ["--resume", str(saved), "--total_timesteps", str(32 * 8)]):
+        line = refused_in_one_line(module, refused_argv, tmp_path, capfd, whole_process=False)
+        assert f"do not fit {trainer}.py's network" in line, line
+    assert snapshot(tmp_path) == before
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
