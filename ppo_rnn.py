@@ -207,6 +207,12 @@ def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.
     return layer
 
 
+# Where the update replays sequences with episode starts inside them in one packed call (cuDNN's). On the CPU,
+# torch's packed LSTM backward costs several times a plain call (3.5x, benchmarks/rnn_replay.py), more than a call
+# for each stretch between starts: there the replay makes those calls instead.
+PACKED_REPLAY_DEVICES = ("cuda",)
+
+
 class RecurrentCore(nn.Module):
     """A two-layer MLP encoder, then stacked LSTM or GRU layers whose state is zeroed where an episode starts,
     all hidden_size wide (256: ppo.py's width).
@@ -232,20 +238,44 @@ class RecurrentCore(nn.Module):
         where obs[t] is an episode's first observation. Returns the outputs (T, B, hidden_size) and the state after
         obs[-1]."""
         features = self.encoder(obs)
-        num_steps = obs.shape[0]
-        # Between two steps where some env starts an episode, the RNN runs the whole stretch in one call.
-        cuts = (episode_starts[1:].any(dim=1).nonzero().flatten() + 1).tolist() if num_steps > 1 else []
-        outputs = []
-        for begin, end in zip([0] + cuts, cuts + [num_steps]):
-            state = torch.where(episode_starts[begin][None, :, None], 0.0, state)
-            if self.lstm:
-                h, c = state.chunk(2, dim=-1)
-                output, (h, c) = self.rnn(features[begin:end], (h.contiguous(), c.contiguous()))
-                state = torch.cat((h, c), dim=-1)
-            else:
-                output, state = self.rnn(features[begin:end], state.contiguous())
-            outputs.append(output)
-        return torch.cat(outputs), state
+        state = torch.where(episode_starts[0][None, :, None], 0.0, state)
+        num_steps, batch = episode_starts.shape
+        if num_steps == 1 or not episode_starts[1:].any():
+            return self.run_rnn(features, state)
+        if obs.device.type not in PACKED_REPLAY_DEVICES:
+            # A call for each stretch between two steps where some sequence starts an episode.
+            cuts = (episode_starts[1:].any(dim=1).nonzero().flatten() + 1).tolist()
+            outputs = []
+            for begin, end in zip([0] + cuts, cuts + [num_steps]):
+                output, state = self.run_rnn(features[begin:end],
+                                             torch.where(episode_starts[begin][None, :, None], 0.0, state))
+                outputs.append(output)
+            return torch.cat(outputs), state
+        # An episode that starts inside a sequence is a sequence of its own from a zero state: every piece of every
+        # sequence runs in one packed call, however many episodes start.
+        piece_starts = episode_starts.T.clone()  # (B, T): pieces start with every sequence and every episode
+        piece_starts[:, 0] = True
+        piece_starts = piece_starts.flatten()
+        piece = piece_starts.cumsum(0) - 1  # the piece of each (sequence, step), sequence by sequence
+        first = piece_starts.nonzero().flatten()
+        position = torch.arange(batch * num_steps, device=obs.device) - first[piece]
+        lengths = torch.bincount(piece).cpu()
+        padded = features.new_zeros(int(lengths.max()), len(lengths), features.shape[-1])
+        padded[position, piece] = features.transpose(0, 1).flatten(0, 1)
+        piece_state = state.new_zeros(state.shape[0], len(lengths), state.shape[-1])
+        piece_state[:, piece[::num_steps]] = state  # a sequence's first piece continues from its stored state
+        output, piece_state = self.run_rnn(nn.utils.rnn.pack_padded_sequence(padded, lengths, enforce_sorted=False),
+                                           piece_state)
+        output = nn.utils.rnn.pad_packed_sequence(output)[0][position, piece]
+        return output.view(batch, num_steps, -1).transpose(0, 1), piece_state[:, piece[num_steps - 1::num_steps]]
+
+    def run_rnn(self, inputs, state: torch.Tensor):
+        """inputs: (T, B, hidden_size), or a PackedSequence of B sequences."""
+        if self.lstm:
+            h, c = state.chunk(2, dim=-1)
+            output, (h, c) = self.rnn(inputs, (h.contiguous(), c.contiguous()))
+            return output, torch.cat((h, c), dim=-1)
+        return self.rnn(inputs, state.contiguous())
 
 
 class RunningMeanStd(nn.Module):

@@ -103,3 +103,12 @@ def test_memory_benchmark_prints_its_tenths(tmp_path):
     lines = result.stdout.strip().splitlines()
     assert [line.split(" | ")[0] for line in lines[3:13]] == [f"| {k}" for k in range(1, 11)]
     assert lines[-1].startswith("last tenth over first: ")
+
+
+def test_rnn_replay_benchmark_prints_its_row(tmp_path):
+    for flags in ([], ["--packed"]):
+        result = run([sys.executable, str(REPO / "benchmarks/rnn_replay.py"), "--sequences", "4", "--seq_len", "6",
+                      "--episode_len", "2", "--hidden_size", "8", "--repeats", "1", *flags], tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        row = result.stdout.strip().splitlines()[-1].split(" | ")
+        assert row[0] == "| 4 x 6" and row[2] == ("packed" if flags else "stretches") and int(row[3]) > 0

@@ -28,11 +28,14 @@ AGENTS = [("lstm", False), ("gru", False), ("lstm", True), ("gru", True)]
 AGENT_IDS = ["lstm", "gru", "lstm-shared", "gru-shared"]
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["stretches", "packed"])
 @pytest.mark.parametrize("rnn_type,shared_rnn", AGENTS, ids=AGENT_IDS)
-def test_replay_equals_step_by_step_and_resets_are_fresh_starts(rnn_type, shared_rnn):
-    """The update replays a sequence in one call, the rollout steps through it: both give the same log-probs, values
-    and final state; after an episode start an env computes exactly what a fresh zero state computes; one env's
-    inputs never reach another's outputs; and a reset mask shifted by one step breaks the identity."""
+def test_replay_equals_step_by_step_and_resets_are_fresh_starts(monkeypatch, rnn_type, shared_rnn, packed):
+    """The update replays sequences (a call per stretch between episode starts, or on CUDA one packed call), the
+    rollout steps through them: both give the same log-probs, values and final state; after an episode start an env
+    computes exactly what a fresh zero state computes; one env's inputs never reach another's outputs; and a reset
+    mask shifted by one step breaks the identity."""
+    monkeypatch.setattr(ppo_rnn, "PACKED_REPLAY_DEVICES", ("cpu",) if packed else ())
     agent = make_agent(rnn_type, shared_rnn)
     steps, num_envs = 12, 3
     obs, actions = torch.randn(steps, num_envs, 3), torch.randn(steps, num_envs, 2)
@@ -91,6 +94,20 @@ def test_first_minibatch_ratio_is_one(tmp_path, rnn_type):
         assert len(errors) == 3 and max(errors) < 1e-5, errors
         assert [v for _, v in tags["losses/minibatch_steps"]] == [4.0] * 3
         assert tags["train/episode_len"]  # episodes did end inside the rollouts
+
+
+def test_first_minibatch_ratio_is_one_with_the_packed_replay(tmp_path, monkeypatch):
+    """The packed replay that CUDA takes, in a real run on the CPU: the update recomputes the rollout's log-probs."""
+    monkeypatch.setattr(ppo_rnn, "PACKED_REPLAY_DEVICES", ("cpu",))
+    packed_calls = []
+    pack = torch.nn.utils.rnn.pack_padded_sequence
+    monkeypatch.setattr(torch.nn.utils.rnn, "pack_padded_sequence",
+                        lambda *args, **kwargs: packed_calls.append(1) or pack(*args, **kwargs))
+    monkeypatch.chdir(tmp_path)
+    argv = rnn_args(POINT_MASS_ENDS, "packed", num_steps=24, seq_len=12, total_timesteps=48 * 3, target_kl=None)
+    assert ppo_rnn.cli(argv) == 0
+    errors = [v for _, v in scalars(tmp_path / "runs/packed")["losses/first_minibatch_ratio_error"]]
+    assert len(errors) == 3 and max(errors) < 1e-5 and packed_calls, errors
 
 
 def test_the_ratio_check_catches_a_reset_one_step_late(tmp_path, monkeypatch):
