@@ -3,6 +3,7 @@ sequences with episode starts inside them, as the update replays it.
 
     python benchmarks/rnn_replay.py                                  # 256 sequences of 50 steps, ~50-step episodes
     python benchmarks/rnn_replay.py --packed                         # CUDA's replay, one packed call
+    python benchmarks/rnn_replay.py --device cuda                    # on the GPU (packed), timed with syncs
     python benchmarks/rnn_replay.py --sequences 4 --repeats 1        # a quick check
 
 Prints a markdown row: the batch, how many episode starts lie inside its sequences and on how many of its time steps,
@@ -32,29 +33,35 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--torch_threads", type=int, default=1)
     parser.add_argument("--packed", action="store_true", help="replay in one packed call, as on CUDA")
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     torch.set_num_threads(args.torch_threads)
-    if args.packed:
-        ppo_rnn.PACKED_REPLAY_DEVICES = ("cpu",)
+    device = torch.device(args.device)
+    ppo_rnn.PACKED_REPLAY_DEVICES = (device.type,) if args.packed else ()
     torch.manual_seed(0)
     obs_dim, action_dim, steps, batch = 42, 8, args.seq_len, args.sequences  # PickCube's spaces
     agent = ppo_rnn.Agent(obs_dim, {"type": "Box", "shape": [action_dim]}, False, "tanh", -0.5, args.rnn_type,
-                          args.hidden_size, 1, False)
+                          args.hidden_size, 1, False).to(device)
     obs, actions = torch.randn(steps, batch, obs_dim), torch.randn(steps, batch, action_dim)
     starts = torch.rand(steps, batch) < 1.0 / args.episode_len
-    state = torch.randn(agent.initial_state(batch, torch.device("cpu")).shape)
+    state = torch.randn(agent.initial_state(batch, device).shape)
+    obs, actions, starts, state = (x.to(device) for x in (obs, actions, starts, state))
     seconds = []
     for repeat in range(args.repeats + 1):  # the first pass warms up
         start = time.perf_counter()
         _, logprob, entropy, value, _ = agent.get_action_and_value(obs, state, starts, actions)
         (logprob.mean() + value.pow(2).mean() - entropy.mean()).backward()
         agent.zero_grad()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         if repeat > 0:
             seconds.append(time.perf_counter() - start)
     inside = starts[1:]
-    print("| sequences x steps | RNN | replay | starts inside | steps with a start | forward+backward (median) |")
-    print("|---|---|---|---:|---:|---:|")
-    print(f"| {batch} x {steps} | {args.rnn_type} {args.hidden_size} | {'packed' if args.packed else 'stretches'} | "
+    print("| sequences x steps | RNN | device | replay | starts inside | steps with a start | forward+backward "
+          "(median) |")
+    print("|---|---|---|---|---:|---:|---:|")
+    print(f"| {batch} x {steps} | {args.rnn_type} {args.hidden_size} | {device.type} | "
+          f"{'packed' if args.packed else 'stretches'} | "
           f"{int(inside.sum())} | {int(inside.any(dim=1).sum())} of {steps - 1} | "
           f"{statistics.median(seconds) * 1000:.0f} ms |")
 

@@ -1,7 +1,10 @@
 """The benchmark scripts in tiny configurations, so that they keep working (their real runs: benchmarks/README.md)."""
 
+import os
 import subprocess
 import sys
+
+import torch
 
 from tests.util import REPO, load, script_env
 
@@ -111,4 +114,39 @@ def test_rnn_replay_benchmark_prints_its_row(tmp_path):
                       "--episode_len", "2", "--hidden_size", "8", "--repeats", "1", *flags], tmp_path)
         assert result.returncode == 0, result.stderr[-3000:]
         row = result.stdout.strip().splitlines()[-1].split(" | ")
-        assert row[0] == "| 4 x 6" and row[2] == ("packed" if flags else "stretches") and int(row[3]) > 0
+        assert row[0] == "| 4 x 6" and row[3] == ("packed" if flags else "stretches") and int(row[4]) > 0
+
+
+def test_gpu_kit_refuses_or_skips_without_a_gpu_and_reports_fake_runs(tmp_path):
+    """scripts/setup_gpu.sh refuses a machine without an NVIDIA GPU in one line; benchmarks/gpu.sh parses, says there
+    is no GPU and exits 0; its report writes the table and curves of finished runs."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "nvidia-smi").write_text("#!/bin/sh\nexit 9\n")
+    (fake_bin / "nvidia-smi").chmod(0o755)
+    path = f"{fake_bin}:{os.environ['PATH']}"
+    setup = run(["bash", str(REPO / "scripts/setup_gpu.sh")], tmp_path, {"PATH": path})
+    assert setup.returncode == 1 and setup.stderr.startswith("error: no NVIDIA GPU") and setup.stdout == "", setup
+    assert len(setup.stderr.strip().splitlines()) == 1
+
+    gpu_sh = ["bash", str(REPO / "benchmarks/gpu.sh")]
+    assert run(["bash", "-n", gpu_sh[1]], tmp_path).returncode == 0
+    if not torch.cuda.is_available():
+        result = run(gpu_sh, tmp_path, {"PYTHON": sys.executable})
+        assert result.returncode == 0 and result.stdout.startswith("no GPU here"), result
+        assert not (tmp_path / "runs").exists()
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    for name, success in (("gpu_ppo_PushCube", [0.2, 0.9]), ("gpu_ippo_TwoRobotPickCube", None)):
+        with SummaryWriter(str(tmp_path / "runs" / name)) as writer:
+            for i, step in enumerate((100_000, 200_000)):
+                writer.add_scalar("eval/return", 10.0 * (i + 1), step)
+                writer.add_scalar("charts/SPS", 50_000 + i, step)
+                if success:
+                    writer.add_scalar("eval/success_once", success[i], step)
+    result = run(gpu_sh, tmp_path, {"PYTHON": sys.executable, "REPORT_ONLY": "1", "OUT": str(tmp_path / "out")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = (tmp_path / "out/table.md").read_text()
+    assert "| gpu_ppo_PushCube | 1 | 0.9" in table and "| gpu_ippo_TwoRobotPickCube | 1 |" in table, table
+    assert (tmp_path / "out/eval_return.png").stat().st_size > 10_000

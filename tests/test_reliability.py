@@ -32,10 +32,10 @@ LEARNING = {
 }
 
 
-def torchrun(args: list[str], cwd: Path) -> list[str]:
+def torchrun(args: list[str], cwd: Path, nproc: int = 2) -> list[str]:
     """Two ranks on this machine. torchrun keeps its own logs beside cwd: by default it leaves a directory in /tmp
     after every run."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
             "--log-dir", str(cwd.parent / f"{cwd.name}-torchrun"), *args]
 
 
@@ -44,8 +44,8 @@ def torchrun_env() -> dict:
     return {**script_env(), "GLOO_SOCKET_IFNAME": "lo"}
 
 
-def run_torchrun(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(torchrun(args, cwd), cwd=cwd, env=torchrun_env(), stdin=subprocess.DEVNULL,
+def run_torchrun(args: list[str], cwd: Path, timeout: float = 600, nproc: int = 2) -> subprocess.CompletedProcess:
+    return subprocess.run(torchrun(args, cwd, nproc), cwd=cwd, env=torchrun_env(), stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=timeout)
 
 

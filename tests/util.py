@@ -126,3 +126,14 @@ def spy_on_advantages(monkeypatch, trainer) -> list[dict[str, torch.Tensor]]:
 
     monkeypatch.setattr(trainer, "compute_advantages", spy)
     return captured
+
+
+def video_frames(path: Path) -> tuple[int, tuple[int, int]]:
+    """A video's number of frames and its (width, height)."""
+    import imageio
+
+    reader = imageio.get_reader(path)
+    try:
+        return reader.count_frames(), tuple(reader.get_meta_data()["size"])
+    finally:
+        reader.close()

@@ -1,0 +1,76 @@
+"""What only a machine with CUDA can run: every trainer and the evaluator on ManiSkill's GPU simulation with video,
+--compile, torchrun with NCCL, a GPU run's checkpoint continued on the CPU. `pytest -m gpu`; skipped elsewhere.
+benchmarks/gpu.sh runs these and the GPU benchmarks in one command."""
+
+import json
+
+import pytest
+import torch
+
+from tests.test_reliability import run_torchrun
+from tests.util import REPO, fast_args, load, run_script, scalars, video_frames
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+TRAINERS = {"ppo": "PushCube-v1", "ppo_rnn": "PushCube-v1", "ippo": "TwoRobotPickCube-v1"}
+# 16 GPU envs, 3 iterations of 10 steps, an evaluation with video after each: PushCube's episodes last 50 steps,
+# TwoRobotPickCube's 100.
+GPU_RUN = dict(num_envs=16, num_eval_envs=16, num_steps=10, num_minibatches=4, update_epochs=2, total_timesteps=480,
+               eval_freq=1)
+
+
+def gpu_args(trainer: str, name: str, **overrides) -> list[str]:
+    return fast_args(TRAINERS[trainer], name, **{**GPU_RUN, **overrides})
+
+
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_trains_and_evaluates_on_the_gpu_simulation_with_video(tmp_path, trainer):
+    result = run_script(f"{trainer}.py", gpu_args(trainer, "gpu", capture_video=True), tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "device=cuda" in result.stdout
+    run = tmp_path / "runs/gpu"
+    tags = scalars(run)
+    assert [value for _, value in tags["eval/episodes"]] == [16.0] * 3 and "eval/success_once" in tags
+    episode_len = tags["eval/episode_len"][0][1]
+    videos = sorted((run / "videos").glob("*.mp4"))
+    assert len(videos) == 3
+    for video in videos:  # 16 envs tiled 4 x 4 at 256 pixels: a frame per step, at most about 1024 pixels wide
+        frames, (width, height) = video_frames(video)
+        assert frames >= episode_len and width <= 1040 and height <= 1040, (video, frames, width, height)
+    evaluated = run_script("ppo_eval.py", ["runs/gpu", "--num_envs", "16", "--num_episodes", "16", "--capture_video",
+                                           "--output", "results.json"], tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["evaluation"]["sim_backend"] == "gpu" and results["evaluation"]["device"].startswith("cuda")
+    assert len(results["episodes"]) == 16
+
+
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_compile_on_the_gpu(tmp_path, trainer):
+    result = run_script(f"{trainer}.py", gpu_args(trainer, "compiled", compile=True, eval_freq=3), tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "warning: --compile" not in result.stderr  # compiled, not fallen back to eager
+
+
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_torchrun_on_the_gpus(tmp_path, trainer):
+    """NCCL needs a GPU for each rank: with one GPU, torchrun starts one process, which needs no process group."""
+    ranks = min(2, torch.cuda.device_count())
+    command = [str(REPO / f"{trainer}.py"), *gpu_args(trainer, "dp", eval_freq=3)]
+    result = run_torchrun(command, tmp_path, nproc=ranks)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"world_size={ranks}" in result.stdout
+    assert load(tmp_path / "runs/dp/final_ckpt.pt")["world_size"] == ranks
+
+
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_a_gpu_run_continues_on_the_cpu(tmp_path, trainer):
+    """A run whose learner trained on the GPU resumes with the learner on the CPU (one env of ManiSkill's CPU
+    simulation, stepped in the learner's process)."""
+    flags = dict(num_envs=1, num_eval_envs=1, num_minibatches=1)
+    result = run_script(f"{trainer}.py", gpu_args(trainer, "moved", sim_backend="cpu", **flags,
+                                                  total_timesteps=20), tmp_path)
+    assert result.returncode == 0 and "device=cuda" in result.stdout, result.stderr[-3000:]
+    resumed = run_script(f"{trainer}.py", ["--resume", "runs/moved", "--total_timesteps", "40", "--no_cuda"], tmp_path)
+    assert resumed.returncode == 0 and "device=cpu" in resumed.stdout, resumed.stderr[-3000:]
+    assert load(tmp_path / "runs/moved/final_ckpt.pt")["iteration"] == 4
