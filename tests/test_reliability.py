@@ -143,6 +143,8 @@ def test_keep_checkpoints_keeps_the_newest(tmp_path, trainer):
     assert [step for step, _ in scalars(run)["eval/return"]] == [128, 224]  # evaluations keep their own interval
     resumed = run_script(f"{trainer}.py", ["--resume", "runs/keep", "--total_timesteps", str(32 * 10)], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
+    # from the newest checkpoint: resuming from ckpt_6 would have set ckpt_7 and final_ckpt.pt aside
+    assert "moved" not in resumed.stderr and not list(run.glob("abandoned_after_*"))
     assert sorted(p.name for p in run.glob("*.pt")) == ["ckpt_10.pt", "ckpt_9.pt", "final_ckpt.pt"]
     assert load(run / "final_ckpt.pt")["global_step"] == 32 * 10
 
@@ -158,9 +160,12 @@ def test_sigkill_during_training_then_resume(tmp_path, trainer):
     proc.communicate(timeout=60)
     saved = max(int(p.stem.split("_")[1]) for p in run.glob("ckpt_*.pt"))
     assert 9 <= saved < 400
+    for checkpoint in run.glob("*.pt"):  # every checkpoint a kill left behind is whole
+        assert load(checkpoint)["iteration"] == int(checkpoint.stem.split("_")[1])
     resumed = run_script(f"{trainer}.py", ["--resume", "runs/kill", "--total_timesteps", str(32 * (saved + 6))],
                          tmp_path)
     assert resumed.returncode == 0, resumed.stderr
+    assert "moved" not in resumed.stderr and not list(run.glob("abandoned_after_*"))  # from the newest checkpoint
     assert load(run / "final_ckpt.pt")["global_step"] == 32 * (saved + 6)
     steps = [step for step, _ in scalars(run)["charts/learning_rate"]]
     assert steps == list(range(32, 32 * (saved + 7), 32))  # the killed run's later steps were replaced
