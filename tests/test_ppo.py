@@ -18,7 +18,7 @@ import ppo
 import ppo_eval
 import ppo_rnn
 from tests.util import (REPO, assert_same_numbers, fast_args, load, refused_in_one_line, run_script, scalars, snapshot,
-                        start_script, wait_for)
+                        start_script, video_frames, wait_for)
 
 POINT_MASS = "tests.envs:PointMass-v0"
 
@@ -197,9 +197,11 @@ def test_video_for_gymnasium_env(tmp_path):
     assert result.returncode == 0, result.stderr
     assert not list((tmp_path / "runs/vid").glob("*.pt"))
     videos = list((tmp_path / "runs/vid/videos").glob("eval-episode-*.mp4"))
-    assert len(videos) == 2 and all(v.stat().st_size > 1000 for v in videos)  # one 16-step episode per evaluation
+    # one 16-step episode per evaluation: its first observation's frame and a frame per step
+    assert len(videos) == 2 and all(video_frames(v) == (17, (64, 64)) for v in videos)
     train_videos = list((tmp_path / "runs/vid/train_videos").glob("train-step-*.mp4"))
     assert sorted(v.name for v in train_videos) == ["train-step-0.mp4", "train-step-32.mp4"]  # iterations 1 and 3
+    assert all(video_frames(v)[0] == 17 for v in train_videos)  # a 16-step rollout and the frame it starts from
 
 
 @pytest.mark.parametrize("script,flags,iterations,signal_after", [
