@@ -254,22 +254,37 @@ def test_ippo_gpu_path_default_flags_build(tmp_path, gpu_sized_envs):
         eval_envs.close()
 
 
-def test_evaluator_gpu_path_builds_with_video_and_trajectory(tmp_path, gpu_sized_envs):
-    """`python ppo_eval.py RUN --num_envs 256 --capture_video --save_trajectory` on a GPU: one RecordEpisode records
-    the trajectories of every env and cuts the tiled video at the time limit."""
-    args = ppo.Args(env_id="PickCube-v1", num_eval_envs=256)
-    ppo.validate(args, maniskill=True, time_limit=50)
-    eval_envs = ppo.make_envs(args, True, torch.device("cpu"), evaluation=True, run_dir=tmp_path / "out",
-                              num_eval_steps=50, trajectory_path=tmp_path / "out" / "trajectory")
-    try:
-        recorder = eval_envs.video_recorder
-        assert eval_envs.num_envs == 256 and recorder.num_envs == 256
-        # 16 x 16 tiles of 64 pixels: a 1024-pixel frame, where the task's 512-pixel camera would make 8192 pixels
-        assert gpu_sized_envs[0]["human_render_camera_configs"] == dict(shader_pack="default", width=64, height=64)
-        assert recorder.save_trajectory and recorder._save_video and recorder.max_steps_per_video == 50
-        assert (tmp_path / "out" / "trajectory.h5").is_file() and recorder.output_dir == tmp_path / "out" / "videos"
-    finally:
-        eval_envs.close()
+def test_evaluator_gpu_path_builds_with_video_and_trajectory(tmp_path, monkeypatch, gpu_sized_envs):
+    """`python ppo_eval.py RUN --num_envs 256 --capture_video --save_trajectory` on a GPU, through ppo_eval.py's own
+    entry point: one RecordEpisode records the trajectories of every env and cuts the tiled video at the time
+    limit. The envs are built, then the evaluation stops (they cannot be stepped)."""
+    train = run_script("ppo.py", fast_args("PickCube-v1", "pick", num_envs=1, num_eval_envs=1, num_steps=10,
+                                           total_timesteps=10, num_minibatches=1, update_epochs=1), tmp_path)
+    assert train.returncode == 0, train.stderr
+    gpu_sized_envs.clear()
+    built = {}
+
+    class Built(Exception):
+        pass
+
+    def stop_after_building(agent, envs, *args, **kwargs):
+        recorder = envs.video_recorder
+        built.update(num_envs=envs.num_envs, recorder_envs=recorder.num_envs, save_video=recorder._save_video,
+                     save_trajectory=recorder.save_trajectory, max_steps_per_video=recorder.max_steps_per_video,
+                     output_dir=recorder.output_dir)
+        raise Built
+
+    monkeypatch.setattr(ppo, "evaluate", stop_after_building)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(Built):
+        ppo_eval.cli(["runs/pick", "--num_envs", "256", "--num_episodes", "256", "--capture_video", "--save_trajectory",
+                      "--output_dir", "out"])
+    assert built == dict(num_envs=256, recorder_envs=256, save_video=True, save_trajectory=True, max_steps_per_video=50,
+                         output_dir=Path("out/videos"))
+    assert gpu_sized_envs[0]["sim_backend"] == "physx_cuda" and gpu_sized_envs[0]["num_envs"] == 256
+    # 16 x 16 tiles of 64 pixels: a 1024-pixel frame, where the task's 512-pixel camera would make 8192 pixels
+    assert gpu_sized_envs[0]["human_render_camera_configs"] == dict(shader_pack="default", width=64, height=64)
+    assert (tmp_path / "out" / "trajectory.h5").is_file()
 
 
 @pytest.mark.parametrize("flags,mention", [
@@ -278,17 +293,19 @@ def test_evaluator_gpu_path_builds_with_video_and_trajectory(tmp_path, gpu_sized
 ])
 @pytest.mark.parametrize("trainer", [ppo, ppo_rnn, ippo], ids=["ppo", "ppo_rnn", "ippo"])
 def test_gpu_path_refuses_partial_reset_with_reconfiguration(gpu_sized_envs, trainer, flags, mention):
+    env_id = "TwoRobotPickCube-v1" if trainer is ippo else "PickCube-v1"
     with pytest.raises(trainer.UserError, match=mention):
-        trainer.validate(trainer.Args(env_id="PickCube-v1", **flags), maniskill=True, time_limit=50)
+        trainer.validate(trainer.Args(env_id=env_id, **flags), maniskill=True, time_limit=50)
     if "eval_partial_reset" in flags:  # ppo_eval.py's evaluation envs of the run
-        run = trainer.Args(env_id="PickCube-v1", **flags)
+        run = trainer.Args(env_id=env_id, **flags)
         with pytest.raises(ppo_eval.UserError, match="--reconfiguration_freq 0"):
             ppo_eval.validate_run(run, trainer, True, ppo_eval.EvalArgs(checkpoint="unused"))
     # ManiSkill itself refuses the combination only once many envs are built
-    args = ppo.Args(env_id="PickCube-v1", capture_video=False, **flags)
+    args = trainer.Args(env_id=env_id, capture_video=False, **flags)
     evaluation = "eval_partial_reset" in flags
-    with pytest.raises(ppo.UserError, match="cannot be reconfigured"):
-        ppo.make_envs(args, True, torch.device("cpu"), evaluation=evaluation, run_dir=Path("unused"), num_eval_steps=50)
+    with pytest.raises(trainer.UserError, match="cannot be reconfigured"):
+        trainer.make_envs(args, True, torch.device("cpu"), evaluation=evaluation, run_dir=Path("unused"),
+                          num_eval_steps=50)
 
 
 def test_an_evaluation_that_ends_early_saves_its_video(tmp_path):
