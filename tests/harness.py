@@ -3,42 +3,83 @@
 stall_checkpoint: the second checkpoint write stops half-way (half the bytes on disk, then a marker file
     `stalled` in the working directory) and waits there to be killed.
 no_gradient_average: ranks step with their own gradients (run it under torchrun), which the trainer must notice.
+rss: after every update, a line "ITERATION RSS_MIB" (the process with its worker processes) in ./rss.txt, so that
+    memory is measured against the run's progress, not the clock.
 """
 
 import importlib
-import io
+import itertools
+import os
 import sys
 import time
 from pathlib import Path
 
-import torch
+
+def stall_second_checkpoint_write(trainer):
+    checkpoint_files = []
+
+    def open_stalling(path, mode="r", *args, **kwargs):
+        f = open(path, mode, *args, **kwargs)
+        if not str(path).endswith(".pt.tmp"):
+            return f
+        checkpoint_files.append(path)
+        if len(checkpoint_files) < 2:
+            return f
+
+        class HalfWritten:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc_info):
+                f.close()
+
+            def write(self, data):
+                f.write(bytes(data)[:len(data) // 2])
+                f.flush()
+                Path("stalled").touch()
+                time.sleep(600)
+
+        return HalfWritten()
+
+    trainer.open = open_stalling  # the trainer's save_checkpoint finds it before the builtin
 
 
-def stall_second_checkpoint_write():
-    real_save = torch.save
-    writes = []
+def tree_rss_mib(pid: int) -> float | None:
+    """RSS of pid and its descendants (e.g. simulator workers), None once pid has exited."""
+    total, pending = 0, [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            with open(f"/proc/{current}/status") as f:
+                total += next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0)
+            with open(f"/proc/{current}/task/{current}/children") as f:
+                pending += [int(child) for child in f.read().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            if current == pid:
+                return None
+    return total / 1024
 
-    def save(obj, f, *args, **kwargs):
-        writes.append(f)
-        if len(writes) < 2:
-            return real_save(obj, f, *args, **kwargs)
-        buffer = io.BytesIO()
-        real_save(obj, buffer, *args, **kwargs)
-        f.write(buffer.getvalue()[:buffer.tell() // 2])
-        f.flush()
-        Path("stalled").touch()
-        time.sleep(600)
 
-    torch.save = save
+def record_rss_after_each_update(trainer):
+    update, log, iterations = trainer.update, open("rss.txt", "w", buffering=1), itertools.count(1)
+
+    def update_and_record(*args, **kwargs):
+        stats = update(*args, **kwargs)
+        log.write(f"{next(iterations)} {tree_rss_mib(os.getpid()):.1f}\n")
+        return stats
+
+    trainer.update = update_and_record
 
 
 if __name__ == "__main__":
     mode, trainer_name, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
     trainer = importlib.import_module(trainer_name)
     if mode == "stall_checkpoint":
-        stall_second_checkpoint_write()
+        stall_second_checkpoint_write(trainer)
     elif mode == "no_gradient_average":
         trainer.average_gradients = lambda agent, loss_finite: loss_finite
+    elif mode == "rss":
+        record_rss_after_each_update(trainer)
     else:
         sys.exit(f"unknown mode {mode}")
     sys.argv[0] = trainer.__file__

@@ -1,7 +1,8 @@
 """ppo.py learns. Budgets (also in benchmarks/README.md): CartPole-v1 15,360 steps, Pendulum-v1 61,440 steps.
 
 The configurations were chosen on 2 CPU cores over seeds 1-6 (CartPole: final eval return 454.6-500) and
-seeds 1-3 (Pendulum: -174 to -285); each test runs seed 1.
+seeds 1-3 (Pendulum: -174 to -285); each test runs seed 1. CartPole's threshold, 400 (a random policy scores about
+22), leaves room for what another CPU or BLAS build changes: seeds 1-10 all ended at 500 on 2026-11-25.
 """
 
 from tests.util import run_script, scalars
@@ -21,7 +22,7 @@ def final_eval_return(tmp_path, command: str, name: str) -> float:
 
 
 def test_cartpole_learns(tmp_path):
-    assert final_eval_return(tmp_path, CARTPOLE, "cartpole") >= 450
+    assert final_eval_return(tmp_path, CARTPOLE, "cartpole") >= 400
 
 
 def test_pendulum_learns(tmp_path):
