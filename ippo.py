@@ -37,6 +37,7 @@ import re
 import shlex
 import signal
 import sys
+import threading
 import time
 import warnings
 from collections import defaultdict
@@ -607,6 +608,10 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
     start_time, start_step = time.perf_counter(), global_step
     iteration = start_iteration
     stop = StopSignal()
+    # TensorBoard's writer thread prints a traceback where a write fails, then hands the error to this thread's next
+    # write, which reports it in one line below.
+    thread_excepthook = threading.excepthook
+    threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else thread_excepthook(hook)
     try:
         for iteration in range(start_iteration + 1, num_iterations + 1):
             if args.lr_schedule == "linear":
@@ -676,12 +681,14 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
             kept = f"the last checkpoint {last_checkpoint} is untouched" if last_checkpoint else "none was written"
             problem = f"non-finite {e}" if isinstance(e, NonFiniteError) else str(e)
             if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-                problem, kept = f"the disk is full ({e})", f"{kept}; free some space, then --resume {setup.run_dir}"
+                problem = f"the disk is full ({e})"
+                kept += f"; free some space, then --resume {setup.run_dir}" if last_checkpoint else ""
             print(f"error: {problem} at iteration {iteration} (global step {global_step}); the run stops and "
                   f"{kept}", file=sys.stderr)
         return 1
     finally:
         stop.restore()
+        threading.excepthook = thread_excepthook
         if writer is not None:
             with contextlib.suppress(OSError):  # a full disk fails the writer's last flush as well
                 writer.close()

@@ -3,10 +3,12 @@
 stall_checkpoint: the second checkpoint write stops half-way (half the bytes on disk, then a marker file
     `stalled` in the working directory) and waits there to be killed.
 no_gradient_average: ranks step with their own gradients (run it under torchrun), which the trainer must notice.
+full_logs: the disk fills up under TensorBoard's event file after a few writes.
 rss: after every update, a line "ITERATION RSS_MIB" (the process with its worker processes) in ./rss.txt, so that
     memory is measured against the run's progress, not the clock.
 """
 
+import errno
 import importlib
 import itertools
 import os
@@ -44,6 +46,19 @@ def stall_second_checkpoint_write(trainer):
     trainer.open = open_stalling  # the trainer's save_checkpoint finds it before the builtin
 
 
+def fill_the_disk_under_the_logs():
+    from tensorboard.compat.tensorflow_stub.io import gfile
+
+    append, writes = gfile.LocalFileSystem.append, itertools.count()
+
+    def append_until_full(self, *args, **kwargs):
+        if next(writes) >= 5:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return append(self, *args, **kwargs)
+
+    gfile.LocalFileSystem.append = append_until_full
+
+
 def tree_rss_mib(pid: int) -> float | None:
     """RSS of pid and its descendants (e.g. simulator workers), None once pid has exited."""
     total, pending = 0, [pid]
@@ -78,6 +93,8 @@ if __name__ == "__main__":
         stall_second_checkpoint_write(trainer)
     elif mode == "no_gradient_average":
         trainer.average_gradients = lambda agent, loss_finite: loss_finite
+    elif mode == "full_logs":
+        fill_the_disk_under_the_logs()
     elif mode == "rss":
         record_rss_after_each_update(trainer)
     else:

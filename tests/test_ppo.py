@@ -6,6 +6,8 @@ import errno
 import importlib.util
 import os
 import signal
+import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -17,8 +19,8 @@ import ippo
 import ppo
 import ppo_eval
 import ppo_rnn
-from tests.util import (REPO, assert_same_numbers, fast_args, load, refused_in_one_line, run_script, scalars, snapshot,
-                        start_script, video_frames, wait_for)
+from tests.util import (REPO, assert_same_numbers, fast_args, load, refused_in_one_line, run_script, scalars,
+                        script_env, snapshot, start_script, video_frames, wait_for)
 
 POINT_MASS = "tests.envs:PointMass-v0"
 
@@ -458,3 +460,20 @@ def test_help_lists_every_flag(tmp_path, trainer):
     assert result.returncode == 0
     for field in dataclasses.fields(trainer.Args):
         assert f"--{field.name}" in result.stdout, field.name
+
+
+@pytest.mark.parametrize("trainer,env_id", [("ppo", POINT_MASS), ("ppo_rnn", POINT_MASS),
+                                            ("ippo", "vmas:tests.vmas_scenarios:Clock")])
+def test_a_full_disk_under_the_logs_is_one_line_too(tmp_path, trainer, env_id):
+    """TensorBoard writes its events in a thread of its own, which prints a failure as a traceback and hands it to
+    the trainer's next write: one error line, and no checkpoint to resume from is promised where none was written."""
+    if trainer == "ippo":
+        pytest.importorskip("vmas")
+    argv = fast_args(env_id, "full", total_timesteps=32 * 200, eval_freq=1000, save_model=False,
+                     **({"max_episode_steps": 16} if trainer == "ippo" else {}))
+    result = subprocess.run([sys.executable, "-m", "tests.harness", "full_logs", trainer, *argv], cwd=tmp_path,
+                            env=script_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("error: the disk is full"), result.stderr[-3000:]
+    assert errors[0].endswith("none was written")
