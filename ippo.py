@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import tyro
-from torch.distributions import Categorical
+from torch.distributions import Bernoulli, Categorical, Independent
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
@@ -280,6 +280,45 @@ class RewardNormalizer(nn.Module):
         return torch.clamp(reward / torch.sqrt(self.return_rms.var + 1e-8), -self.clip, self.clip).float()
 
 
+class DiscreteActions(nn.Module):
+    """The policy's distribution over Discrete, MultiDiscrete and MultiBinary actions, from the actor's logits: a
+    Categorical; a Categorical per dimension (each dimension's logits a row of a grid, padded with -inf); a Bernoulli
+    per dimension. Log-probabilities and entropies are summed over the dimensions; the mode is each dimension's."""
+
+    def __init__(self, action_space: dict):
+        super().__init__()
+        self.kind = action_space["type"]
+        nvec = action_space.get("nvec", [])
+        self.grid_shape = (len(nvec), max(nvec, default=0))
+        # the grid cell of each logit; not in checkpoints, as the action space rebuilds them
+        rows = torch.repeat_interleave(torch.arange(len(nvec)), torch.tensor(nvec, dtype=torch.long))
+        self.register_buffer("rows", rows, persistent=False)
+        self.register_buffer("cols", torch.tensor([i for n in nvec for i in range(n)], dtype=torch.long),
+                             persistent=False)
+
+    @staticmethod
+    def num_logits(action_space: dict) -> int:
+        return {"Discrete": action_space.get("n"), "MultiDiscrete": sum(action_space.get("nvec", [])),
+                "MultiBinary": action_space.get("shape", [0])[0]}[action_space["type"]]
+
+    def grid(self, logits: torch.Tensor) -> torch.Tensor:
+        grid = logits.new_full((*logits.shape[:-1], *self.grid_shape), float("-inf"))
+        grid[..., self.rows, self.cols] = logits
+        return grid
+
+    def distribution(self, logits: torch.Tensor) -> torch.distributions.Distribution:
+        if self.kind == "Discrete":
+            return Categorical(logits=logits, validate_args=False)  # validation syncs with the GPU
+        if self.kind == "MultiBinary":
+            return Independent(Bernoulli(logits=logits, validate_args=False), 1, validate_args=False)
+        return Independent(Categorical(logits=self.grid(logits), validate_args=False), 1, validate_args=False)
+
+    def mode(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.kind == "MultiBinary":
+            return (logits > 0).float()
+        return (logits if self.kind == "Discrete" else self.grid(logits)).argmax(-1)
+
+
 class Agent(nn.Module):
     """Every agent's actor and critic. Inputs and outputs are (batch, num_agents, ...).
 
@@ -292,7 +331,7 @@ class Agent(nn.Module):
         super().__init__()
         self.num_agents = num_agents
         num_nets = 1 if share_parameters else num_agents
-        self.discrete = action_space["type"] == "Discrete"
+        self.discrete = action_space["type"] != "Box"
         self.obs_normalizer = RunningMeanStd((num_agents, obs_dim)) if norm_obs else None
         # One network for all agents tells them apart by a one-hot id appended to its inputs.
         self.register_buffer("agent_ids", torch.eye(num_agents) if share_parameters else torch.zeros(num_agents, 0))
@@ -301,7 +340,9 @@ class Agent(nn.Module):
         critic_in = obs_dim if state_index is None else len(state_index)
         self.critic = mlp(num_nets, critic_in + id_dim, hidden_sizes, activation, 1, out_std=1.0)
         if self.discrete:
-            self.actor = mlp(num_nets, obs_dim + id_dim, hidden_sizes, activation, action_space["n"], out_std=0.01)
+            self.discrete_actions = DiscreteActions(action_space)
+            self.actor = mlp(num_nets, obs_dim + id_dim, hidden_sizes, activation,
+                             DiscreteActions.num_logits(action_space), out_std=0.01)
         else:
             action_dim = action_space["shape"][0]
             self.actor = mlp(num_nets, obs_dim + id_dim, hidden_sizes, activation, action_dim,
@@ -324,11 +365,11 @@ class Agent(nn.Module):
         if not deterministic:
             return self.get_action_and_value(obs)[0]
         logits_or_mean = self.run(self.actor, obs)
-        return logits_or_mean.argmax(-1) if self.discrete else logits_or_mean
+        return self.discrete_actions.mode(logits_or_mean) if self.discrete else logits_or_mean
 
     def get_action_and_value(self, obs: torch.Tensor, action: Optional[torch.Tensor] = None):
         if self.discrete:
-            pi = Categorical(logits=self.run(self.actor, obs), validate_args=False)  # validation syncs with the GPU
+            pi = self.discrete_actions.distribution(self.run(self.actor, obs))
             if action is None:
                 action = pi.sample()
             return action, pi.log_prob(action), pi.entropy(), self.get_value(obs)
@@ -365,10 +406,9 @@ class RolloutBuffer:
     def __init__(self, num_steps: int, num_envs: int, num_agents: int, obs_dim: int, action_space: dict,
                  device: torch.device):
         self.obs = torch.zeros((num_steps, num_envs, num_agents, obs_dim), device=device)
-        if action_space["type"] == "Discrete":
-            self.actions = torch.zeros((num_steps, num_envs, num_agents), dtype=torch.long, device=device)
-        else:
-            self.actions = torch.zeros((num_steps, num_envs, num_agents, action_space["shape"][0]), device=device)
+        integer = action_space["type"] in ("Discrete", "MultiDiscrete")  # MultiBinary's are Bernoulli's floats
+        self.actions = torch.zeros((num_steps, num_envs, num_agents, *action_space.get("shape", [])),
+                                   dtype=torch.long if integer else torch.float32, device=device)
         self.logprobs, self.rewards, self.values, self.bootstrap_values = (
             torch.zeros((num_steps, num_envs, num_agents), device=device) for _ in range(4))
         self.dones = torch.zeros((num_steps, num_envs, 1), device=device)
@@ -1307,12 +1347,19 @@ def gymnasium_space(space):
         return gym.spaces.Box(space.low, space.high, space.shape, space.dtype)
     if type(space).__name__ == "Discrete":
         return gym.spaces.Discrete(int(space.n), start=int(getattr(space, "start", 0)))
+    if type(space).__name__ == "MultiDiscrete":
+        return gym.spaces.MultiDiscrete(np.asarray(space.nvec))
     return space
 
 
 def space_to_dict(space: gym.Space) -> dict:
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return {"type": "MultiDiscrete", "shape": list(space.shape), "nvec": space.nvec.tolist(),
+                "start": space.start.tolist()}
+    if isinstance(space, gym.spaces.MultiBinary):
+        return {"type": "MultiBinary", "shape": list(space.shape)}
     return {"type": "Box", "shape": list(space.shape), "low": np.asarray(space.low, dtype=np.float64).ravel().tolist(),
             "high": np.asarray(space.high, dtype=np.float64).ravel().tolist()}
 
@@ -1351,15 +1398,16 @@ class TorchVecEnv:
         self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (self.obs_dim,), np.float32)
         self.single_action_space = agent_views["action_space"]
         space = self.single_action_space
+        kinds = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+        one_dimensional = len(space.shape) == (0 if isinstance(space, gym.spaces.Discrete) else 1)
+        if not isinstance(space, kinds) or not one_dimensional:
+            raise UserError(f"action space {space} is not supported; {TRAINER}.py handles Box, Discrete, MultiDiscrete "
+                            "and MultiBinary actions of one dimension")
         if isinstance(space, gym.spaces.Box):
-            if len(space.shape) != 1:
-                raise UserError(f"action space {space} is not supported; Box actions must be 1-D")
             self.action_low = torch.as_tensor(space.low, dtype=torch.float32, device=device)
             self.action_high = torch.as_tensor(space.high, dtype=torch.float32, device=device)
-        elif isinstance(space, gym.spaces.Discrete):
-            self.action_start = int(space.start)  # the agent's actions are 0..n-1, the env's start..start+n-1
-        else:
-            raise UserError(f"action space {space} is not supported; {TRAINER}.py handles Box and Discrete actions")
+        else:  # the agent's actions count from 0 in each dimension, the env's from start
+            self.action_start = torch.as_tensor(getattr(space, "start", 0), dtype=torch.long, device=device)
         self.episode_return = torch.zeros((self.num_envs, self.num_agents), dtype=torch.float64, device=device)
         self.episode_length = torch.zeros(self.num_envs, dtype=torch.long, device=device)
 
@@ -1380,7 +1428,7 @@ class TorchVecEnv:
             # Sampled actions may leave the bounds; the log-prob is kept for the unclipped one.
             action = torch.clamp(action, self.action_low, self.action_high)
         else:
-            action = action + self.action_start
+            action = action.long() + self.action_start
         action = action.flatten(1)
         if self.torch_native:
             action = action.to(self.env.device)

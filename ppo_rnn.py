@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import tyro
-from torch.distributions import Categorical
+from torch.distributions import Bernoulli, Categorical, Independent
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
@@ -321,6 +321,45 @@ class RewardNormalizer(nn.Module):
         return torch.clamp(reward / torch.sqrt(self.return_rms.var + 1e-8), -self.clip, self.clip).float()
 
 
+class DiscreteActions(nn.Module):
+    """The policy's distribution over Discrete, MultiDiscrete and MultiBinary actions, from the actor's logits: a
+    Categorical; a Categorical per dimension (each dimension's logits a row of a grid, padded with -inf); a Bernoulli
+    per dimension. Log-probabilities and entropies are summed over the dimensions; the mode is each dimension's."""
+
+    def __init__(self, action_space: dict):
+        super().__init__()
+        self.kind = action_space["type"]
+        nvec = action_space.get("nvec", [])
+        self.grid_shape = (len(nvec), max(nvec, default=0))
+        # the grid cell of each logit; not in checkpoints, as the action space rebuilds them
+        rows = torch.repeat_interleave(torch.arange(len(nvec)), torch.tensor(nvec, dtype=torch.long))
+        self.register_buffer("rows", rows, persistent=False)
+        self.register_buffer("cols", torch.tensor([i for n in nvec for i in range(n)], dtype=torch.long),
+                             persistent=False)
+
+    @staticmethod
+    def num_logits(action_space: dict) -> int:
+        return {"Discrete": action_space.get("n"), "MultiDiscrete": sum(action_space.get("nvec", [])),
+                "MultiBinary": action_space.get("shape", [0])[0]}[action_space["type"]]
+
+    def grid(self, logits: torch.Tensor) -> torch.Tensor:
+        grid = logits.new_full((*logits.shape[:-1], *self.grid_shape), float("-inf"))
+        grid[..., self.rows, self.cols] = logits
+        return grid
+
+    def distribution(self, logits: torch.Tensor) -> torch.distributions.Distribution:
+        if self.kind == "Discrete":
+            return Categorical(logits=logits, validate_args=False)  # validation syncs with the GPU
+        if self.kind == "MultiBinary":
+            return Independent(Bernoulli(logits=logits, validate_args=False), 1, validate_args=False)
+        return Independent(Categorical(logits=self.grid(logits), validate_args=False), 1, validate_args=False)
+
+    def mode(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.kind == "MultiBinary":
+            return (logits > 0).float()
+        return (logits if self.kind == "Discrete" else self.grid(logits)).argmax(-1)
+
+
 class Agent(nn.Module):
     """Actor and critic heads on recurrent cores: one core each, or one shared core (--shared_rnn).
 
@@ -331,14 +370,15 @@ class Agent(nn.Module):
     def __init__(self, obs_dim: int, action_space: dict, norm_obs: bool, activation: str, log_std_init: float,
                  rnn_type: str, rnn_hidden_size: int, rnn_num_layers: int, shared_rnn: bool):
         super().__init__()
-        self.discrete = action_space["type"] == "Discrete"
+        self.discrete = action_space["type"] != "Box"
         self.obs_normalizer = RunningMeanStd(obs_dim) if norm_obs else None
         self.actor_core = RecurrentCore(obs_dim, activation, rnn_type, rnn_hidden_size, rnn_num_layers)
         self.critic_core = None if shared_rnn else RecurrentCore(obs_dim, activation, rnn_type, rnn_hidden_size,
                                                                  rnn_num_layers)
         self.critic = layer_init(nn.Linear(rnn_hidden_size, 1), std=1.0)
         if self.discrete:
-            self.actor = layer_init(nn.Linear(rnn_hidden_size, action_space["n"]), std=0.01)
+            self.discrete_actions = DiscreteActions(action_space)
+            self.actor = layer_init(nn.Linear(rnn_hidden_size, DiscreteActions.num_logits(action_space)), std=0.01)
         else:
             action_dim = action_space["shape"][0]
             self.actor = layer_init(nn.Linear(rnn_hidden_size, action_dim), std=0.01 * np.sqrt(2))
@@ -375,14 +415,14 @@ class Agent(nn.Module):
             return action, state
         features, _, state = self.cores(obs, state, episode_starts)
         logits_or_mean = self.actor(features)
-        return (logits_or_mean.argmax(-1) if self.discrete else logits_or_mean), state
+        return (self.discrete_actions.mode(logits_or_mean) if self.discrete else logits_or_mean), state
 
     def get_action_and_value(self, obs: torch.Tensor, state: torch.Tensor, episode_starts: torch.Tensor,
                              action: Optional[torch.Tensor] = None):
         actor_features, critic_features, state = self.cores(obs, state, episode_starts)
         value = self.critic(critic_features).squeeze(-1)
         if self.discrete:
-            pi = Categorical(logits=self.actor(actor_features), validate_args=False)  # validation syncs with the GPU
+            pi = self.discrete_actions.distribution(self.actor(actor_features))
             if action is None:
                 action = pi.sample()
             return action, pi.log_prob(action), pi.entropy(), value, state
@@ -419,10 +459,9 @@ class RolloutBuffer:
     def __init__(self, num_steps: int, num_envs: int, obs_dim: int, action_space: dict, device: torch.device,
                  seq_len: int, state_shape: tuple[int, int]):
         self.obs = torch.zeros((num_steps, num_envs, obs_dim), device=device)
-        if action_space["type"] == "Discrete":
-            self.actions = torch.zeros((num_steps, num_envs), dtype=torch.long, device=device)
-        else:
-            self.actions = torch.zeros((num_steps, num_envs, action_space["shape"][0]), device=device)
+        integer = action_space["type"] in ("Discrete", "MultiDiscrete")  # MultiBinary's are Bernoulli's floats
+        self.actions = torch.zeros((num_steps, num_envs, *action_space.get("shape", [])),
+                                   dtype=torch.long if integer else torch.float32, device=device)
         self.logprobs, self.rewards, self.dones, self.values, self.bootstrap_values = (
             torch.zeros((num_steps, num_envs), device=device) for _ in range(5))
         self.episode_starts = torch.zeros((num_steps, num_envs), dtype=torch.bool, device=device)
@@ -1160,6 +1199,11 @@ def build_gym_env(env_id: str, max_episode_steps: Optional[int], video_dir: Opti
 def space_to_dict(space: gym.Space) -> dict:
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return {"type": "MultiDiscrete", "shape": list(space.shape), "nvec": space.nvec.tolist(),
+                "start": space.start.tolist()}
+    if isinstance(space, gym.spaces.MultiBinary):
+        return {"type": "MultiBinary", "shape": list(space.shape)}
     return {"type": "Box", "shape": list(space.shape), "low": np.asarray(space.low, dtype=np.float64).ravel().tolist(),
             "high": np.asarray(space.high, dtype=np.float64).ravel().tolist()}
 
@@ -1193,15 +1237,16 @@ class TorchVecEnv:
             raise UserError(f"observation space {self.single_observation_space} is not supported; {TRAINER}.py "
                             "needs a Box observation (flatten Dict observations with a wrapper)")
         space = self.single_action_space
+        kinds = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+        one_dimensional = len(space.shape) == (0 if isinstance(space, gym.spaces.Discrete) else 1)
+        if not isinstance(space, kinds) or not one_dimensional:
+            raise UserError(f"action space {space} is not supported; {TRAINER}.py handles Box, Discrete, MultiDiscrete "
+                            "and MultiBinary actions of one dimension")
         if isinstance(space, gym.spaces.Box):
-            if len(space.shape) != 1:
-                raise UserError(f"action space {space} is not supported; Box actions must be 1-D")
             self.action_low = torch.as_tensor(space.low, dtype=torch.float32, device=device)
             self.action_high = torch.as_tensor(space.high, dtype=torch.float32, device=device)
-        elif isinstance(space, gym.spaces.Discrete):
-            self.action_start = int(space.start)  # the agent's actions are 0..n-1, the env's start..start+n-1
-        else:
-            raise UserError(f"action space {space} is not supported; {TRAINER}.py handles Box and Discrete actions")
+        else:  # the agent's actions count from 0 in each dimension, the env's from start
+            self.action_start = torch.as_tensor(getattr(space, "start", 0), dtype=torch.long, device=device)
         self.obs_dim = int(np.prod(self.single_observation_space.shape))
         self.episode_return = torch.zeros(self.num_envs, dtype=torch.float64, device=device)
         self.episode_length = torch.zeros(self.num_envs, dtype=torch.long, device=device)
@@ -1225,7 +1270,7 @@ class TorchVecEnv:
             # Sampled actions may leave the bounds; the log-prob is kept for the unclipped one.
             action = torch.clamp(action, self.action_low, self.action_high)
         else:
-            action = action + self.action_start
+            action = action.long() + self.action_start
         if self.torch_native:
             action = action.to(self.env.device)
         else:

@@ -68,9 +68,9 @@ gym.register("PointMassNaNOnRank1-v0", entry_point=PointMass, max_episode_steps=
 
 
 class PointMassButtons(PointMass):
-    """PointMass with a MultiBinary action space, which ppo.py does not support."""
+    """PointMass with a two-dimensional MultiBinary action space, which the trainers do not support."""
 
-    action_space = gym.spaces.MultiBinary(2)
+    action_space = gym.spaces.MultiBinary([2, 2])
 
 
 gym.register("PointMassButtons-v0", entry_point=PointMassButtons, max_episode_steps=EPISODE_STEPS)
@@ -138,3 +138,35 @@ class EpisodeIds(gym.Env):
 
 
 gym.register("EpisodeIds-v0", entry_point=EpisodeIds, max_episode_steps=EPISODE_STEPS)
+
+
+class Targets(gym.Env):
+    """Each step shows a target for each dimension of the action (one-hot) and pays 1 for each dimension that hits
+    it: MultiDiscrete([3, 2, 4]) counting from start=[-1, 0, 2], or MultiBinary(3). Random play earns about 1.4
+    (MultiDiscrete) or 1.5 (MultiBinary) per step, a policy that reads its targets 3. A step with an action outside
+    the space raises."""
+
+    def __init__(self, binary: bool = False):
+        self.sizes = [2, 2, 2] if binary else [3, 2, 4]
+        self.start = np.zeros(3, dtype=np.int64) if binary else np.array([-1, 0, 2])
+        self.action_space = (gym.spaces.MultiBinary(3) if binary
+                             else gym.spaces.MultiDiscrete(self.sizes, start=self.start))
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (sum(self.sizes),), np.float32)
+
+    def _obs(self):
+        self.targets = [int(self.np_random.integers(n)) for n in self.sizes]
+        return np.concatenate([np.eye(n, dtype=np.float32)[t] for n, t in zip(self.sizes, self.targets)])
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._obs(), {}
+
+    def step(self, action):
+        if not self.action_space.contains(np.asarray(action)):
+            raise ValueError(f"action {action} is outside {self.action_space}")
+        hits = sum(int(a) - start == target for a, start, target in zip(action, self.start, self.targets))
+        return self._obs(), float(hits), False, False, {}
+
+
+gym.register("MultiDiscreteTargets-v0", entry_point=Targets, max_episode_steps=EPISODE_STEPS)
+gym.register("MultiBinaryTargets-v0", entry_point=Targets, max_episode_steps=EPISODE_STEPS, kwargs={"binary": True})

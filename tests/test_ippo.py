@@ -413,3 +413,16 @@ def test_missing_vmas_names_the_package(tmp_path, monkeypatch, capsys):
     assert ippo.cli(["--env_id", "vmas:navigation"]) == 2
     assert capsys.readouterr().err.strip() == ("error: vmas:navigation is a VMAS scenario and VMAS is not installed: "
                                                "pip install vmas")
+
+
+def test_vmas_multi_discrete_actions(tmp_path):
+    """VMAS's discrete navigation with one action per axis (MultiDiscrete([3, 3]) for each agent): trains, stores the
+    space in its checkpoint, and ppo_eval.py evaluates it with each dimension's mode."""
+    argv = fast_args("vmas:navigation", "multi", total_timesteps=32 * 4, max_episode_steps=16)
+    argv += ["--env_kwargs", "n_agents=2", "continuous_actions=False", "multidiscrete_actions=True"]
+    result = run_script("ippo.py", argv, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ckpt = load(tmp_path / "runs/multi/final_ckpt.pt")
+    assert ckpt["action_space"] == {"type": "MultiDiscrete", "shape": [2], "nvec": [3, 3], "start": [0, 0]}
+    evaluated = run_script("ppo_eval.py", ["runs/multi", "--num_episodes", "2", "--num_envs", "2"], tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]

@@ -179,3 +179,53 @@ def test_a_minibatch_step_waits_for_the_device_once(tmp_path, monkeypatch, train
     # ppo_rnn.py's actor and critic cores each read whether an episode starts inside the minibatch's sequences
     per_step = 3 if trainer is ppo_rnn else 1
     assert steps == [4, 4] and reads == [per_step * 4] * 2
+
+
+@pytest.mark.parametrize("trainer", [ppo, ppo_rnn, ippo], ids=["ppo", "ppo_rnn", "ippo"])
+def test_multi_discrete_and_multi_binary_policies_against_a_hand_computation(trainer):
+    """Log-probabilities and entropies summed over the dimensions, each dimension's mode, samples that stay in each
+    dimension's range, finite gradients; the reference is written with plain floats."""
+    import math
+
+    torch.manual_seed(0)
+    nvec = [3, 2, 4]
+    cases = {"MultiDiscrete": (dict(type="MultiDiscrete", shape=[3], nvec=nvec, start=[0, 0, 0]), sum(nvec)),
+             "MultiBinary": (dict(type="MultiBinary", shape=[3]), 3)}
+    for kind, (space, num_logits) in cases.items():
+        head = trainer.DiscreteActions(space)
+        assert trainer.DiscreteActions.num_logits(space) == num_logits and not head.state_dict()
+        logits = torch.randn(4, num_logits, dtype=torch.float64, requires_grad=True)
+        pi = head.distribution(logits)
+        samples = pi.sample((2000,))
+        actions = samples[0]
+        logprob, entropy = pi.log_prob(actions), pi.entropy()
+        (logprob.sum() + entropy.sum()).backward()
+        assert torch.isfinite(logits.grad).all()
+        for row in range(4):
+            values = logits[row].tolist()
+            expected_logprob = expected_entropy = 0.0
+            if kind == "MultiBinary":
+                for value, action in zip(values, actions[row].tolist()):
+                    p = 1 / (1 + math.exp(-value))
+                    expected_logprob += math.log(p if action == 1 else 1 - p)
+                    expected_entropy -= p * math.log(p) + (1 - p) * math.log(1 - p)
+                expected_mode = [float(value > 0) for value in values]
+            else:
+                expected_mode, offset = [], 0
+                for n, action in zip(nvec, actions[row].tolist()):
+                    part = values[offset:offset + n]
+                    offset += n
+                    total = sum(math.exp(v) for v in part)
+                    probs = [math.exp(v) / total for v in part]
+                    expected_logprob += math.log(probs[action])
+                    expected_entropy -= sum(p * math.log(p) for p in probs)
+                    expected_mode.append(max(range(n), key=lambda i: part[i]))
+            assert logprob[row].item() == pytest.approx(expected_logprob, abs=1e-9)
+            assert entropy[row].item() == pytest.approx(expected_entropy, abs=1e-9)
+            assert head.mode(logits[row:row + 1])[0].tolist() == expected_mode
+        if kind == "MultiDiscrete":  # every dimension samples within its range, as often as its probabilities say
+            for dim, n in enumerate(nvec):
+                assert samples[..., dim].min() >= 0 and samples[..., dim].max() < n
+            first = torch.softmax(logits[0, :3].detach(), -1)
+            frequencies = torch.bincount(samples[:, 0, 0], minlength=3).double() / len(samples)
+            assert torch.allclose(frequencies, first, atol=0.04)
