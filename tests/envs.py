@@ -170,3 +170,44 @@ class Targets(gym.Env):
 
 gym.register("MultiDiscreteTargets-v0", entry_point=Targets, max_episode_steps=EPISODE_STEPS)
 gym.register("MultiBinaryTargets-v0", entry_point=Targets, max_episode_steps=EPISODE_STEPS, kwargs={"binary": True})
+
+
+class PixelSide(gym.Env):
+    """A 36x36 RGB image with a white 8x8 square in its left or right half, at a random height; action 0 or 1 names the
+    half and earns 1 where it is right. Only the image tells the side: random play earns 8 of 16 per episode, a
+    policy that sees it 16. cue=True: a Dict observation {"image", "cue"} whose cue (-1 or +1) says whether the
+    paying action is the square's side or the other, so that both keys are needed."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
+    SIDE = 36
+
+    def __init__(self, cue: bool = False, render_mode=None):
+        self.cue, self.render_mode = cue, render_mode
+        image = gym.spaces.Box(0, 255, (self.SIDE, self.SIDE, 3), np.uint8)
+        self.observation_space = (gym.spaces.Dict({"image": image, "cue": gym.spaces.Box(-1.0, 1.0, (1,), np.float32)})
+                                  if cue else image)
+        self.action_space = gym.spaces.Discrete(2)
+
+    def _obs(self):
+        self.side, self.flip = int(self.np_random.integers(2)), int(self.cue and self.np_random.integers(2))
+        self.image = np.zeros((self.SIDE, self.SIDE, 3), dtype=np.uint8)
+        row, column = int(self.np_random.integers(2, 26)), 4 if self.side == 0 else 24
+        self.image[row:row + 8, column:column + 8] = 255
+        if not self.cue:
+            return self.image
+        return {"image": self.image, "cue": np.array([1.0 if self.flip else -1.0], dtype=np.float32)}
+
+    def render(self):
+        return self.image
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._obs(), {}
+
+    def step(self, action):
+        reward = float(int(action) == self.side ^ self.flip)
+        return self._obs(), reward, False, False, {}
+
+
+gym.register("PixelSide-v0", entry_point=PixelSide, max_episode_steps=EPISODE_STEPS)
+gym.register("PixelSideCue-v0", entry_point=PixelSide, max_episode_steps=EPISODE_STEPS, kwargs={"cue": True})

@@ -15,6 +15,7 @@ import torch
 import ippo
 import ppo
 import ppo_eval
+import ppo_rgb
 import ppo_rnn
 from tests.util import REPO, fast_args, load, run_script, scalars, start_script, video_frames, wait_for
 
@@ -183,12 +184,12 @@ def gpu_sized_envs(monkeypatch):
         return env
 
     monkeypatch.setattr(gym, "make", make)
-    for trainer in (ppo, ppo_rnn, ippo):
+    for trainer in (ppo, ppo_rnn, ippo, ppo_rgb):
         monkeypatch.setattr(trainer, "resolve_sim_backend", lambda sim_backend: "gpu")
     return made
 
 
-@pytest.mark.parametrize("trainer", [ppo, ppo_rnn], ids=["ppo", "ppo_rnn"])
+@pytest.mark.parametrize("trainer", [ppo, ppo_rnn, ppo_rgb], ids=["ppo", "ppo_rnn", "ppo_rgb"])
 def test_gpu_path_default_flags_build(tmp_path, gpu_sized_envs, trainer):
     """`python ppo.py --env_id=PickCube-v1` on a GPU: 512 training envs, 8 evaluation envs with video."""
     args = trainer.Args(env_id="PickCube-v1", save_train_video_freq=10)
@@ -203,6 +204,9 @@ def test_gpu_path_default_flags_build(tmp_path, gpu_sized_envs, trainer):
         # RecordEpisode cannot flush at one env's reset: videos are cut at the evaluation's and the rollout's length
         assert eval_envs.video_recorder.max_steps_per_video == 50 and envs.video_recorder.max_steps_per_video == 50
         assert eval_envs.num_envs == 8 and envs.num_envs == 512
+        if trainer is ppo_rgb:  # the camera's images and the state, through FlattenRGBDObservationWrapper
+            assert train_kwargs["obs_mode"] == "rgb" and envs.obs_layout["rgb"] == ((128, 128, 3), torch.uint8)
+            assert envs.obs_layout["state"][0] == (29,)
         # 512 tiled 512x512 frames would be 400 MB each: the cameras shrink to keep a tiled frame near 1024 pixels
         assert train_kwargs["human_render_camera_configs"] == dict(width=42, height=42)  # 22 rows of 24
         assert eval_kwargs["human_render_camera_configs"] == dict(shader_pack="default", width=256, height=256)

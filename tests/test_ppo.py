@@ -19,6 +19,7 @@ import torch
 import ippo
 import ppo
 import ppo_eval
+import ppo_rgb
 import ppo_rnn
 from tests.util import (REPO, assert_same_numbers, fast_args, load, refused_in_one_line, run_script, scalars,
                         script_env, snapshot, start_script, video_frames, wait_for)
@@ -476,7 +477,7 @@ def test_bad_input_is_one_clear_line(tmp_path, capfd, argv, mentions):
     assert not (tmp_path / "outside").exists() and absolute_escape.exists() == was_there  # the two --exp_name escapes
 
 
-@pytest.mark.parametrize("trainer", [ppo, ppo_rnn, ippo], ids=["ppo", "ppo_rnn", "ippo"])
+@pytest.mark.parametrize("trainer", [ppo, ppo_rnn, ippo, ppo_rgb], ids=["ppo", "ppo_rnn", "ippo", "ppo_rgb"])
 def test_help_lists_every_flag(tmp_path, trainer):
     result = run_script(f"{trainer.TRAINER}.py", ["--help"], tmp_path)
     assert result.returncode == 0

@@ -1,0 +1,1863 @@
+"""PPO from camera images (and Dict observations of images and vectors), for ManiSkill tasks and Gymnasium envs.
+
+    python ppo_rgb.py --env_id=PickCube-v1                               # ManiSkill's cameras and state, GPU sim
+    python ppo_rgb.py --env_id=PushCube-v1 --obs_mode=rgbd --num_envs=4 --num_eval_envs=2 --num_minibatches=4  # CPU
+    python ppo_rgb.py --env_id=tests.envs:PixelSide-v0 --num_envs=8      # any Gymnasium env with image observations
+    python ppo_rgb.py --resume runs/RUN_NAME                             # continue an interrupted run
+
+ppo.py with an image encoder: `diff ppo.py ppo_rgb.py` shows what images change. Observations are dicts: every image
+(H, W, C) under its own key and in its own dtype (uint8 stays uint8 in the rollout buffer), every vector of the
+observation concatenated under "state" (the only part --norm_obs normalizes). The Encoder, shared by actor and
+critic, runs a NatureCNN per image and a linear layer on the state.
+
+Everything happens on torch tensors on the learner's device: rollout, final-value bootstrapping, GAE, update.
+The file reads top to bottom: Args; the Agent; ALGO LOGIC (rollout(), compute_advantages(), ppo_loss(), update());
+train(), the loop that runs them, logs, evaluates and saves. Below the "Plumbing" divider is what a researcher
+rarely changes: startup and validation, env adapters, checkpoints and resume, data parallel, signals.
+A copy (cp ppo_rgb.py my_idea.py) is a trainer of its own: runs/ENV__my_idea__SEED__TIME, its own resume and
+evaluation. Docs: docs/images.md (flags, examples), docs/bootstrap.md, docs/checkpoints.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import errno
+import fcntl
+import functools
+import importlib.util
+import io
+import math
+import multiprocessing
+import os
+import pickle
+import random
+import re
+import shlex
+import signal
+import sys
+import threading
+import time
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Optional
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import tyro
+from torch.distributions import Bernoulli, Categorical, Independent
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+CHECKPOINT_FORMAT = 2
+# The file's own name: a copy (cp ppo_rgb.py my_idea.py) names its runs after itself, and its checkpoints say which
+# file wrote them, so that neither this file nor ppo_eval.py mistakes a copy's runs for this file's.
+TRAINER = Path(__file__).stem
+CPU_WORKERS_PER_CORE = 4
+# The flags that shape the network: a checkpoint's weights fit only a network built with the same.
+NETWORK_FIELDS = ("norm_obs", "hidden_sizes", "activation")
+OBS_MODES = ("rgb", "rgbd", "depth")
+MIN_IMAGE_SIDE = 36  # the NatureCNN's three convolutions need this many pixels
+LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
+NORMAL_ENTROPY_AT_UNIT_STD = 0.5 + 0.5 * math.log(2 * math.pi)
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+
+@dataclass
+class Args:
+    exp_name: Optional[str] = None
+    """name of the run; runs/{exp_name} (default: {env_id}__ppo_rgb__{seed}__{unix time})"""
+    seed: int = 1
+    """seed of the experiment (torch, numpy, python and the environments)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, the learner runs on CUDA when it is available"""
+    compile: bool = False
+    """torch.compile the policy step and the losses (numbers change slightly; eager, with a warning, where it fails)"""
+    torch_threads: int = 1
+    """CPU threads for torch (0: torch's default); more gain little for small networks and compete with env workers"""
+    track: bool = False
+    """if toggled, also log to Weights and Biases (needs `pip install wandb`)"""
+    wandb_project_name: str = "ManiSkill"
+    """the wandb project name"""
+    wandb_entity: Optional[str] = None
+    """the wandb entity (team) name"""
+    capture_video: bool = True
+    """if toggled, record videos of evaluation episodes under runs/{run_name}/videos"""
+    save_model: bool = True
+    """if toggled, save checkpoints under runs/{run_name} every checkpoint_freq iterations and at the end"""
+    checkpoint_freq: Optional[int] = None
+    """write ckpt_{iteration}.pt every this many iterations (None: at every evaluation, eval_freq), and at the end"""
+    keep_checkpoints: Optional[int] = None
+    """keep only the newest this many ckpt_{iteration}.pt (None: all); final_ckpt.pt is kept besides"""
+    checkpoint: Optional[str] = None
+    """start training from the weights (and observation statistics) of this checkpoint; a new run"""
+    resume: Optional[str] = None
+    """continue a run exactly from a checkpoint file or a run directory (its newest checkpoint)"""
+
+    env_id: str = "PickCube-v1"
+    """ManiSkill task id, Gymnasium id, or "module:EnvId" for an env registered on import of module"""
+    max_episode_steps: Optional[int] = None
+    """the episodes' time limit (None: the task's own)"""
+    sim_backend: Literal["auto", "gpu", "cpu"] = "auto"
+    """ManiSkill simulation backend; auto = gpu when CUDA is available. Ignored for other Gymnasium envs"""
+    control_mode: Optional[str] = "pd_joint_delta_pos"
+    """ManiSkill control mode (None: the task's default)"""
+    obs_mode: str = "rgb"
+    """ManiSkill: the cameras' images, rgb, rgbd or depth (every camera of the task, channels side by side)"""
+    include_state: bool = True
+    """ManiSkill: give the agent the robot's proprioception and the task's state extras besides the images"""
+    num_envs: int = 512
+    """number of parallel training environments (of each torchrun process)"""
+    async_envs: bool = False
+    """Gymnasium envs: step training envs in worker processes (steps over ~0.1 ms); ManiSkill's CPU envs always are"""
+    num_eval_envs: int = 8
+    """number of parallel evaluation environments (of rank 0, which alone evaluates)"""
+    partial_reset: bool = True
+    """ManiSkill: reset an env as soon as its episode terminates (else episodes run to the time limit)"""
+    eval_partial_reset: bool = False
+    """ManiSkill: partial_reset for the evaluation environments"""
+    num_steps: int = 50
+    """steps per environment per rollout"""
+    num_eval_steps: Optional[int] = None
+    """steps per evaluation (default: the task's max episode steps, so every eval env finishes an episode)"""
+    reconfiguration_freq: Optional[int] = None
+    """ManiSkill: reconfigure the training scenes every this many resets (None: the task's default)"""
+    eval_reconfiguration_freq: Optional[int] = 1
+    """ManiSkill: reconfigure the evaluation scenes every this many resets"""
+    norm_obs: bool = False
+    """normalize observations with running mean/std (float64 statistics, saved in checkpoints)"""
+    norm_reward: bool = False
+    """divide rewards by a running std of the discounted return, clip to +-10 (SB3's VecNormalize, CleanRL's MuJoCo)"""
+    hidden_sizes: tuple[int, ...] = (512,)
+    """widths of the hidden layers of the actor's and the critic's heads on the encoder (ManiSkill's: 512)"""
+    activation: Literal["tanh", "relu"] = "relu"
+    """the heads' nonlinearity"""
+    log_std_init: float = -0.5
+    """the Gaussian policy's initial log-std (CleanRL: 0; zoo's MuJoCo: -2); a loaded checkpoint's trained one wins"""
+    bootstrap_at_done: Literal["auto", "always", "truncated", "never"] = "auto"
+    """finished episodes that bootstrap from V(final obs): always, truncated (terminations are terminal), never;
+    auto: always for ManiSkill tasks, truncated otherwise"""
+
+    total_timesteps: int = 10_000_000
+    """total environment steps of the run (of all torchrun processes together)"""
+    learning_rate: float = 3e-4
+    """the (initial) learning rate of the optimizer"""
+    lr_schedule: Literal["constant", "linear", "adaptive"] = "constant"
+    """constant; linear (decay to 0); adaptive (multiply or divide by lr_factor to keep the KL near kl_target)"""
+    anneal_lr: bool = False
+    """ManiSkill/CleanRL's name for --lr_schedule=linear"""
+    kl_target: float = 0.01
+    """adaptive schedule: the KL divergence the learning rate steers towards"""
+    lr_factor: float = 1.5
+    """adaptive schedule: factor by which the learning rate moves"""
+    min_learning_rate: float = 1e-5
+    """adaptive schedule: lower bound of the learning rate"""
+    max_learning_rate: float = 1e-2
+    """adaptive schedule: upper bound of the learning rate"""
+    gamma: float = 0.8
+    """the discount factor"""
+    gae_lambda: float = 0.9
+    """the lambda of generalized advantage estimation"""
+    finite_horizon_gae: bool = False
+    """use ManiSkill's finite-horizon GAE (lambda-weights renormalized over the steps left in the rollout)"""
+    num_minibatches: int = 32
+    """number of minibatches per epoch (each torchrun process splits its own rollout into this many)"""
+    update_epochs: int = 4
+    """number of epochs over each rollout"""
+    norm_adv: bool = True
+    """normalize advantages per minibatch"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = False
+    """clip the value loss like the policy ratio"""
+    ent_coef: float = 0.0
+    """coefficient of the entropy bonus"""
+    vf_coef: float = 0.5
+    """coefficient of the value loss"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for gradient clipping"""
+    target_kl: Optional[float] = 0.1
+    """stop the update of a rollout once a minibatch's approximate KL exceeds this (None: never)"""
+    reward_scale: float = 1.0
+    """multiply rewards by this before computing advantages"""
+    eval_freq: int = 25
+    """evaluate every this many iterations, and at the end"""
+    save_train_video_freq: Optional[int] = None
+    """with capture_video, record a training video every this many iterations"""
+
+
+# ---------------------------------------------------------------------------------------------
+# Agent: actor and critic, running normalization
+# ---------------------------------------------------------------------------------------------
+
+def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+def mlp(in_dim: int, hidden_sizes: tuple[int, ...], activation: str, out_dim: int, out_std: float) -> nn.Sequential:
+    layers, width = [], in_dim
+    for size in hidden_sizes:
+        layers += [layer_init(nn.Linear(width, size)), ACTIVATIONS[activation]()]
+        width = size
+    return nn.Sequential(*layers, layer_init(nn.Linear(width, out_dim), std=out_std))
+
+
+class RunningMeanStd(nn.Module):
+    """Running mean and variance in float64 (parallel-variance merge); buffers, so checkpoints carry them."""
+
+    def __init__(self, dim: int, clip: float = 10.0):
+        super().__init__()
+        self.clip = clip
+        self.register_buffer("mean", torch.zeros(dim, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(dim, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
+
+    def update(self, x: torch.Tensor):
+        batch_var, batch_mean = torch.var_mean(x.double(), dim=0, correction=0)
+        batch_count = x.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        self.mean += delta * batch_count / total
+        self.var.copy_((self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total)
+                       / total)
+        self.count.copy_(total)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.clamp((x.double() - self.mean) / torch.sqrt(self.var + 1e-8), -self.clip, self.clip).float()
+
+
+class RewardNormalizer(nn.Module):
+    """Divides rewards by the running std of each env's discounted return (SB3's VecNormalize): the critic then
+    learns values of about unit scale whatever the task's reward scale. The return restarts when an episode ends."""
+
+    def __init__(self, num_envs: int, gamma: float, clip: float = 10.0):
+        super().__init__()
+        self.gamma, self.clip = gamma, clip
+        self.return_rms = RunningMeanStd(1)
+        # Not saved: a resumed run resets its envs, so their returns start again from 0.
+        self.register_buffer("discounted_return", torch.zeros(num_envs, dtype=torch.float64), persistent=False)
+
+    def forward(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        self.discounted_return.mul_(self.gamma).add_(reward)
+        self.return_rms.update(gather_rows(self.discounted_return[:, None]))  # so that every rank scales alike
+        self.discounted_return.masked_fill_(done, 0.0)
+        return torch.clamp(reward / torch.sqrt(self.return_rms.var + 1e-8), -self.clip, self.clip).float()
+
+
+class DiscreteActions(nn.Module):
+    """The policy's distribution over Discrete, MultiDiscrete and MultiBinary actions, from the actor's logits: a
+    Categorical; a Categorical per dimension (each dimension's logits a row of a grid, padded with -inf); a Bernoulli
+    per dimension. Log-probabilities and entropies are summed over the dimensions; the mode is each dimension's."""
+
+    def __init__(self, action_space: dict):
+        super().__init__()
+        self.kind = action_space["type"]
+        nvec = action_space.get("nvec", [])
+        self.grid_shape = (len(nvec), max(nvec, default=0))
+        # the grid cell of each logit; not in checkpoints, as the action space rebuilds them
+        rows = torch.repeat_interleave(torch.arange(len(nvec)), torch.tensor(nvec, dtype=torch.long))
+        self.register_buffer("rows", rows, persistent=False)
+        self.register_buffer("cols", torch.tensor([i for n in nvec for i in range(n)], dtype=torch.long),
+                             persistent=False)
+
+    @staticmethod
+    def num_logits(action_space: dict) -> int:
+        return {"Discrete": action_space.get("n"), "MultiDiscrete": sum(action_space.get("nvec", [])),
+                "MultiBinary": action_space.get("shape", [0])[0]}[action_space["type"]]
+
+    def grid(self, logits: torch.Tensor) -> torch.Tensor:
+        grid = logits.new_full((*logits.shape[:-1], *self.grid_shape), float("-inf"))
+        grid[..., self.rows, self.cols] = logits
+        return grid
+
+    def distribution(self, logits: torch.Tensor) -> torch.distributions.Distribution:
+        if self.kind == "Discrete":
+            return Categorical(logits=logits, validate_args=False)  # validation syncs with the GPU
+        if self.kind == "MultiBinary":
+            return Independent(Bernoulli(logits=logits, validate_args=False), 1, validate_args=False)
+        return Independent(Categorical(logits=self.grid(logits), validate_args=False), 1, validate_args=False)
+
+    def mode(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.kind == "MultiBinary":
+            return (logits > 0).float()
+        return (logits if self.kind == "Discrete" else self.grid(logits)).argmax(-1)
+
+
+class NatureCNN(nn.Module):
+    """The Nature DQN convolutions (ManiSkill's ppo_rgb.py encoder): images (N, H, W, C), scaled to [0, 1], to 256
+    features."""
+
+    def __init__(self, shape: tuple[int, int, int]):
+        super().__init__()
+        height, width, channels = shape
+        self.convs = nn.Sequential(nn.Conv2d(channels, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2),
+                                   nn.ReLU(), nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            flat = self.convs(torch.zeros(1, channels, height, width)).shape[1]
+        self.linear = nn.Sequential(nn.Linear(flat, 256), nn.ReLU())
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        if images.dtype == torch.uint8:
+            images = images.float() / 255.0
+        elif images.dtype == torch.int16:  # ManiSkill's depth, in millimetres
+            images = images.float() / 1000.0
+        return self.linear(self.convs(images.permute(0, 3, 1, 2)))
+
+
+class Encoder(nn.Module):
+    """Every image through a NatureCNN of its own, the state vector through a linear layer, the features side by side.
+    Actor and critic share it; an encoder of your own takes the same observation dict and sets out_dim."""
+
+    def __init__(self, obs_layout: dict):
+        super().__init__()
+        self.cnns = nn.ModuleDict({key: NatureCNN(shape) for key, (shape, _) in obs_layout.items() if key != "state"})
+        state_dim = obs_layout["state"][0][0] if "state" in obs_layout else 0
+        self.state = nn.Sequential(nn.Linear(state_dim, 256), nn.ReLU()) if state_dim else None
+        self.out_dim = 256 * (len(self.cnns) + bool(state_dim))
+
+    def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        features = [cnn(obs[key]) for key, cnn in self.cnns.items()]
+        if self.state is not None:
+            features.append(self.state(obs["state"]))
+        return torch.cat(features, dim=-1)
+
+
+class Agent(nn.Module):
+    """An actor head (logits, or a Gaussian's mean with a state-independent log-std) and a critic head on a shared
+    Encoder, on observation dicts whose state normalize_obs scales when --norm_obs. get_action_and_value returns
+    (action, log-prob, entropy, value)."""
+
+    def __init__(self, obs_layout: dict, action_space: dict, norm_obs: bool, hidden_sizes: tuple[int, ...],
+                 activation: str, log_std_init: float):
+        super().__init__()
+        self.discrete = action_space["type"] != "Box"
+        self.obs_normalizer = RunningMeanStd(obs_layout["state"][0][0]) if norm_obs and "state" in obs_layout else None
+        self.encoder = Encoder(obs_layout)
+        features = self.encoder.out_dim
+        self.critic = mlp(features, hidden_sizes, activation, 1, out_std=1.0)
+        if self.discrete:
+            self.discrete_actions = DiscreteActions(action_space)
+            self.actor = mlp(features, hidden_sizes, activation, DiscreteActions.num_logits(action_space), out_std=0.01)
+        else:
+            action_dim = action_space["shape"][0]
+            self.actor = mlp(features, hidden_sizes, activation, action_dim, out_std=0.01 * np.sqrt(2))
+            self.actor_logstd = nn.Parameter(torch.ones(1, action_dim) * log_std_init)
+
+    def normalize_obs(self, obs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return obs if self.obs_normalizer is None else {**obs, "state": self.obs_normalizer(obs["state"])}
+
+    def get_value(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.critic(self.encoder(obs)).flatten()
+
+    def get_action(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> torch.Tensor:
+        if not deterministic:
+            return self.get_action_and_value(obs)[0]
+        logits_or_mean = self.actor(self.encoder(obs))
+        return self.discrete_actions.mode(logits_or_mean) if self.discrete else logits_or_mean
+
+    def get_action_and_value(self, obs: dict[str, torch.Tensor], action: Optional[torch.Tensor] = None):
+        features = self.encoder(obs)
+        value = self.critic(features).flatten()
+        if self.discrete:
+            pi = self.discrete_actions.distribution(self.actor(features))
+            if action is None:
+                action = pi.sample()
+            return action, pi.log_prob(action), pi.entropy(), value
+        # torch.distributions.Normal's sample, log_prob and entropy, written out: building its object costs more than
+        # the arithmetic at a rollout step's batch size (12% of the training time of one CPU env at CleanRL's
+        # settings). The same operations, so the same numbers (tests/test_parts.py).
+        mean = self.actor(features)
+        std = self.actor_logstd.expand_as(mean).exp()
+        if action is None:
+            with torch.no_grad():
+                action = torch.normal(mean, std)
+        # Two logs of std, as Normal takes: one shared log would add the entropy's gradient to the log-probability's
+        # before dividing by std, which rounds otherwise (with ent_coef > 0).
+        logprob = -((action - mean) ** 2) / (2 * std**2) - std.log() - LOG_SQRT_2PI
+        entropy = NORMAL_ENTROPY_AT_UNIT_STD + std.log()
+        return action, logprob.sum(-1), entropy.sum(-1), value
+
+
+def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
+    return Agent(envs.obs_layout, space_to_dict(envs.single_action_space), args.norm_obs, args.hidden_sizes,
+                 args.activation, args.log_std_init)
+
+
+# ---------------------------------------------------------------------------------------------
+# ALGO LOGIC: rollout with final-value bootstrapping, advantages, the clipped-surrogate update
+# ---------------------------------------------------------------------------------------------
+
+class RolloutBuffer:
+    """One rollout's tensors, (num_steps, num_envs, ...), on the learner's device. dones[t] marks the episodes that
+    ended with step t; bootstrap_values[t] is V(final obs) for those of them that bootstrap, 0 elsewhere."""
+
+    def __init__(self, num_steps: int, num_envs: int, obs_layout: dict, action_space: dict, device: torch.device):
+        self.obs = {key: torch.zeros((num_steps, num_envs, *shape), dtype=dtype, device=device)
+                    for key, (shape, dtype) in obs_layout.items()}
+        integer = action_space["type"] in ("Discrete", "MultiDiscrete")  # MultiBinary's are Bernoulli's floats
+        self.actions = torch.zeros((num_steps, num_envs, *action_space.get("shape", [])),
+                                   dtype=torch.long if integer else torch.float32, device=device)
+        self.logprobs, self.rewards, self.dones, self.values, self.bootstrap_values = (
+            torch.zeros((num_steps, num_envs), device=device) for _ in range(5))
+
+
+def rollout(agent: Agent, envs: TorchVecEnv, buf: RolloutBuffer, next_obs: dict[str, torch.Tensor], policy_step,
+            reward_normalizer: Optional[RewardNormalizer], args: Args, bootstrap_rule: str):
+    """Step the envs num_steps times with the policy (policy_step: get_action_and_value, compiled under
+    --compile), filling buf. Returns the observation after the last step and the finished episodes' metrics (key
+    -> one value per episode)."""
+    episodes = defaultdict(list)
+    buf.bootstrap_values.zero_()
+    for step in range(args.num_steps):
+        # inference_mode, not no_grad: it skips autograd's version and view tracking, a large share of the cost of a
+        # rollout step's small ops. Its tensors never reach the update's autograd: they are copied into buf, and the
+        # env gets a clamped or shifted copy of the action.
+        with torch.inference_mode():
+            if agent.obs_normalizer is not None:
+                agent.obs_normalizer.update(gather_rows(next_obs["state"]))  # so that every rank normalizes alike
+            obs = agent.normalize_obs(next_obs)
+            action, logprob, _, value = policy_step(obs)
+        for key in obs:
+            buf.obs[key][step] = obs[key]
+        buf.actions[step], buf.logprobs[step], buf.values[step] = action, logprob, value
+        next_obs, reward, terminated, truncated, final_obs, finished = envs.step(action)
+        done = terminated | truncated
+        if reward_normalizer is not None:
+            reward = reward_normalizer(reward, done)
+        buf.rewards[step] = reward * args.reward_scale
+        buf.dones[step] = done
+        if finished is not None:
+            if bootstrap_rule != "never":
+                with torch.inference_mode():
+                    final_values = agent.get_value(agent.normalize_obs(final_obs))
+                bootstrap = bootstrap_mask(bootstrap_rule, terminated, truncated)
+                buf.bootstrap_values[step] = torch.where(bootstrap, final_values, 0.0)
+            for key, values in finished.items():
+                episodes[key].append(values)
+    return next_obs, {key: torch.cat(values) for key, values in episodes.items()}
+
+
+def bootstrap_mask(rule: str, terminated: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+    """Which finished episodes take V(final obs) as the value after their last step."""
+    if rule == "always":
+        return terminated | truncated
+    if rule == "truncated":
+        return truncated & ~terminated
+    return torch.zeros_like(terminated)
+
+
+def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, bootstrap_values: torch.Tensor,
+                       next_value: torch.Tensor, gamma: float, gae_lambda: float, finite_horizon: bool) -> torch.Tensor:
+    """GAE over a (num_steps, num_envs) rollout; next_value = V(obs after the last step). Nothing crosses an episode
+    end. finite_horizon: ManiSkill's variant, whose lambda-weights are renormalized over the steps left before the
+    rollout or episode ends, so a short tail is not dominated by its last value."""
+    # Whatever does not depend on the next step's result is computed for all steps at once, outside the loop.
+    not_dones = 1.0 - dones
+    real_next_values = not_dones * torch.cat([values[1:], next_value[None]]) + bootstrap_values
+    advantages = torch.zeros_like(rewards)
+    if finite_horizon:
+        lam_decay, decay = gae_lambda * not_dones, gae_lambda * gamma * not_dones
+        discounted_next_values = gamma * real_next_values
+        lam_coef_sum = reward_term_sum = value_term_sum = torch.zeros_like(next_value)
+        for t in reversed(range(rewards.shape[0])):
+            lam_coef_sum = 1.0 + lam_decay[t] * lam_coef_sum
+            reward_term_sum = decay[t] * reward_term_sum + lam_coef_sum * rewards[t]
+            value_term_sum = decay[t] * value_term_sum + discounted_next_values[t]
+            advantages[t] = (reward_term_sum + value_term_sum) / lam_coef_sum - values[t]
+        return advantages
+    deltas = rewards + gamma * real_next_values - values
+    decay = gamma * gae_lambda * not_dones
+    last_gae = torch.zeros_like(next_value)
+    for t in reversed(range(rewards.shape[0])):
+        last_gae = deltas[t] + decay[t] * last_gae
+        advantages[t] = last_gae
+    return advantages
+
+
+def ppo_loss(agent: Agent, args: Args, obs, actions, old_logprobs, advantages, returns, old_values):
+    """The clipped surrogate, value and entropy terms of one minibatch; its log-ratios and ratios, detached."""
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
+    logratio = newlogprob - old_logprobs
+    ratio = logratio.exp()
+    if args.norm_adv:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    clipped_ratio = torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(-advantages * ratio, -advantages * clipped_ratio).mean()
+    if args.clip_vloss:
+        v_clipped = old_values + torch.clamp(newvalue - old_values, -args.clip_coef, args.clip_coef)
+        v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
+    return (pg_loss, v_loss, entropy.mean()), logratio.detach(), ratio.detach()
+
+
+def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, advantages: torch.Tensor,
+           returns: torch.Tensor, update_losses, args: Args) -> dict:
+    """update_epochs epochs of minibatch steps over the rollout, stopped once a minibatch's approximate KL exceeds
+    target_kl. update_losses is ppo_loss with agent and args bound (compiled under --compile). Returns the
+    statistics to log (the losses of the last minibatch that stepped). The KL logged is the last minibatch's, the
+    one that stopped the update if one did."""
+    batch_size = args.num_envs * args.num_steps
+    b_obs = {key: x.reshape((batch_size,) + x.shape[2:]) for key, x in buf.obs.items()}
+    b_actions = buf.actions.reshape((batch_size,) + buf.actions.shape[2:])
+    b_logprobs, b_advantages, b_returns, b_values = (x.reshape(-1) for x in (buf.logprobs, advantages, returns,
+                                                                             buf.values))
+    stats, clipfracs, minibatch_steps = {}, [], 0
+    for mb in minibatch_indices(batch_size, batch_size // args.num_minibatches, args.update_epochs, b_actions.device):
+        (pg_loss, v_loss, entropy_loss), logratio, ratio = update_losses(
+            {key: x[mb] for key, x in b_obs.items()}, b_actions[mb], b_logprobs[mb], b_advantages[mb], b_returns[mb],
+            b_values[mb])
+        with torch.no_grad():
+            kls = torch.stack([(-logratio).mean(), ((ratio - 1) - logratio).mean()])
+            old_approx_kl, approx_kl = mean_over_ranks(kls)
+            if "losses/first_minibatch_ratio_error" not in stats:
+                stats["losses/first_minibatch_ratio_error"] = (ratio - 1.0).abs().max()
+        if args.target_kl is not None and approx_kl > args.target_kl:
+            break
+        clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
+        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+
+        optimizer.zero_grad()
+        loss.backward()
+        loss_finite = torch.isfinite(loss)
+        if world_size() > 1:
+            loss_finite = average_gradients(agent, loss_finite)
+        grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        if not (loss_finite & torch.isfinite(grad_norm)):  # one wait for the GPU, not two
+            raise NonFiniteError("gradient" if loss_finite else "loss")
+        optimizer.step()
+        minibatch_steps += 1
+        if args.lr_schedule == "adaptive":
+            lr = optimizer.param_groups[0]["lr"]
+            optimizer.param_groups[0]["lr"] = adapt_learning_rate(lr, approx_kl.item(), args)
+        stats.update({"losses/policy_loss": pg_loss.detach(), "losses/value_loss": v_loss.detach(),
+                      "losses/entropy": entropy_loss.detach()})
+    if clipfracs:  # empty when the first minibatch already exceeded target_kl
+        stats["losses/clipfrac"] = torch.stack(clipfracs).mean()
+    var_y = b_returns.var()
+    explained_var = torch.where(var_y == 0, float("nan"), 1 - (b_returns - b_values).var() / var_y)
+    stats.update({"losses/old_approx_kl": old_approx_kl, "losses/approx_kl": approx_kl,
+                  "losses/minibatch_steps": minibatch_steps, "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                  "losses/explained_variance": explained_var})
+    return stats
+
+
+def minibatch_indices(batch_size: int, minibatch_size: int, epochs: int, device: torch.device):
+    """Each epoch a new permutation of the batch, cut into minibatches; drawn as needed, so that an update stopped
+    early draws no further permutations from the random stream."""
+    for _ in range(epochs):
+        permutation = torch.randperm(batch_size, device=device)
+        for start in range(0, batch_size, minibatch_size):
+            yield permutation[start:start + minibatch_size]
+
+
+def adapt_learning_rate(lr: float, approx_kl: float, args: Args) -> float:
+    """rsl_rl's adaptive schedule: steer the KL of each minibatch step towards kl_target."""
+    if approx_kl > 2.0 * args.kl_target:
+        return max(args.min_learning_rate, lr / args.lr_factor)
+    if approx_kl < 0.5 * args.kl_target:
+        return min(args.max_learning_rate, lr * args.lr_factor)
+    return lr
+
+
+# ---------------------------------------------------------------------------------------------
+# The training loop and evaluation
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Setup:
+    """What main() resolved for train(): the run, this process's device and rank, the derived settings."""
+    run_name: str
+    run_dir: Path
+    device: torch.device
+    rank: int
+    bootstrap_rule: str
+    num_eval_steps: int
+    num_iterations: int
+
+
+def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[TorchVecEnv],
+          resume_state: Optional[dict], init_state: Optional[dict]) -> int:
+    """Rank 0 alone logs, evaluates (eval_envs is None on the others) and writes checkpoints."""
+    device, rank, num_ranks, num_iterations = setup.device, setup.rank, world_size(), setup.num_iterations
+    agent = make_agent(args, envs).to(device)
+    # fused: one kernel per parameter for the whole Adam step, on the CPU as on the GPU; it rounds differently from
+    # torch's default by about one float32 ulp per step, and takes a third of its time for small networks.
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    reward_normalizer = RewardNormalizer(args.num_envs, args.gamma).to(device) if args.norm_reward else None
+    global_step, start_iteration = load_states(agent, optimizer, reward_normalizer, init_state, resume_state, args,
+                                               envs)
+    policy_step = compile_unless_unavailable(agent.get_action_and_value, args.compile)
+    update_losses = compile_unless_unavailable(functools.partial(ppo_loss, agent, args), args.compile)
+    # Gymnasium seeds env i with seed + i (ManiSkill env 0 with seed, the others with draws from RandomState(seed)):
+    # training and evaluation envs, and each rank, get disjoint blocks of seeds, and a resumed run new ones rather
+    # than a replay of its first iteration's starts.
+    train_seed = args.seed + (start_iteration * num_ranks + rank) * (args.num_envs + args.num_eval_envs)
+    next_obs = envs.reset(seed=train_seed)
+    eval_seed = train_seed + args.num_envs  # seeds the next evaluation; later ones continue the envs' streams
+    if resume_state is not None:
+        # After the envs are built and reset, so that each rank's random stream continues where it stopped.
+        set_rng_states(resume_state["rng"] if rank == 0 else resume_state["other_ranks_rng"][rank - 1], device)
+    writer = open_run(args, setup, resume_state) if rank == 0 else None
+    buf = RolloutBuffer(args.num_steps, args.num_envs, envs.obs_layout, space_to_dict(envs.single_action_space),
+                        device)
+
+    def save(iteration: int, final: bool = False) -> Optional[Path]:
+        return write_checkpoint(args, setup, envs, agent, optimizer, reward_normalizer, global_step, iteration, final)
+
+    checkpoint_freq = args.checkpoint_freq or args.eval_freq
+    last_checkpoint = None
+    progress = tqdm(total=num_iterations, initial=start_iteration, desc=setup.run_name, dynamic_ncols=True,
+                    mininterval=1.0, disable=rank != 0)
+    start_time, start_step = time.perf_counter(), global_step
+    iteration = start_iteration
+    stop = StopSignal()
+    # TensorBoard's writer thread prints a traceback where a write fails, then hands the error to this thread's next
+    # write, which reports it in one line below.
+    thread_excepthook = threading.excepthook
+    threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else thread_excepthook(hook)
+    try:
+        for iteration in range(start_iteration + 1, num_iterations + 1):
+            if args.lr_schedule == "linear":
+                optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
+            rollout_start = time.perf_counter()
+            agent.eval()
+            next_obs, episodes = rollout(agent, envs, buf, next_obs, policy_step, reward_normalizer, args,
+                                         setup.bootstrap_rule)
+            global_step += args.num_steps * args.num_envs * num_ranks
+            with torch.no_grad():
+                next_value = agent.get_value(agent.normalize_obs(next_obs))
+                advantages = compute_advantages(buf.rewards, buf.values, buf.dones, buf.bootstrap_values, next_value,
+                                                args.gamma, args.gae_lambda, args.finite_horizon_gae)
+                returns = advantages + buf.values
+            rollout_time = time.perf_counter() - rollout_start
+            update_start = time.perf_counter()
+            agent.train()
+            stats = update(agent, optimizer, buf, advantages, returns, update_losses, args)
+            if not parameters_finite(agent, iteration):
+                raise NonFiniteError("parameters")
+            update_time = time.perf_counter() - update_start
+
+            # TRY NOT TO MODIFY: logging and evaluation (rank 0, with every rank's episodes), checkpoints, stopping
+            episodes = gather_episodes(episodes)
+            if rank == 0:
+                sps = int((global_step - start_step) / (time.perf_counter() - start_time))
+                stats.update({"charts/SPS": sps, "time/rollout_time": rollout_time, "time/update_time": update_time,
+                              "time/rollout_fps": args.num_envs * num_ranks * args.num_steps / rollout_time})
+                for tag, value in stats.items():  # tensors until here: only rank 0 waits for them
+                    writer.add_scalar(tag, float(value), global_step)
+                train_means = log_episode_metrics(writer, "train", episodes, global_step)
+                if "return" in train_means:
+                    writer.add_scalar("charts/episodic_return", train_means["return"], global_step)
+                    writer.add_scalar("charts/episodic_length", train_means["episode_len"], global_step)
+                postfix = {"step": global_step, "SPS": sps, **progress_items("train", train_means)}
+                if iteration % args.eval_freq == 0 or iteration == num_iterations:
+                    agent.eval()
+                    with eval_envs.own_random_stream():
+                        eval_episodes = evaluate(agent, eval_envs, setup.num_eval_steps, eval_seed)
+                    eval_means = log_episode_metrics(writer, "eval", eval_episodes, global_step)
+                    eval_seed = None
+                    if eval_means["episodes"] == 0:
+                        print(f"\nevaluation at iteration {iteration}: no episode finished within "
+                              f"{setup.num_eval_steps} steps", file=sys.stderr)
+                    postfix.update(progress_items("eval", eval_means))
+                    writer.flush()
+                progress.set_postfix(postfix, refresh=False)
+                progress.update(1)
+            checkpoint_due = args.save_model and (iteration % checkpoint_freq == 0 or iteration == num_iterations)
+            if checkpoint_due:
+                last_checkpoint = save(iteration, final=iteration == num_iterations)
+                if rank == 0:
+                    writer.flush()
+            signum = agree_on_signal(stop.signum, device)
+            if signum is not None and iteration < num_iterations:
+                if not checkpoint_due:
+                    last_checkpoint = save(iteration)
+                progress.close()
+                if rank == 0:
+                    writer.flush()
+                    print_how_to_resume(signum, last_checkpoint, iteration, setup.run_dir)
+                return 128 + signum
+    except (NonFiniteError, OSError) as e:
+        # non-finite numbers stop every rank at the same point: the checks run on numbers all ranks share
+        progress.close()
+        if rank == 0:
+            kept = f"the last checkpoint {last_checkpoint} is untouched" if last_checkpoint else "none was written"
+            problem = f"non-finite {e}" if isinstance(e, NonFiniteError) else str(e)
+            if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+                problem = f"the disk is full ({e})"
+                kept += f"; free some space, then --resume {setup.run_dir}" if last_checkpoint else ""
+            print(f"error: {problem} at iteration {iteration} (global step {global_step}); the run stops and "
+                  f"{kept}", file=sys.stderr)
+        return 1
+    finally:
+        stop.restore()
+        threading.excepthook = thread_excepthook
+        if writer is not None:
+            with contextlib.suppress(OSError):  # a full disk fails the writer's last flush as well
+                writer.close()
+        if args.track and rank == 0:
+            import wandb
+            wandb.finish()
+    progress.close()
+    if rank == 0:
+        print(f"done: {num_iterations} iterations, {global_step} steps; run in {setup.run_dir}", flush=True)
+    return 0
+
+
+def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Optional[int],
+             episodes_per_env: Optional[torch.Tensor] = None, deterministic: bool = True) -> dict[str, torch.Tensor]:
+    """Env i contributes its first episodes_per_env[i] episodes (default: one each) that finish within num_eval_steps
+    steps; actions are the policy's mode unless deterministic=False. One value per counted episode, in the order
+    they finished, and "episodes", their number.
+
+    Counting every finished episode would weigh envs that fail early many times over those that last.
+    """
+    finished_metrics = defaultdict(list)
+    if episodes_per_env is None:
+        episodes_per_env = torch.ones(eval_envs.num_envs, dtype=torch.long)
+    quota = episodes_per_env.to(eval_envs.device)
+    counted = torch.zeros_like(quota)
+    obs = eval_envs.reset(seed=seed)
+    for _ in range(num_eval_steps):
+        with torch.no_grad():
+            action = agent.get_action(agent.normalize_obs(obs), deterministic=deterministic)
+        obs, _, terminated, truncated, _, finished = eval_envs.step(action)
+        done = terminated | truncated
+        if finished is not None:
+            wanted = counted < quota
+            for key, value in finished.items():
+                finished_metrics[key].append(value[wanted[done]])
+            counted += done & wanted
+            if (counted == quota).all():
+                break
+    eval_envs.flush_video()
+    metrics = {key: torch.cat(values) for key, values in finished_metrics.items()}
+    metrics["episodes"] = counted.sum(dtype=torch.float32).reshape(1)
+    return metrics
+
+
+def log_episode_metrics(writer: SummaryWriter, prefix: str, metrics: dict[str, torch.Tensor],
+                        global_step: int) -> dict[str, float]:
+    means = {key: values.float().mean().item() for key, values in metrics.items() if values.numel() > 0}
+    for key, value in means.items():
+        writer.add_scalar(f"{prefix}/{key}", value, global_step)
+    return means
+
+
+def progress_items(prefix: str, means: dict[str, float]) -> dict[str, float]:
+    return {f"{prefix}_{key}": round(value, 3) for key, value in means.items() if key in ("return", "success_once")}
+
+
+# =============================================================================================
+# Plumbing: what a researcher rarely changes.
+# Startup and validation, env adapters, checkpoints and resume, data parallel, signals.
+# =============================================================================================
+
+# ---------------------------------------------------------------------------------------------
+# Startup: errors, arguments, the run
+# ---------------------------------------------------------------------------------------------
+
+class UserError(Exception):
+    """A mistake the user can fix: reported as one line and exit status 2."""
+
+
+class NonFiniteError(Exception):
+    """A non-finite loss, gradient or parameter: the run stops before anything is saved."""
+
+
+def main(args: Args) -> int:
+    rank, local_rank, num_ranks, local_ranks = torchrun_ranks()
+    maniskill, time_limit = find_env(args.env_id)
+    num_iterations = validate(args, maniskill, time_limit, num_ranks, local_ranks)
+    bootstrap_rule = args.bootstrap_at_done
+    if bootstrap_rule == "auto":
+        bootstrap_rule = "always" if maniskill else "truncated"
+    num_eval_steps = args.num_eval_steps or args.max_episode_steps
+    if num_eval_steps is None:
+        raise UserError(f"{args.env_id} has no time limit; give --max_episode_steps or --num_eval_steps")
+
+    resume_state = None
+    if args.resume is not None:
+        resume_path = find_resume_checkpoint(args.resume)
+        resume_state = load_checkpoint(resume_path)
+        run_dir = resume_path.parent
+        run_name = resume_state["run_name"]
+        if resume_state["iteration"] >= num_iterations:
+            raise UserError(f"the run already finished its {resume_state['iteration']} iterations; "
+                            "raise --total_timesteps to continue it")
+        if resume_state.get("world_size", 1) != num_ranks:
+            raise UserError(f"the run was trained by {resume_state.get('world_size', 1)} processes and this is "
+                            f"{num_ranks}: resume it with as many (torchrun --nnodes x --nproc_per_node), or start a "
+                            "new run from its weights with --checkpoint")
+    else:
+        run_name = args.exp_name or f"{args.env_id.replace(':', '_')}__{TRAINER}__{args.seed}__{int(time.time())}"
+        run_dir = Path("runs") / run_name
+    init_state = load_checkpoint(args.checkpoint) if args.checkpoint is not None else None
+
+    lock = RunDirLock(run_dir) if rank == 0 else None  # rank 0 alone writes the run directory
+    try:
+        holds_a_run = any(run_dir.glob("*.pt")) or any(run_dir.glob("events.out.tfevents.*"))
+        if rank == 0 and resume_state is None and holds_a_run:
+            raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or pick another "
+                            "--exp_name")
+        random.seed(args.seed + rank)
+        np.random.seed(args.seed + rank)
+        torch.manual_seed(args.seed + rank)
+        torch.backends.cudnn.deterministic = args.torch_deterministic
+        if args.torch_threads > 0:
+            torch.set_num_threads(args.torch_threads)
+        if torch.cuda.is_available() and args.cuda:
+            device = torch.device("cuda", local_rank) if num_ranks > 1 else torch.device("cuda")
+        else:
+            device = torch.device("cpu")
+        if num_ranks > 1:
+            if device.type == "cuda":
+                if local_rank >= torch.cuda.device_count():
+                    raise UserError(f"rank {rank} is process {local_rank} of its node, which lets it see "
+                                    f"{torch.cuda.device_count()} GPUs: start one process per GPU (--nproc_per_node), "
+                                    "each seeing all of the node's GPUs")
+                torch.cuda.set_device(device)
+            # Rank 0 evaluates and writes checkpoints while the others wait in a collective: allow it an hour.
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(hours=1))
+            resume_iterations = gather_objects(None if resume_state is None else resume_state["iteration"])
+            if len(set(resume_iterations)) > 1:
+                raise UserError(f"the ranks found different checkpoints to resume from (iterations "
+                                f"{resume_iterations}); give --resume the checkpoint file")
+
+        env_args = args if rank == 0 else dataclasses.replace(args, capture_video=False)
+        envs = make_envs(env_args, maniskill, device, evaluation=False, run_dir=run_dir, num_eval_steps=num_eval_steps)
+        eval_envs = None
+        try:
+            if rank == 0:
+                eval_envs = make_envs(args, maniskill, device, evaluation=True, run_dir=run_dir,
+                                      num_eval_steps=num_eval_steps)
+            setup = Setup(run_name, run_dir, device, rank, bootstrap_rule, num_eval_steps, num_iterations)
+            status = train(args, setup, envs, eval_envs, resume_state, init_state)
+            if num_ranks > 1:
+                dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)  # rank 0's last writes
+            return status
+        finally:
+            envs.close()
+            if eval_envs is not None:
+                eval_envs.close()
+    except BaseException:
+        # Nothing but the lock file and empty directories goes, so this is safe at any point of the run too.
+        if lock is not None:
+            lock.undo()
+        raise
+    finally:
+        if lock is not None:
+            lock.release()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def torchrun_ranks() -> tuple[int, int, int, int]:
+    """(rank, local rank, number of ranks, ranks on this node), as torchrun sets them; a plain run is 0 of 1."""
+    return tuple(int(os.environ.get(name, default)) for name, default in
+                 (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_WORLD_SIZE", 1)))
+
+
+def finite(value) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def plain_name(name: Optional[str]) -> bool:
+    return name is None or (name not in ("", ".", "..") and "/" not in name and os.sep not in name and "\0" not in name)
+
+
+# (flags, check, what the flags must be): validate() refuses the first value that fails its check.
+FLAG_RULES = (
+    (("exp_name",), plain_name, "a plain directory name under runs/ (no '/', not '..')"),
+    (("env_id",), bool, "a task id"),
+    (("obs_mode",), lambda mode: mode in OBS_MODES, f"one of {', '.join(OBS_MODES)}"),
+    (("num_envs", "num_eval_envs", "num_steps", "num_minibatches", "update_epochs", "eval_freq", "total_timesteps"),
+     lambda value: value >= 1, "positive"),
+    (("num_eval_steps", "save_train_video_freq", "max_episode_steps", "checkpoint_freq", "keep_checkpoints"),
+     lambda value: value is None or value >= 1, "positive (or None)"),
+    (("reconfiguration_freq", "eval_reconfiguration_freq"), lambda value: value is None or value >= 0,
+     "0 (never) or positive (or None)"),
+    (("learning_rate", "kl_target", "min_learning_rate", "max_learning_rate", "clip_coef", "vf_coef", "reward_scale"),
+     lambda value: finite(value) and value > 0, "a positive finite number"),
+    (("lr_factor",), lambda value: finite(value) and value > 1, "a finite number above 1"),
+    (("ent_coef",), lambda value: finite(value) and value >= 0, "0 or a positive finite number"),
+    (("max_grad_norm",), lambda value: value > 0, "positive (inf: no clipping)"),  # nan fails the comparison
+    (("target_kl",), lambda value: value is None or value > 0, "positive (or None: never stop early)"),
+    (("gamma",), lambda value: finite(value) and 0.0 < value <= 1.0, "in (0, 1]"),
+    (("gae_lambda",), lambda value: finite(value) and 0.0 <= value <= 1.0, "in [0, 1]"),
+    (("log_std_init",), finite, "a finite number"),
+    (("hidden_sizes",), lambda sizes: all(size >= 1 for size in sizes), "positive widths"),
+)
+
+
+def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: int = 1,
+             local_ranks: int = 1) -> int:
+    """Check every flag's range and resolve max_episode_steps; return the number of iterations of the num_ranks
+    processes (local_ranks of them on this machine)."""
+    for flags, ok, rule in FLAG_RULES:
+        for flag in flags:
+            if not ok(getattr(args, flag)):
+                raise UserError(f"--{flag} must be {rule}, got {getattr(args, flag)}")
+    cores = max(1, usable_cores() // local_ranks)
+    if not 0 <= args.torch_threads <= cores:
+        raise UserError(f"--torch_threads must be 0 (torch's default) to {cores}, the cores of a process, "
+                        f"got {args.torch_threads}")
+    if args.max_episode_steps is None:
+        args.max_episode_steps = time_limit
+    if args.min_learning_rate > args.max_learning_rate:
+        raise UserError(f"--min_learning_rate ({args.min_learning_rate}) is above --max_learning_rate "
+                        f"({args.max_learning_rate})")
+    if args.anneal_lr and args.lr_schedule not in ("constant", "linear"):
+        raise UserError(f"--anneal_lr means --lr_schedule=linear and conflicts with --lr_schedule={args.lr_schedule}")
+    if args.anneal_lr:
+        args.lr_schedule = "linear"
+    if args.track and importlib.util.find_spec("wandb") is None:
+        raise UserError("--track logs to Weights and Biases, which is not installed: pip install wandb")
+    if args.checkpoint is not None and args.resume is not None:
+        raise UserError("--checkpoint starts a new run from saved weights and --resume continues a run; give one")
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches != 0:
+        raise UserError(f"batch size num_envs*num_steps = {batch_size} does not split into "
+                        f"--num_minibatches={args.num_minibatches} equal minibatches; pick num_minibatches dividing it")
+    if args.norm_adv and batch_size // args.num_minibatches < 2:
+        raise UserError("--norm_adv needs minibatches of at least 2 samples; lower --num_minibatches or pass "
+                        "--no_norm_adv")
+    num_iterations = args.total_timesteps // (batch_size * num_ranks)
+    if num_iterations < 1:
+        raise UserError(f"--total_timesteps={args.total_timesteps} is smaller than one batch of all processes "
+                        f"(num_envs*num_steps*processes = {batch_size * num_ranks})")
+    # Every env seed the run will use (env i of a block gets seed + i; each rank and each resume takes a new block)
+    # must be a valid numpy seed: 0 <= seed < 2**32.
+    seeds_per_run = (num_iterations + 1) * num_ranks * (args.num_envs + args.num_eval_envs)
+    if seeds_per_run >= 2**32:
+        raise UserError(f"--total_timesteps={args.total_timesteps} would need more env seeds than numpy has (2**32)")
+    if not 0 <= args.seed < 2**32 - seeds_per_run:
+        raise UserError(f"--seed must be in [0, {2**32 - 1 - seeds_per_run}] for this run's length, got {args.seed}")
+    sim_backend = resolve_sim_backend(args.sim_backend) if maniskill else None
+    if sim_backend == "gpu":
+        for prefix, num_envs, partial_reset, reconfiguration_freq in (
+                ("", args.num_envs, args.partial_reset, args.reconfiguration_freq),
+                ("eval_", args.num_eval_envs, args.eval_partial_reset, args.eval_reconfiguration_freq)):
+            if num_envs > 1 and partial_reset and reconfiguration_freq:
+                raise UserError(f"--{prefix}partial_reset with --{prefix}reconfiguration_freq={reconfiguration_freq}: "
+                                "ManiSkill cannot reconfigure a GPU simulation while it resets only some of its envs; "
+                                f"pass --{prefix}reconfiguration_freq=0 or --no_{prefix}partial_reset")
+    if sim_backend == "cpu":
+        # Each CPU env beyond one is a simulator process of ~0.5 GB that steps on a core of its own: past a few per
+        # core they only cost memory (the defaults, sized for a GPU, would start 520 of them).
+        workers = sum(n for n in (args.num_envs, args.num_eval_envs) if n > 1)
+        if workers > CPU_WORKERS_PER_CORE * cores:
+            num_envs, num_eval_envs = 2 * cores, min(args.num_eval_envs, cores)
+            minibatches = max(d for d in range(1, args.num_minibatches + 1) if num_envs * args.num_steps % d == 0)
+            raise UserError(f"--num_envs={args.num_envs} and --num_eval_envs={args.num_eval_envs} would start "
+                            f"{workers} CPU simulator processes on {cores} cores (at most {CPU_WORKERS_PER_CORE} per "
+                            "core); try "
+                            f"--num_envs={num_envs} --num_eval_envs={num_eval_envs} --num_minibatches={minibatches} "
+                            "(with --resume: a new run with --checkpoint), or a machine with CUDA for the GPU "
+                            "simulation")
+    return num_iterations
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def resolve_sim_backend(sim_backend: str) -> str:
+    if sim_backend == "auto":
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    if sim_backend == "gpu" and not torch.cuda.is_available():
+        raise UserError("--sim_backend=gpu needs CUDA, which this machine does not have; use --sim_backend=cpu")
+    return sim_backend
+
+
+# ---------------------------------------------------------------------------------------------
+# Environments: one torch interface over ManiSkill's GPU/CPU vector envs and Gymnasium vector envs
+# ---------------------------------------------------------------------------------------------
+
+def find_env(env_id: str) -> tuple[bool, Optional[int]]:
+    """Whether env_id is a ManiSkill task, and its time limit (None: none), from the registries before any env is built.
+
+    "module:EnvId" imports module first, so a task that module registers with ManiSkill's @register_env is
+    ManiSkill's. ManiSkill registers its tasks with Gymnasium too; an id that Gymnasium knows while ManiSkill is not
+    imported is not ManiSkill's, so plain Gymnasium ids are resolved without importing ManiSkill.
+    """
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise UserError(f"cannot import module {module!r} of env id {env_id!r}: {e}") from e
+    if "mani_skill" in sys.modules or (not module and name not in gym.registry):
+        try:
+            import mani_skill.envs  # noqa: F401  (registers the ManiSkill tasks)
+            from mani_skill.utils.registration import REGISTERED_ENVS
+        except ImportError as e:
+            if name not in gym.registry:
+                raise UserError(f"unknown env id {env_id!r}, and ManiSkill is not importable ({e}); "
+                                "pip install mani_skill") from e
+        else:
+            if name in REGISTERED_ENVS:
+                return True, REGISTERED_ENVS[name].max_episode_steps
+    try:
+        return False, gym.spec(name).max_episode_steps
+    except gym.error.Error as e:
+        raise UserError(f"unknown env id {env_id!r}: {e}") from e
+
+
+def refuse_asset_download(env_id: str):
+    """ManiSkill asks with input() to download missing assets; a training run must never block or download."""
+    from mani_skill.utils import download_asset
+
+    def refuse(message: str):
+        raise UserError(
+            f"{env_id} needs ManiSkill assets that are not on this machine ({message.strip()}); "
+            f"download them first: python -m mani_skill.utils.download_asset {env_id}"
+        )
+
+    download_asset.prompt_yes_no = refuse
+
+
+def in_recorded_rollout(elapsed_steps: int, num_steps: int, freq: int) -> bool:
+    """ManiSkill RecordEpisode's trigger: record every step of every freq-th rollout."""
+    return (elapsed_steps // num_steps) % freq == 0
+
+
+def starts_recorded_rollout(step: int, num_steps: int, freq: int) -> bool:
+    """Gymnasium RecordVideo's trigger: start a recording at the first step of every freq-th rollout."""
+    return step % (num_steps * freq) == 0
+
+
+def build_maniskill_env(env_id: str, num_envs: int, env_kwargs: dict, include_state: bool, video_dir: Optional[str],
+                        video_trigger, max_steps_per_video: Optional[int],
+                        trajectory_path: Optional[Path] = None) -> gym.Env:
+    import mani_skill.envs  # noqa: F401
+    from mani_skill.utils.wrappers.flatten import FlattenActionSpaceWrapper, FlattenRGBDObservationWrapper
+    from mani_skill.utils.wrappers.record import RecordEpisode
+
+    refuse_asset_download(env_id)
+    env = gym.make(env_id, num_envs=num_envs, **env_kwargs)
+    if not env.unwrapped._init_raw_obs.get("sensor_data"):
+        env.close()
+        raise UserError(f"{env_id} has no camera, so {TRAINER}.py has no image to learn from; use ppo.py")
+    # every camera's images side by side in "rgb" (and "depth"), the rest of the observation flattened into "state"
+    mode = env_kwargs["obs_mode"]
+    env = FlattenRGBDObservationWrapper(env, rgb="rgb" in mode, depth=mode != "rgb", state=include_state)
+    if isinstance(env.action_space, gym.spaces.Dict):
+        env = FlattenActionSpaceWrapper(env)
+    if video_dir is not None or trajectory_path is not None:
+        # RecordEpisode writes {output_dir}/{trajectory_name}.h5 and .json: an absolute name puts them anywhere.
+        env = RecordEpisode(env, output_dir=video_dir or str(trajectory_path.parent), save_video=video_dir is not None,
+                            save_trajectory=trajectory_path is not None,
+                            trajectory_name=None if trajectory_path is None else str(trajectory_path.absolute()),
+                            source_type="RL", source_desc=f"{TRAINER}.py policy",
+                            save_video_trigger=video_trigger, max_steps_per_video=max_steps_per_video, video_fps=30,
+                            info_on_video=False,  # crashes under numpy 2
+                            avoid_overwriting_video=True)  # a resumed run numbers its videos from 0 again
+    return env
+
+
+def build_maniskill_cpu_worker_env(env_id: str, env_kwargs: dict, include_state: bool, ignore_terminations: bool,
+                                   video_dir: Optional[str], video_trigger,
+                                   max_steps_per_video: Optional[int]) -> gym.Env:
+    """Module-level so that AsyncVectorEnv can pickle it into forkserver workers."""
+    from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
+
+    if multiprocessing.parent_process() is not None:
+        # Ctrl-C, and SIGTERM from a scheduler, go to the whole process group; the learner saves a checkpoint,
+        # so the workers must keep stepping (they exit when the learner closes their pipes).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # One env per worker: more torch threads only fight the other workers for the cores.
+        torch.set_num_threads(1)
+    # An unseeded reset (every autoreset) draws the new episode from the process's torch stream, which no one seeds
+    # in a worker: with enhanced_determinism it draws the episode's seed from the env's own, seeded, stream instead.
+    env_kwargs = {**env_kwargs, "enhanced_determinism": True}
+    env = build_maniskill_env(env_id, 1, env_kwargs, include_state, video_dir, video_trigger, max_steps_per_video)
+    return CPUGymWrapper(env, ignore_terminations=ignore_terminations, record_metrics=True)
+
+
+class ResetEpisodeTrigger:
+    """Gymnasium eval videos: record the episode that an explicit reset starts, not those that autoresets start,
+    which the end of an evaluation would cut off after a frame or two."""
+
+    def __init__(self):
+        self.armed = False
+
+    def __call__(self, episode_id: int) -> bool:
+        fired, self.armed = self.armed, False
+        return fired
+
+
+def build_gym_env(env_id: str, max_episode_steps: Optional[int], video_dir: Optional[str], video_trigger,
+                  video_length: Optional[int], name_prefix: str) -> gym.Env:
+    if video_dir is None:
+        return gym.make(env_id, max_episode_steps=max_episode_steps)  # not every env's constructor takes a render_mode
+    try:
+        env = gym.make(env_id, max_episode_steps=max_episode_steps, render_mode="rgb_array")
+    except TypeError as e:
+        if "render_mode" not in str(e):
+            raise
+        raise UserError(f"{env_id} takes no render_mode, so it cannot record videos; pass --no_capture_video") from e
+    # Rendering dependencies (pygame, a GL context) fail only at the first frame: find out now, not mid-run.
+    env.reset()
+    env.render()
+    if isinstance(video_trigger, ResetEpisodeTrigger):
+        trigger = dict(episode_trigger=video_trigger)
+    else:
+        trigger = dict(step_trigger=video_trigger, video_length=video_length)
+    return gym.wrappers.RecordVideo(env, video_dir, name_prefix=name_prefix, disable_logger=True, **trigger)
+
+
+def space_to_dict(space: gym.Space) -> dict:
+    if isinstance(space, gym.spaces.Discrete):
+        return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return {"type": "MultiDiscrete", "shape": list(space.shape), "nvec": space.nvec.tolist(),
+                "start": space.start.tolist()}
+    if isinstance(space, gym.spaces.MultiBinary):
+        return {"type": "MultiBinary", "shape": list(space.shape)}
+    if isinstance(space, gym.spaces.Dict):
+        return {"type": "Dict", "spaces": {key: space_to_dict(sub) for key, sub in space.spaces.items()}}
+    if len(space.shape) > 1:  # an image: its bounds are its dtype's
+        return {"type": "Box", "shape": list(space.shape), "dtype": str(space.dtype)}
+    return {"type": "Box", "shape": list(space.shape), "low": np.asarray(space.low, dtype=np.float64).ravel().tolist(),
+            "high": np.asarray(space.high, dtype=np.float64).ravel().tolist()}
+
+
+def observation_layout(space: gym.Space) -> tuple[dict, list[tuple[str, int]]]:
+    """The observation dict the agent sees, key -> (shape, dtype): each image (H, W, C) under its own key in its own
+    dtype, and the vectors, concatenated in float32, under "state"; and the vectors' keys and sizes, in that order."""
+    spaces = dict(space.spaces) if isinstance(space, gym.spaces.Dict) else {
+        "image" if len(space.shape) == 3 else "state": space}
+    layout, vectors = {}, []
+    for key, sub in spaces.items():
+        if not isinstance(sub, gym.spaces.Box) or len(sub.shape) not in (1, 3) or (len(sub.shape) == 3 and (
+                key == "state" or min(sub.shape[:2]) < MIN_IMAGE_SIDE)):
+            raise UserError(f"observation {key!r} ({sub}) is not supported; {TRAINER}.py takes images (H, W, C) of at "
+                            f"least {MIN_IMAGE_SIDE}x{MIN_IMAGE_SIDE} pixels and vectors, in a Box or a Dict of Boxes")
+        if len(sub.shape) == 3:
+            layout[key] = (tuple(sub.shape), torch.from_numpy(np.empty(0, dtype=sub.dtype)).dtype)
+        else:
+            vectors.append((key, sub.shape[0]))
+    if not layout:
+        raise UserError(f"the observation ({space}) holds no image; for vector observations use ppo.py")
+    if vectors:
+        layout["state"] = ((sum(size for _, size in vectors),), torch.float32)
+    return layout, vectors
+
+
+class TorchVecEnv:
+    """Tensors in, tensors out, on the learner's device, whatever runs the simulation.
+
+    Observations are dicts of tensors laid out as observation_layout() says.
+    step(action) returns (next_obs, reward, terminated, truncated, final_obs, finished):
+    next_obs is already reset where an episode ended; final_obs is the true last observation of those
+    episodes (next_obs elsewhere); finished maps metric names (return, episode_len, and ManiSkill's
+    success_once, success_at_end, fail_once, fail_at_end) to one value per episode that ended in this
+    step, or is None when none ended.
+    """
+
+    EPISODE_KEYS = ("success_once", "success_at_end", "fail_once", "fail_at_end")
+
+    def __init__(self, env: gym.vector.VectorEnv, device: torch.device, torch_native: bool,
+                 reset_video_trigger: Optional[ResetEpisodeTrigger] = None,
+                 video_recorder: Optional[gym.Wrapper] = None):
+        self.env = env
+        self.reset_video_trigger = reset_video_trigger
+        self.video_recorder = video_recorder
+        self.device = device
+        self.torch_native = torch_native
+        self.sim_device = torch.device(env.device) if torch_native else torch.device("cpu")
+        self.random_states: Optional[list[torch.Tensor]] = None
+        self.num_envs = env.num_envs
+        self.single_observation_space = env.single_observation_space
+        self.single_action_space = env.single_action_space
+        self.obs_layout, self.vectors = observation_layout(self.single_observation_space)
+        space = self.single_action_space
+        kinds = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+        one_dimensional = len(space.shape) == (0 if isinstance(space, gym.spaces.Discrete) else 1)
+        if not isinstance(space, kinds) or not one_dimensional:
+            raise UserError(f"action space {space} is not supported; {TRAINER}.py handles Box, Discrete, MultiDiscrete "
+                            "and MultiBinary actions of one dimension")
+        if isinstance(space, gym.spaces.Box):
+            self.action_low = torch.as_tensor(space.low, dtype=torch.float32, device=device)
+            self.action_high = torch.as_tensor(space.high, dtype=torch.float32, device=device)
+        else:  # the agent's actions count from 0 in each dimension, the env's from start
+            self.action_start = torch.as_tensor(getattr(space, "start", 0), dtype=torch.long, device=device)
+        self.episode_return = torch.zeros(self.num_envs, dtype=torch.float64, device=device)
+        self.episode_length = torch.zeros(self.num_envs, dtype=torch.long, device=device)
+
+    def _obs(self, obs) -> dict[str, torch.Tensor]:
+        if not isinstance(obs, dict):
+            obs = {"image": obs}  # a Box observation is one image
+        converted = {key: self._to_device(obs[key], dtype, (-1, *shape))
+                     for key, (shape, dtype) in self.obs_layout.items() if key != "state"}
+        if self.vectors:
+            converted["state"] = torch.cat([self._to_device(obs[key], torch.float32, (-1, size))
+                                            for key, size in self.vectors], dim=-1)
+        return converted
+
+    def _to_device(self, x, dtype: torch.dtype, shape: tuple = (-1,)) -> torch.Tensor:
+        return torch.as_tensor(x).to(self.device, dtype).reshape(shape)
+
+    def reset(self, seed: Optional[int] = None) -> dict[str, torch.Tensor]:
+        if self.reset_video_trigger is not None:
+            self.reset_video_trigger.armed = True
+        obs, _ = self.env.reset(seed=seed)
+        self.episode_return.zero_()
+        self.episode_length.zero_()
+        return self._obs(obs)
+
+    def step(self, action: torch.Tensor):
+        if isinstance(self.single_action_space, gym.spaces.Box):
+            # Sampled actions may leave the bounds; the log-prob is kept for the unclipped one.
+            action = torch.clamp(action, self.action_low, self.action_high)
+        else:
+            action = action.long() + self.action_start
+        if self.torch_native:
+            action = action.to(self.env.device)
+        else:
+            action = action.cpu().numpy()
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        next_obs = self._obs(obs)
+        reward = self._to_device(reward, torch.float32)
+        terminated = self._to_device(terminated, torch.bool)
+        truncated = self._to_device(truncated, torch.bool)
+        self.episode_return += reward
+        self.episode_length += 1
+
+        final_obs, finished = next_obs, None
+        if "final_info" in info:  # present only when some episode ended
+            done = terminated | truncated
+            if self.torch_native:
+                last = self._obs(info["final_observation"])
+                final_obs = {key: torch.where(done.view(-1, *[1] * (x.dim() - 1)), last[key], x)
+                             for key, x in next_obs.items()}
+            else:
+                ended = info["_final_obs"]
+                finals = info["final_obs"][ended]  # one observation (a dict, or an array) per env that ended
+                last = self._obs({key: np.stack([o[key] for o in finals]) for key in finals[0]}
+                                 if isinstance(finals[0], dict) else np.stack(finals))
+                final_obs = {key: x.clone() for key, x in next_obs.items()}
+                for key in final_obs:
+                    final_obs[key][torch.as_tensor(ended, device=self.device)] = last[key]
+            finished = {"return": self.episode_return[done].float(), "episode_len": self.episode_length[done].float()}
+            episode = info["final_info"].get("episode", {})
+            for key in self.EPISODE_KEYS:
+                if key in episode:
+                    finished[key] = self._to_device(episode[key], torch.float32)[done]
+            self.episode_return = torch.where(done, 0.0, self.episode_return)
+            self.episode_length = torch.where(done, 0, self.episode_length)
+        return next_obs, reward, terminated, truncated, final_obs, finished
+
+    @contextlib.contextmanager
+    def own_random_stream(self):
+        """ManiSkill draws the starts of unseeded episodes from torch's global generator of the sim's device, which
+        also samples training's actions: evaluation swaps in a generator state of its own, carried from one
+        evaluation to the next, so that how often a run evaluates does not change what it trains on."""
+        gpus = [self.sim_device] if self.sim_device.type == "cuda" else []
+        with torch.random.fork_rng(devices=gpus):
+            if self.random_states is not None:
+                torch.set_rng_state(self.random_states[0])
+                for gpu, state in zip(gpus, self.random_states[1:]):
+                    torch.cuda.set_rng_state(state, gpu)
+            yield
+            self.random_states = [torch.get_rng_state(), *(torch.cuda.get_rng_state(gpu) for gpu in gpus)]
+
+    def flush_video(self):
+        """ManiSkill's RecordEpisode over many envs saves a video every max_steps_per_video steps only; an
+        evaluation that ended early saves the rest of its video now."""
+        if self.video_recorder is not None:
+            self.video_recorder.flush_video()
+
+    def close(self):
+        self.env.close()
+
+
+def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: bool, run_dir: Path,
+              num_eval_steps: int, trajectory_path: Optional[Path] = None) -> TorchVecEnv:
+    """trajectory_path: ManiSkill only; record every episode there (.h5 and .json) with RecordEpisode."""
+    num_envs = args.num_eval_envs if evaluation else args.num_envs
+    video_dir, video_trigger, max_steps_per_video = None, None, None
+    if args.capture_video and evaluation:
+        video_dir = str(run_dir / "videos")
+        max_steps_per_video = num_eval_steps
+    elif args.capture_video and args.save_train_video_freq is not None:
+        video_dir = str(run_dir / "train_videos")
+        video_trigger = functools.partial(in_recorded_rollout if maniskill else starts_recorded_rollout,
+                                          num_steps=args.num_steps, freq=args.save_train_video_freq)
+        max_steps_per_video = args.num_steps
+    try:
+        if maniskill:
+            return make_maniskill_envs(args, num_envs, device, evaluation, video_dir, video_trigger,
+                                       max_steps_per_video, trajectory_path)
+        prefix = "eval" if evaluation else "train"
+        if evaluation and video_dir is not None:
+            video_trigger = ResetEpisodeTrigger()
+        env_fns = [functools.partial(build_gym_env, args.env_id, args.max_episode_steps, video_dir if i == 0 else None,
+                                     video_trigger, max_steps_per_video, prefix) for i in range(num_envs)]
+        if args.async_envs and not evaluation:  # evaluation's video trigger must live in this process
+            env = gym.vector.AsyncVectorEnv(env_fns, context="forkserver",
+                                            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        else:
+            env = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        return TorchVecEnv(env, device, torch_native=False, reset_video_trigger=video_trigger if evaluation else None)
+    except gym.error.DependencyNotInstalled as e:
+        hint = "; or pass --no_capture_video" if args.capture_video else ""
+        raise UserError(f"{args.env_id} needs an optional dependency: {e}{hint}") from e
+    except (gym.error.Error, ImportError) as e:
+        raise UserError(f"cannot make env {args.env_id!r}: {e}") from e
+
+
+def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluation: bool, video_dir: Optional[str],
+                        video_trigger, max_steps_per_video: Optional[int],
+                        trajectory_path: Optional[Path]) -> TorchVecEnv:
+    """ManiSkill's GPU simulation runs all envs in one process and has branches of its own for num_envs > 1; each
+    is handled here or refused in validate() (docs/bootstrap.md, "ManiSkill with many envs"):
+    - RecordEpisode needs max_steps_per_video (it cannot flush a video at one env's reset): the evaluation's length
+      or the rollout's; evaluate() flushes the rest of an evaluation that ends early.
+    - Videos tile every env into one frame, so the camera shrinks with the number of envs.
+    - ManiSkillVectorEnv cannot reconfigure on a partial reset: refused in validate().
+    - reset(seed=s) gives env 0 seed s and the others seeds drawn from RandomState(s); autoresets are unseeded.
+    """
+    from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
+
+    gpu = resolve_sim_backend(args.sim_backend) == "gpu"
+    on_device = "" if device.index is None else f":{device.index}"  # under torchrun, each rank's own GPU
+    env_kwargs = dict(obs_mode=args.obs_mode, sim_backend=f"physx_cuda{on_device}" if gpu else "physx_cpu",
+                      # the default render backend falls back to the CPU with one warning per env; --no_cuda with
+                      # the CPU simulation keeps rendering off the GPU too
+                      render_backend=f"gpu{on_device}" if torch.cuda.is_available() and (gpu or args.cuda) else "cpu",
+                      reconfiguration_freq=args.eval_reconfiguration_freq if evaluation else args.reconfiguration_freq,
+                      max_episode_steps=args.max_episode_steps)
+    if args.control_mode is not None:
+        env_kwargs["control_mode"] = args.control_mode
+    if video_dir is not None:
+        env_kwargs["render_mode"] = "rgb_array"
+    camera = dict(shader_pack="default") if evaluation else {}
+    if video_dir is not None and gpu and num_envs > 1:
+        # RecordEpisode tiles every env into one frame of int(sqrt(num_envs)) rows: each env's camera shrinks so that
+        # the frame stays at most about 1024 pixels wide, and a video's memory bounded, whatever the number of envs
+        side = max(16, min(512, 1024 // math.ceil(num_envs / int(math.sqrt(num_envs)))))
+        camera.update(width=side, height=side)
+    if camera:
+        env_kwargs["human_render_camera_configs"] = camera
+    ignore_terminations = not (args.eval_partial_reset if evaluation else args.partial_reset)
+    try:
+        if gpu or num_envs == 1:
+            # One CPU env takes the same ManiSkillVectorEnv code path as thousands of GPU envs.
+            env = build_maniskill_env(args.env_id, num_envs, env_kwargs, args.include_state, video_dir, video_trigger,
+                                      max_steps_per_video, trajectory_path)
+            vec_env = ManiSkillVectorEnv(env, num_envs, ignore_terminations=ignore_terminations, record_metrics=True)
+            recorder = env if video_dir is not None or trajectory_path is not None else None
+            return TorchVecEnv(vec_env, device, torch_native=True, video_recorder=recorder)
+        if trajectory_path is not None:
+            raise UserError("trajectories are recorded in one ManiSkill vector env: on the CPU simulation, use one env")
+        # The fork start method hangs while workers build SAPIEN scenes; forkserver needs module-level builders.
+        env_fns = [functools.partial(build_maniskill_cpu_worker_env, args.env_id, env_kwargs, args.include_state,
+                                     ignore_terminations,
+                                     video_dir if i == 0 else None, video_trigger, max_steps_per_video)
+                   for i in range(num_envs)]
+        # AsyncVectorEnv builds its first env in this process before any worker, so a missing asset or Vulkan
+        # driver fails here.
+        vec_env = gym.vector.AsyncVectorEnv(env_fns, context="forkserver",
+                                            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        return TorchVecEnv(vec_env, device, torch_native=False)
+    except (AssertionError, KeyError, ValueError) as e:
+        raise UserError(f"cannot make ManiSkill env {args.env_id!r} with {env_kwargs}: {e}") from e
+    except RuntimeError as e:
+        if "vk::" not in str(e) and "vulkan" not in str(e).lower():
+            raise
+        raise UserError(f"SAPIEN, ManiSkill's simulator, needs a Vulkan driver even on CPU and found none ({e}); "
+                        "on a CPU-only Debian/Ubuntu machine: bash scripts/install_cpu_vulkan.sh") from e
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints and resume
+# ---------------------------------------------------------------------------------------------
+
+# --resume continues one experiment: only the flags that say how long it runs and how it is run, watched and stored
+# may change. Any other difference (the task, the algorithm, the evaluation) is another experiment: start it from the
+# run's weights with --checkpoint.
+RESUME_CHANGEABLE_FIELDS = ("total_timesteps", "eval_freq", "checkpoint_freq", "keep_checkpoints", "capture_video",
+                            "save_train_video_freq", "save_model", "track", "wandb_project_name", "wandb_entity",
+                            "torch_threads", "cuda", "torch_deterministic")
+
+
+def load_states(agent: Agent, optimizer: torch.optim.Optimizer, reward_normalizer: Optional[RewardNormalizer],
+                init_state: Optional[dict], resume_state: Optional[dict], args: Args,
+                envs: TorchVecEnv) -> tuple[int, int]:
+    """Weights and statistics from --checkpoint or --resume, the optimizer's state too on --resume; every rank then
+    holds rank 0's. Returns the global step and iteration the run continues from."""
+    for state in (init_state, resume_state):
+        if state is not None:
+            load_weights(agent, state, args, envs)
+            if reward_normalizer is not None and state.get("reward_normalizer") is not None:
+                reward_normalizer.load_state_dict(state["reward_normalizer"])
+    if world_size() > 1:
+        for tensor in agent.state_dict().values():  # each rank drew its own initial weights
+            dist.broadcast(tensor, 0)
+    if resume_state is None:
+        return 0, 0
+    optimizer.load_state_dict(resume_state["optimizer"])
+    return resume_state["global_step"], resume_state["iteration"]
+
+
+def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
+    """Load a checkpoint's weights and observation statistics; refuse one whose spaces or network differ."""
+    observation_space = space_to_dict(envs.single_observation_space)
+    action_space = space_to_dict(envs.single_action_space)
+    if state["observation_space"] != observation_space or state["action_space"] != action_space:
+        raise UserError(f"the checkpoint's spaces ({space_shapes(state['observation_space'])}, "
+                        f"{state['action_space']}) do not match {args.env_id}'s ({space_shapes(observation_space)}, "
+                        f"{action_space})")
+    defaults = {field.name: field.default for field in dataclasses.fields(Args)}
+    for name in NETWORK_FIELDS:
+        trained = state["args"].get(name, defaults[name])  # checkpoints older than the flag used its default
+        if trained != getattr(args, name):
+            flag = cli_flag(name, trained)
+            raise UserError(f"the checkpoint was trained with {flag}, and its network needs the same: pass {flag}")
+    try:
+        agent.load_state_dict(state["model"])
+    except RuntimeError as e:  # a copy whose network changed after the checkpoint was written
+        mismatch = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e))[:200]
+        raise UserError(f"the checkpoint's weights do not fit {TRAINER}.py's network ({mismatch.rstrip('.')}); "
+                        f"evaluate or continue it with the file that wrote it") from e
+
+
+def space_shapes(space: dict):
+    if space["type"] == "Dict":
+        return {key: space_shapes(sub) for key, sub in space["spaces"].items()}
+    return space["shape"]
+
+
+def open_run(args: Args, setup: Setup, resume_state: Optional[dict]) -> SummaryWriter:
+    """Rank 0's start of the run's logs; on --resume, what came after the checkpoint is set aside first."""
+    if args.track:
+        import wandb
+
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=dataclasses.asdict(args), name=setup.run_name, id=setup.run_name, resume="allow",
+                   save_code=True)
+    purge_step = None
+    if resume_state is not None:
+        # Only now that the run has started: a resume that fails must leave the run as it was.
+        set_aside_later_checkpoints(setup.run_dir, resume_state["iteration"])
+        for unfinished in setup.run_dir.glob("*.pt.tmp"):  # checkpoint writes that a kill cut short
+            unfinished.unlink()
+        purge_step = resume_state["global_step"] + 1  # steps logged after the checkpoint are replaced
+    writer = SummaryWriter(str(setup.run_dir), purge_step=purge_step)
+    batch_size = args.num_envs * args.num_steps
+    derived = {"batch_size": batch_size, "minibatch_size": batch_size // args.num_minibatches,
+               "num_iterations": setup.num_iterations, "bootstrap_rule": setup.bootstrap_rule,
+               "num_eval_steps": setup.num_eval_steps, "device": str(setup.device), "world_size": world_size()}
+    table = {**dataclasses.asdict(args), **derived}
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in table.items()))
+    print(f"run {setup.run_name}: {setup.run_dir}  " + "  ".join(f"{k}={v}" for k, v in derived.items()), flush=True)
+    return writer
+
+
+def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: torch.optim.Optimizer,
+                     reward_normalizer: Optional[RewardNormalizer], global_step: int, iteration: int,
+                     final: bool = False) -> Optional[Path]:
+    """Every rank calls it (each hands rank 0 its random state); rank 0 writes ckpt_{iteration}.pt."""
+    if not all_finite(agent):
+        raise NonFiniteError("parameters")
+    rank_rngs = gather_objects(rng_states(setup.device))
+    if setup.rank != 0:
+        return None
+    state = {"format": CHECKPOINT_FORMAT, "trainer": TRAINER, "run_name": setup.run_name,
+             "args": dataclasses.asdict(args), "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
+             "reward_normalizer": None if reward_normalizer is None else reward_normalizer.state_dict(),
+             "observation_space": space_to_dict(envs.single_observation_space),
+             "action_space": space_to_dict(envs.single_action_space),
+             "global_step": global_step, "iteration": iteration, "world_size": world_size(),
+             "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:]}
+    path = setup.run_dir / f"ckpt_{iteration}.pt"
+    save_checkpoint(path, state)
+    if final:
+        save_checkpoint(setup.run_dir / "final_ckpt.pt", state)
+    if args.keep_checkpoints is not None:
+        numbered = numbered_checkpoints(setup.run_dir)
+        for old in sorted(numbered)[:-args.keep_checkpoints]:
+            numbered[old].unlink()
+    return path
+
+
+def print_how_to_resume(signum: int, checkpoint: Optional[Path], iteration: int, run_dir: Path):
+    resume = f"{shlex.quote(sys.argv[0])} --resume {shlex.quote(str(run_dir))}"
+    how = f"python {resume}" if world_size() == 1 else f"torchrun (the same options) {resume}"
+    print(f"{signal.Signals(signum).name}: saved {checkpoint} at iteration {iteration}; resume with: {how}",
+          file=sys.stderr)
+
+
+def parse_args(argv: list[str]) -> Args:
+    args = tyro.cli(Args, args=argv, use_underscores=True, description=__doc__)
+    if args.resume is None:
+        return args
+    saved = load_checkpoint(find_resume_checkpoint(args.resume))["args"]
+    saved["checkpoint"] = None  # the weights it started from are in the run's own checkpoints by now
+    saved_args = Args(**{f.name: saved[f.name] for f in dataclasses.fields(Args) if f.name in saved})
+    # Parse again with the run's own arguments as defaults: flags given now override them.
+    args = tyro.cli(Args, args=argv, use_underscores=True, default=saved_args, description=__doc__)
+    changeable = RESUME_CHANGEABLE_FIELDS + ("resume", "checkpoint")
+    fixed = [f.name for f in dataclasses.fields(Args) if f.name not in changeable]
+    changed = [f"--{name}" for name in fixed if getattr(args, name) != getattr(saved_args, name)]
+    if changed:
+        raise UserError(f"--resume continues the same experiment and only its run-control flags may change, but "
+                        f"{', '.join(changed)} differ from the run's; start a new run from its weights with "
+                        "--checkpoint")
+    return args
+
+
+def cli_flag(name: str, value) -> str:
+    """How a user writes name=value on the command line."""
+    if isinstance(value, bool):
+        return f"--{name}" if value else f"--no_{name}"
+    if isinstance(value, (tuple, list)):
+        return " ".join([f"--{name}", *map(str, value)])
+    return f"--{name}={value}"
+
+
+def numbered_checkpoints(run_dir: Path) -> dict[int, Path]:
+    """The run's ckpt_<iteration>.pt files by iteration."""
+    return {int(m.group(1)): p for p in run_dir.iterdir() if (m := re.fullmatch(r"ckpt_(\d+)\.pt", p.name))}
+
+
+def find_resume_checkpoint(path: str) -> Path:
+    """A checkpoint file as given, or a run directory's newest ckpt_<iteration>.pt."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    numbered = numbered_checkpoints(path)
+    if not numbered:
+        raise UserError(f"no checkpoint ckpt_<iteration>.pt in {path} to resume from")
+    return numbered[max(numbered)]
+
+
+TORCH_LOAD_ADVICE = ("Weights only load failed", "Please file an issue", "Check the documentation of torch.load")
+
+
+def read_checkpoint(path) -> dict:
+    """A checkpoint of any of the trainers, read without running anything in it."""
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"checkpoint {path} is a directory; give a checkpoint file, e.g. {path / 'final_ckpt.pt'}")
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} does not exist")
+    if path.stat().st_size == 0:
+        raise UserError(f"checkpoint {path} is empty")
+    try:
+        with warnings.catch_warnings():
+            # a file pickled by other means draws a warning about its protocol before it is refused or read
+            warnings.simplefilter("ignore", UserWarning)
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        # torch wraps the reason of a weights_only refusal in advice that does not apply here
+        reason = next((line for line in lines if not line.startswith(TORCH_LOAD_ADVICE)),
+                      lines[0] if lines else "no message")
+        if isinstance(e, pickle.UnpicklingError) and "global" in reason.lower():
+            # weights_only stops at the first object that is not a tensor or plain data, before anything is built or run
+            raise UserError(f"checkpoint {path} holds pickled Python objects besides tensors and plain data "
+                            f"({reason}), which could run code when loaded: refused, nothing in it was run") from e
+        raise UserError(f"checkpoint {path} cannot be read, it is damaged or not a checkpoint "
+                        f"({type(e).__name__}: {reason})") from e
+    if not isinstance(ckpt, dict) or "format" not in ckpt or "model" not in ckpt:
+        raise UserError(f"{path} is not a checkpoint of these trainers")
+    return ckpt
+
+
+def load_checkpoint(path) -> dict:
+    """A checkpoint this trainer can continue or start from."""
+    ckpt = read_checkpoint(path)
+    if ckpt["format"] != CHECKPOINT_FORMAT:
+        raise UserError(f"{path} has checkpoint format {ckpt['format']}; this {TRAINER}.py reads format "
+                        f"{CHECKPOINT_FORMAT}")
+    if ckpt.get("trainer") != TRAINER:
+        raise UserError(f"{path} was written by {ckpt.get('trainer')}.py, not {TRAINER}.py: continue or start from it "
+                        f"with {ckpt.get('trainer')}.py")
+    return ckpt
+
+
+def set_aside_later_checkpoints(run_dir: Path, iteration: int):
+    """Resuming from an older checkpoint abandons what came after it. Its checkpoints move to a subdirectory
+    (nothing is deleted), so that `--resume RUN_DIR` and final_ckpt.pt refer to the continued run."""
+    later = [path for number, path in numbered_checkpoints(run_dir).items() if number > iteration]
+    final = run_dir / "final_ckpt.pt"
+    if final.is_file() and load_checkpoint(final)["iteration"] > iteration:
+        later.append(final)
+    if not later:
+        return
+    aside = run_dir / f"abandoned_after_{iteration}_{int(time.time())}"
+    aside.mkdir()
+    for path in later:
+        path.rename(aside / path.name)
+    print(f"resuming from iteration {iteration}: moved the {len(later)} later checkpoints to {aside}", file=sys.stderr)
+
+
+class RunDirLock:
+    """One process at a time writes a run directory: an exclusive flock on its .lock file, which the kernel releases
+    when the process ends, however it ends."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.new_dirs = [path for path in (run_dir, *run_dir.parents) if not path.exists()]
+        self.entries_before = set(run_dir.iterdir()) if run_dir.is_dir() else set()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        path = run_dir / ".lock"
+        self.file = open(path, "a+")
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # a lock file that a failing start unlinked after we opened it locks nothing
+            held = path.exists() and os.stat(path).st_ino == os.fstat(self.file.fileno()).st_ino
+        except BlockingIOError:
+            held = False
+        except OSError as e:
+            if e.errno not in (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK):
+                raise
+            print(f"warning: {run_dir} cannot be locked on this file system ({e.strerror}); "
+                  "make sure no other process writes this run", file=sys.stderr)
+            held = True
+        if not held:
+            self.file.seek(0)
+            holder = self.file.read().strip()
+            self.file.close()
+            raise UserError(f"{run_dir} is in use by another process (pid {holder}); wait for it to finish or stop it")
+        self.file.truncate(0)
+        self.file.write(str(os.getpid()))
+        self.file.flush()
+
+    def release(self):
+        self.file.close()
+
+    def undo(self):
+        """A start that failed leaves the disk as it found it: what it created (the lock file, empty video
+        directories, a new run directory) goes, and nothing else is touched."""
+        new_entries = set(self.run_dir.iterdir()) - self.entries_before
+        try:
+            if self.run_dir / ".lock" in new_entries:
+                (self.run_dir / ".lock").unlink()  # while still locked: no other start can take it meanwhile
+            for path in new_entries:
+                if path.is_dir() and not any(path.iterdir()):
+                    path.rmdir()
+            for path in self.new_dirs:
+                if any(path.iterdir()):
+                    break
+                path.rmdir()
+        except OSError:
+            pass  # another start is creating entries here at the same time: leave them
+        finally:
+            self.release()
+
+
+def save_checkpoint(path: Path, state: dict):
+    """Write to a temporary file, put it on disk, then rename it: a kill mid-write (or a power cut after the rename)
+    never leaves a truncated checkpoint, only a stray .tmp that the next resume removes. Serialized in memory first:
+    torch.save onto a full disk fails with a RuntimeError that does not say so, a plain write with ENOSPC."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(buffer.getbuffer())
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(path)) from e
+    os.replace(tmp, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself
+    finally:
+        os.close(directory)
+
+
+def rng_states(device: torch.device) -> dict:
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        # The learner's GPU alone: a resumed job may land on a node with another number of GPUs.
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.empty(0, dtype=torch.uint8),
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "python": random.getstate(),
+    }
+
+
+def set_rng_states(states: dict, device: torch.device):
+    torch.set_rng_state(states["torch"])
+    if device.type == "cuda" and len(states["cuda"]) > 0:
+        torch.cuda.set_rng_state(states["cuda"], device)
+    np_state = states["numpy"]
+    np.random.set_state(("MT19937", np_state["keys"].numpy().astype(np.uint32), np_state["pos"],
+                         np_state["has_gauss"], np_state["cached_gaussian"]))
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def all_finite(module: nn.Module) -> bool:
+    tensors = [t for t in module.state_dict().values() if t.is_floating_point()]
+    return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
+
+
+# ---------------------------------------------------------------------------------------------
+# Data parallel: torchrun starts one process (a rank) per GPU, each with its own envs; a plain run is one rank.
+# Whatever decides the course of the run is computed from numbers every rank shares, so that all ranks take it alike.
+# ---------------------------------------------------------------------------------------------
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def gather_rows(x: torch.Tensor) -> torch.Tensor:
+    """Every rank's x, concatenated along the first dimension in rank order (x itself in a plain run)."""
+    if world_size() == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(world_size())]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts)
+
+
+def mean_over_ranks(x: torch.Tensor) -> torch.Tensor:
+    if world_size() == 1:
+        return x
+    total = x.clone()
+    dist.all_reduce(total)  # gloo has no average
+    return total / world_size()
+
+
+def average_gradients(agent: nn.Module, loss_finite: torch.Tensor) -> torch.Tensor:
+    """Replace each rank's gradients by their mean over all ranks, in one all-reduce (every rank then clips and steps
+    alike); returns whether every rank's loss was finite."""
+    grads = [p.grad for p in agent.parameters()]
+    flat = mean_over_ranks(torch.cat([g.flatten() for g in grads] + [(~loss_finite).float().reshape(1)]))
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+    return flat[-1] == 0
+
+
+def parameters_finite(agent: nn.Module, iteration: int) -> bool:
+    """Whether every rank's parameters and observation statistics are finite; under torchrun every rank must also
+    hold rank 0's, bit for bit (else RuntimeError). All ranks reach the same answer, so they stop together."""
+    own_finite = all_finite(agent)
+    if world_size() == 1:
+        return own_finite
+    state = torch.cat([t.detach().flatten().double() for t in agent.state_dict().values() if t.is_floating_point()])
+    rank0_state = state.clone()
+    dist.broadcast(rank0_state, 0)
+    counts = torch.tensor([0.0 if torch.equal(state, rank0_state) else 1.0, 0.0 if own_finite else 1.0],
+                          device=state.device)
+    dist.all_reduce(counts)  # the ranks that differ from rank 0, the ranks with non-finite values
+    if counts[1] > 0:
+        return False
+    if counts[0] > 0:
+        raise RuntimeError(f"after the update of iteration {iteration}, {int(counts[0].item())} ranks hold other "
+                           "parameters than rank 0")
+    return True
+
+
+def agree_on_signal(signum: Optional[int], device: torch.device) -> Optional[int]:
+    """A stop signal that reached any rank stops every rank after the same iteration."""
+    if world_size() == 1:
+        return signum
+    received = torch.tensor([signum or 0], device=device)
+    dist.all_reduce(received, op=dist.ReduceOp.MAX)
+    return int(received.item()) or None
+
+
+def gather_objects(obj) -> list:
+    """Every rank's obj (plain data and CPU tensors), in rank order."""
+    if world_size() == 1:
+        return [obj]
+    objects = [None] * world_size()
+    dist.all_gather_object(objects, obj)
+    return objects
+
+
+def gather_episodes(episodes: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every rank's finished episodes (metric -> values), for rank 0's logs."""
+    if world_size() == 1:
+        return episodes
+    per_rank = gather_objects({key: values.cpu() for key, values in episodes.items()})
+    return {key: torch.cat([rank_episodes[key] for rank_episodes in per_rank if key in rank_episodes])
+            for key in dict.fromkeys(key for rank_episodes in per_rank for key in rank_episodes)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiling, signals, the command line
+# ---------------------------------------------------------------------------------------------
+
+def compile_unless_unavailable(fn, enabled: bool):
+    """torch.compile(fn) under --compile, else fn. Where compiling fails (the CPU backend needs a C++ compiler; some
+    Python versions have no torch.compile), one line says so and fn runs eagerly from then on."""
+    if not enabled:
+        return fn
+    # Random draws (the policy's sampling) come from torch's own generator, as in eager mode.
+    torch._inductor.config.fallback_random = True
+    compiled = None
+
+    def call(*args):
+        nonlocal compiled
+        if compiled is not fn:
+            try:
+                compiled = compiled or torch.compile(fn)
+                return compiled(*args)
+            except Exception as e:  # whatever compiling raised: an error of fn itself raises again below
+                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                print(f"\nwarning: --compile: torch.compile failed ({reason}); running eagerly", file=sys.stderr)
+                compiled = fn
+        return fn(*args)
+    return call
+
+
+class StopSignal:
+    """SIGINT/SIGTERM end the run at the next iteration boundary, after a checkpoint; a second signal exits at once."""
+
+    def __init__(self):
+        self.signum: Optional[int] = None
+        self.previous_handlers = {signum: signal.signal(signum, self.handle)
+                                  for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore(self):
+        """Give the signals back to whoever had them, e.g. a program that called cli() in-process."""
+        for signum, handler in self.previous_handlers.items():
+            signal.signal(signum, handler)
+
+    def handle(self, signum, frame):
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        print(f"\n{signal.Signals(signum).name} received: stopping after this iteration and saving a checkpoint",
+              file=sys.stderr)
+
+
+def cli(argv: Optional[list[str]] = None) -> int:
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+        return main(args)
+    except (UserError, OSError) as e:  # OSError: a run directory that cannot be written, a full disk
+        rank, _, num_ranks, _ = torchrun_ranks()
+        print(f"error: {e}" if num_ranks == 1 else f"error (rank {rank}): {e}", file=sys.stderr)
+        return 2 if isinstance(e, UserError) else 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
