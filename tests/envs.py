@@ -76,6 +76,20 @@ class PointMassButtons(PointMass):
 gym.register("PointMassButtons-v0", entry_point=PointMassButtons, max_episode_steps=EPISODE_STEPS)
 
 
+class PointMassPixels(PointMass):
+    """PointMass observed as a Dict of its 64x64 frame and its state: an image env whose resets ignore the seed, for
+    ppo_rgb.py's exact-resume tests."""
+
+    observation_space = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (64, 64, 3), np.uint8),
+                                         "state": PointMass.observation_space})
+
+    def _obs(self):
+        return {"image": self.render(), "state": super()._obs()}
+
+
+gym.register("PointMassPixels-v0", entry_point=PointMassPixels, max_episode_steps=EPISODE_STEPS)
+
+
 class PointMassNoVideo(PointMass):
     """PointMass whose rendering needs a package that is missing, as classic control's needs pygame."""
 

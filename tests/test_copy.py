@@ -9,11 +9,12 @@ import torch
 
 import ippo
 import ppo
+import ppo_rgb
 import ppo_rnn
 from tests.test_reliability import ENV, FLAGS
 from tests.util import REPO, fast_args, load, refused_in_one_line, run_script, snapshot
 
-TRAINERS = {"ppo": ppo, "ppo_rnn": ppo_rnn, "ippo": ippo}
+TRAINERS = {"ppo": ppo, "ppo_rnn": ppo_rnn, "ippo": ippo, "ppo_rgb": ppo_rgb}
 # Each copy's network has a parameter that the original's has not: a LayerNorm after a hidden layer; ippo.py, whose
 # parameters are stacked per agent, gets a second linear layer of each hidden width instead.
 CHANGED_NETWORK = {
@@ -24,6 +25,9 @@ CHANGED_NETWORK = {
                 "layer_init(nn.Linear(hidden_size, hidden_size)), nn.LayerNorm(hidden_size), "
                 "ACTIVATIONS[activation]())",
                 "actor_core.encoder.3.weight"),
+    "ppo_rgb": ("layers += [layer_init(nn.Linear(width, size)), ACTIVATIONS[activation]()]",
+                "layers += [layer_init(nn.Linear(width, size)), nn.LayerNorm(size), ACTIVATIONS[activation]()]",
+                "actor.1.weight"),
     "ippo": ("layers += [AgentLinear(num_nets, width, size), ACTIVATIONS[activation]()]",
              "layers += [AgentLinear(num_nets, width, size), AgentLinear(num_nets, size, size), "
              "ACTIVATIONS[activation]()]",

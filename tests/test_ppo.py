@@ -212,15 +212,17 @@ def test_video_for_gymnasium_env(tmp_path):
     ("ppo.py", {}, 300, 25),
     # 16-step rollouts end on PointMass's episode boundaries: no recurrent state is in flight at a checkpoint
     ("ppo_rnn.py", dict(seq_len=8, rnn_hidden_size=16), 120, 10),
-], ids=["ppo", "ppo_rnn"])
+    ("ppo_rgb.py", {}, 60, 10),  # PointMass's frame and state
+], ids=["ppo", "ppo_rnn", "ppo_rgb"])
 def test_sigterm_then_resume_equals_uninterrupted_run(tmp_path, script, flags, iterations, signal_after):
     """Linear lr schedule, observation and reward normalization and RNG streams all continue exactly."""
+    env_id = "tests.envs:PointMassPixels-v0" if script == "ppo_rgb.py" else POINT_MASS
     argv = dict(total_timesteps=32 * iterations, eval_freq=signal_after, norm_obs=True, norm_reward=True,
                 lr_schedule="linear", **flags)
-    full = run_script(script, fast_args(POINT_MASS, "full", **argv), tmp_path)
+    full = run_script(script, fast_args(env_id, "full", **argv), tmp_path)
     assert full.returncode == 0, full.stderr
 
-    proc = start_script(script, fast_args(POINT_MASS, "cut", **argv), tmp_path)
+    proc = start_script(script, fast_args(env_id, "cut", **argv), tmp_path)
     run = tmp_path / "runs" / "cut"
     wait_for(run / f"ckpt_{signal_after}.pt", proc, 300)
     proc.send_signal(signal.SIGTERM)

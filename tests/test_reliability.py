@@ -17,8 +17,9 @@ TRAINERS = ["ppo", "ppo_rnn", "ippo"]
 # Envs whose resets ignore the random stream, with 16-step episodes: 16-step rollouts end on episode boundaries, so
 # resumes can be exact (see test_ppo.py and test_ippo.py). Small recurrent cores.
 ENV = {"ppo": "tests.envs:PointMass-v0", "ppo_rnn": "tests.envs:PointMass-v0",
-       "ippo": "vmas:tests.vmas_scenarios:Clock"}
-FLAGS = {"ppo": {}, "ppo_rnn": dict(seq_len=8, rnn_hidden_size=16), "ippo": dict(max_episode_steps=16)}
+       "ippo": "vmas:tests.vmas_scenarios:Clock", "ppo_rgb": "tests.envs:PointMassPixels-v0"}
+FLAGS = {"ppo": {}, "ppo_rnn": dict(seq_len=8, rnn_hidden_size=16), "ippo": dict(max_episode_steps=16),
+         "ppo_rgb": {}}
 # The learning checks' commands (test_learning.py, test_ppo_rnn.py, test_ippo.py) with half the envs on each of two
 # ranks: the same global batch, and minibatches of the same global size.
 LEARNING = {
