@@ -95,7 +95,7 @@ def test_torchrun_ranks_stop_together_when_one_rank_sees_a_non_finite_loss(tmp_p
     assert sorted(p.name for p in (tmp_path / "runs/nan").glob("*.pt")) == ["ckpt_10.pt", "ckpt_5.pt"]
 
 
-@pytest.mark.parametrize("trainer", TRAINERS)
+@pytest.mark.parametrize("trainer", TRAINERS + ["ppo_rgb"])
 def test_torchrun_sigterm_then_resume_equals_uninterrupted_run(tmp_path, trainer):
     script = str(REPO / f"{trainer}.py")
     argv = dict(total_timesteps=32 * 2 * 40, eval_freq=5, norm_obs=True, lr_schedule="linear", **FLAGS[trainer])
