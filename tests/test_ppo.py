@@ -100,12 +100,13 @@ def test_async_envs_step_in_workers_with_the_same_numbers(tmp_path, monkeypatch,
     assert_same_numbers(tmp_path / "runs/sync", tmp_path / "runs/async")
 
 
-@pytest.mark.parametrize("trainer", [ppo, ppo_rnn], ids=["ppo", "ppo_rnn"])
+@pytest.mark.parametrize("trainer", [ppo, ppo_rnn, ppo_rgb], ids=["ppo", "ppo_rnn", "ppo_rgb"])
 def test_compile_stays_close_to_eager_and_falls_back_in_one_line(tmp_path, monkeypatch, capsys, trainer):
     monkeypatch.chdir(tmp_path)
+    env_id = "tests.envs:PointMassPixels-v0" if trainer is ppo_rgb else "Pendulum-v1"
     argv = dict(total_timesteps=32 * 2, eval_freq=2)
-    assert trainer.cli(fast_args("Pendulum-v1", "eager", **argv)) == 0
-    assert trainer.cli(fast_args("Pendulum-v1", "compiled", compile=True, **argv)) == 0
+    assert trainer.cli(fast_args(env_id, "eager", **argv)) == 0
+    assert trainer.cli(fast_args(env_id, "compiled", compile=True, **argv)) == 0
     assert "warning" not in capsys.readouterr().err
     eager, compiled = scalars(tmp_path / "runs/eager"), scalars(tmp_path / "runs/compiled")
     for tag in ("losses/policy_loss", "losses/value_loss", "eval/return"):
@@ -115,7 +116,7 @@ def test_compile_stays_close_to_eager_and_falls_back_in_one_line(tmp_path, monke
         raise RuntimeError("no C++ compiler found\nmore detail")
 
     monkeypatch.setattr(torch, "compile", unavailable)
-    assert trainer.cli(fast_args("Pendulum-v1", "fallback", compile=True, **argv)) == 0
+    assert trainer.cli(fast_args(env_id, "fallback", compile=True, **argv)) == 0
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning")]
     assert warnings == ["warning: --compile: torch.compile failed (no C++ compiler found); running eagerly"] * 2
     assert_same_numbers(tmp_path / "runs/eager", tmp_path / "runs/fallback")
