@@ -114,6 +114,8 @@ class Args:
     """ManiSkill: the cameras' images, rgb, rgbd or depth (every camera of the task, channels side by side)"""
     include_state: bool = True
     """ManiSkill: give the agent the robot's proprioception and the task's state extras besides the images"""
+    aug_shift: int = 0
+    """shift every image of the update by up to this many pixels (DrQ's pad and random crop; 0: off)"""
     num_envs: int = 512
     """number of parallel training environments (of each torchrun process)"""
     async_envs: bool = False
@@ -514,9 +516,10 @@ def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, a
                                                                              buf.values))
     stats, clipfracs, minibatch_steps = {}, [], 0
     for mb in minibatch_indices(batch_size, batch_size // args.num_minibatches, args.update_epochs, b_actions.device):
+        obs = {key: random_shift(x[mb], args.aug_shift) if args.aug_shift and key != "state" else x[mb]
+               for key, x in b_obs.items()}
         (pg_loss, v_loss, entropy_loss), logratio, ratio = update_losses(
-            {key: x[mb] for key, x in b_obs.items()}, b_actions[mb], b_logprobs[mb], b_advantages[mb], b_returns[mb],
-            b_values[mb])
+            obs, b_actions[mb], b_logprobs[mb], b_advantages[mb], b_returns[mb], b_values[mb])
         with torch.no_grad():
             kls = torch.stack([(-logratio).mean(), ((ratio - 1) - logratio).mean()])
             old_approx_kl, approx_kl = mean_over_ranks(kls)
@@ -550,6 +553,17 @@ def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, a
                   "losses/minibatch_steps": minibatch_steps, "charts/learning_rate": optimizer.param_groups[0]["lr"],
                   "losses/explained_variance": explained_var})
     return stats
+
+
+def random_shift(images: torch.Tensor, pad: int) -> torch.Tensor:
+    """DrQ's augmentation: pad each image (N, H, W, C) by repeating its border, then crop it back at a random offset.
+    The rollout's images stay as they were: the update's ratios then start away from 1."""
+    num, height, width, _ = images.shape
+    padded = nn.functional.pad(images.permute(0, 3, 1, 2).float(), (pad,) * 4, mode="replicate").permute(0, 2, 3, 1)
+    offsets = torch.randint(0, 2 * pad + 1, (2, num, 1), device=images.device)
+    rows = (offsets[0] + torch.arange(height, device=images.device))[:, :, None]
+    columns = (offsets[1] + torch.arange(width, device=images.device))[:, None, :]
+    return padded[torch.arange(num, device=images.device)[:, None, None], rows, columns].to(images.dtype)
 
 
 def minibatch_indices(batch_size: int, minibatch_size: int, epochs: int, device: torch.device):
@@ -897,6 +911,7 @@ FLAG_RULES = (
     (("gamma",), lambda value: finite(value) and 0.0 < value <= 1.0, "in (0, 1]"),
     (("gae_lambda",), lambda value: finite(value) and 0.0 <= value <= 1.0, "in [0, 1]"),
     (("log_std_init",), finite, "a finite number"),
+    (("aug_shift",), lambda pixels: pixels >= 0, "0 (off) or a number of pixels"),
     (("hidden_sizes",), lambda sizes: all(size >= 1 for size in sizes), "positive widths"),
 )
 

@@ -88,6 +88,7 @@ def test_maniskill_cameras_through_both_cpu_paths(tmp_path, num_envs, obs_mode):
 
 @pytest.mark.parametrize("argv,mention", [
     (["--env_id", "PushCube-v1", "--obs_mode", "pointcloud"], "--obs_mode must be one of rgb, rgbd, depth"),
+    (["--env_id", "tests.envs:PixelSide-v0", "--aug_shift", "-1"], "--aug_shift must be 0 (off) or a number"),
     (["--env_id", "CartPole-v1"], "holds no image; for vector observations use ppo.py"),
     (["--env_id", "tests.envs:PointMassButtons-v0"], "holds no image"),
     (["--env_id", "tests.envs:Choice-v0"], "holds no image"),
@@ -105,3 +106,24 @@ def test_small_images_and_other_entries_are_refused_in_one_line():
     with pytest.raises(ppo_rgb.UserError, match="'button'"):
         ppo_rgb.observation_layout(gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (64, 64, 3), "uint8"),
                                                     "button": gym.spaces.Discrete(2)}))
+
+
+def test_aug_shift_moves_each_image_by_its_own_offset_and_still_learns(tmp_path):
+    """Against a crop written out: each image comes back shifted by at most aug_shift pixels in each direction, the
+    border repeated; PixelSide is still learned with --aug_shift 4 (its squares stay on their sides)."""
+    torch.manual_seed(0)
+    images = torch.randint(0, 256, (6, 40, 40, 3), dtype=torch.uint8)
+    torch.manual_seed(1)
+    shifted = ppo_rgb.random_shift(images, 4)
+    torch.manual_seed(1)
+    offsets = torch.randint(0, 9, (2, 6, 1))
+    assert shifted.dtype == torch.uint8 and shifted.shape == images.shape
+    for i in range(6):
+        rows = (offsets[0, i, 0] + torch.arange(40) - 4).clamp(0, 39)
+        columns = (offsets[1, i, 0] + torch.arange(40) - 4).clamp(0, 39)
+        assert torch.equal(shifted[i], images[i][rows][:, columns])
+    assert len({tuple(offsets[:, i, 0].tolist()) for i in range(6)}) > 1  # not one offset for all
+
+    result = run_script("ppo_rgb.py", fast_args("tests.envs:PixelSide-v0", "shifted", aug_shift=4, **PIXELS), tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert scalars(tmp_path / "runs/shifted")["eval/return"][-1][1] >= 15
