@@ -2,7 +2,8 @@
 # The GPU acceptance run: what the CPU-only suite cannot reach, in one command on a machine with CUDA.
 #   bash benchmarks/gpu.sh [MINUTES] [PATH/TO/ManiSkill/examples/baselines/ppo/ppo.py]
 # Within MINUTES (default 60): (a) pytest -m gpu; (b) ppo.py with ManiSkill's baseline commands for PushCube-v1 and
-# PickCube-v1; (c) ppo_rnn.py on PushCube-v1 and ippo.py on TwoRobotPickCube-v1, a few minutes each; (d) given
+# PickCube-v1; (c) ppo_rnn.py on PushCube-v1, ippo.py on TwoRobotPickCube-v1 and ppo_rgb.py on PushCube-v1's
+# camera (ManiSkill's ppo_rgb.py command), a few minutes each; (d) given
 # ManiSkill's own ppo.py, its PushCube-v1 command beside ours; (e) ppo_rnn.py's update replay on the GPU.
 # A run that reaches its share of the time is stopped with SIGTERM (the trainers save a checkpoint).
 # The runs go to ./runs/gpu_*; the results to benchmarks/results/gpu/DATE/ (OUT=... elsewhere): gpu.txt,
@@ -49,11 +50,13 @@ echo "pytest -m gpu: $(tail -n 1 "$out/pytest_gpu.txt")"
 pushcube=(--env_id=PushCube-v1 --num_envs=2048 --update_epochs=8 --num_minibatches=32 --total_timesteps=2_000_000
           --eval_freq=10 --num_steps=20)
 train ppo_PushCube 10 "$PYTHON" "$repo/ppo.py" "${pushcube[@]}" --exp_name=gpu_ppo_PushCube
-train ppo_PickCube 25 "$PYTHON" "$repo/ppo.py" --env_id=PickCube-v1 --num_envs=1024 --update_epochs=8 \
+train ppo_PickCube 20 "$PYTHON" "$repo/ppo.py" --env_id=PickCube-v1 --num_envs=1024 --update_epochs=8 \
   --num_minibatches=32 --total_timesteps=10_000_000 --exp_name=gpu_ppo_PickCube
 train ppo_rnn_PushCube 10 "$PYTHON" "$repo/ppo_rnn.py" "${pushcube[@]}" --exp_name=gpu_ppo_rnn_PushCube
-train ippo_TwoRobotPickCube 15 "$PYTHON" "$repo/ippo.py" --env_id=TwoRobotPickCube-v1 \
+train ippo_TwoRobotPickCube 10 "$PYTHON" "$repo/ippo.py" --env_id=TwoRobotPickCube-v1 \
   --exp_name=gpu_ippo_TwoRobotPickCube
+train ppo_rgb_PushCube 15 "$PYTHON" "$repo/ppo_rgb.py" --env_id=PushCube-v1 --num_envs=256 --update_epochs=8 \
+  --num_minibatches=8 --total_timesteps=1_000_000 --eval_freq=10 --num_steps=20 --exp_name=gpu_ppo_rgb_PushCube
 if [ -n "$maniskill_ppo" ]; then
   train maniskill_ppo_PushCube 10 "$PYTHON" "$maniskill_ppo" "${pushcube[@]}" --exp-name=gpu_maniskill_ppo_PushCube
 fi

@@ -12,7 +12,7 @@ from tests.util import REPO, fast_args, load, run_script, scalars, video_frames
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-TRAINERS = {"ppo": "PushCube-v1", "ppo_rnn": "PushCube-v1", "ippo": "TwoRobotPickCube-v1"}
+TRAINERS = {"ppo": "PushCube-v1", "ppo_rnn": "PushCube-v1", "ippo": "TwoRobotPickCube-v1", "ppo_rgb": "PushCube-v1"}
 # 16 GPU envs, 3 iterations of 10 steps, an evaluation with video after each: PushCube's episodes last 50 steps,
 # TwoRobotPickCube's 100.
 GPU_RUN = dict(num_envs=16, num_eval_envs=16, num_steps=10, num_minibatches=4, update_epochs=2, total_timesteps=480,
