@@ -262,8 +262,11 @@ class DiscreteActions(nn.Module):
 
     @staticmethod
     def num_logits(action_space: dict) -> int:
-        return {"Discrete": action_space.get("n"), "MultiDiscrete": sum(action_space.get("nvec", [])),
-                "MultiBinary": action_space.get("shape", [0])[0]}[action_space["type"]]
+        if action_space["type"] == "Discrete":
+            return action_space["n"]
+        if action_space["type"] == "MultiDiscrete":
+            return sum(action_space["nvec"])
+        return action_space["shape"][0]  # MultiBinary
 
     def grid(self, logits: torch.Tensor) -> torch.Tensor:
         grid = logits.new_full((*logits.shape[:-1], *self.grid_shape), float("-inf"))

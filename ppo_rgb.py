@@ -274,8 +274,11 @@ class DiscreteActions(nn.Module):
 
     @staticmethod
     def num_logits(action_space: dict) -> int:
-        return {"Discrete": action_space.get("n"), "MultiDiscrete": sum(action_space.get("nvec", [])),
-                "MultiBinary": action_space.get("shape", [0])[0]}[action_space["type"]]
+        if action_space["type"] == "Discrete":
+            return action_space["n"]
+        if action_space["type"] == "MultiDiscrete":
+            return sum(action_space["nvec"])
+        return action_space["shape"][0]  # MultiBinary
 
     def grid(self, logits: torch.Tensor) -> torch.Tensor:
         grid = logits.new_full((*logits.shape[:-1], *self.grid_shape), float("-inf"))
@@ -1157,11 +1160,12 @@ def observation_layout(space: gym.Space) -> tuple[dict, list[tuple[str, int]]]:
         "image" if len(space.shape) == 3 else "state": space}
     layout, vectors = {}, []
     for key, sub in spaces.items():
-        if not isinstance(sub, gym.spaces.Box) or len(sub.shape) not in (1, 3) or (len(sub.shape) == 3 and (
-                key == "state" or min(sub.shape[:2]) < MIN_IMAGE_SIDE)):
+        box = isinstance(sub, gym.spaces.Box)
+        image = box and len(sub.shape) == 3 and key != "state" and min(sub.shape[:2]) >= MIN_IMAGE_SIDE
+        if not (image or (box and len(sub.shape) == 1)):
             raise UserError(f"observation {key!r} ({sub}) is not supported; {TRAINER}.py takes images (H, W, C) of at "
                             f"least {MIN_IMAGE_SIDE}x{MIN_IMAGE_SIDE} pixels and vectors, in a Box or a Dict of Boxes")
-        if len(sub.shape) == 3:
+        if image:
             layout[key] = (tuple(sub.shape), torch.from_numpy(np.empty(0, dtype=sub.dtype)).dtype)
         else:
             vectors.append((key, sub.shape[0]))
