@@ -830,7 +830,8 @@ def main(args: Args) -> int:
                             f"{num_ranks}: resume it with as many (torchrun --nnodes x --nproc_per_node), or start a "
                             "new run from its weights with --checkpoint")
     else:
-        run_name = args.exp_name or f"{args.env_id.replace(':', '_')}__{TRAINER}__{args.seed}__{int(time.time())}"
+        env_name = re.sub("[:/]", "_", args.env_id)  # ALE/Pong-v5 and module:EnvId name one directory
+        run_name = args.exp_name or f"{env_name}__{TRAINER}__{args.seed}__{int(time.time())}"
         run_dir = Path("runs") / run_name
     init_state = load_checkpoint(args.checkpoint) if args.checkpoint is not None else None
 

@@ -3,6 +3,7 @@
     python ppo_rgb.py --env_id=PickCube-v1                               # ManiSkill's cameras and state, GPU sim
     python ppo_rgb.py --env_id=PushCube-v1 --obs_mode=rgbd --num_envs=4 --num_eval_envs=2 --num_minibatches=4  # CPU
     python ppo_rgb.py --env_id=tests.envs:PixelSide-v0 --num_envs=8      # any Gymnasium env with image observations
+    python ppo_rgb.py --env_id=ALE/Pong-v5 --num_envs=8 --num_steps=128 --gamma=0.99 --clip_reward=1 ...  # Atari
     python ppo_rgb.py --resume runs/RUN_NAME                             # continue an interrupted run
 
 ppo.py with an image encoder: `diff ppo.py ppo_rgb.py` shows what images change. Observations are dicts: every image
@@ -55,6 +56,11 @@ from torch.distributions import Bernoulli, Categorical, Independent
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
+try:
+    import ale_py  # noqa: F401  (registers the Atari games with Gymnasium: ALE/Pong-v5, PongNoFrameskip-v4, ...)
+except ImportError:
+    pass
+
 CHECKPOINT_FORMAT = 2
 # The file's own name: a copy (cp ppo_rgb.py my_idea.py) names its runs after itself, and its checkpoints say which
 # file wrote them, so that neither this file nor ppo_eval.py mistakes a copy's runs for this file's.
@@ -64,6 +70,8 @@ CPU_WORKERS_PER_CORE = 4
 NETWORK_FIELDS = ("norm_obs", "hidden_sizes", "activation")
 OBS_MODES = ("rgb", "rgbd", "depth")
 MIN_IMAGE_SIDE = 36  # the NatureCNN's three convolutions need this many pixels
+ATARI_ENTRY_POINT = "ale_py.env:AtariEnv"
+ATARI_FRAME_SKIP = 4
 LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
 NORMAL_ENTROPY_AT_UNIT_STD = 0.5 + 0.5 * math.log(2 * math.pi)
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -190,6 +198,8 @@ class Args:
     """stop the update of a rollout once a minibatch's approximate KL exceeds this (None: never)"""
     reward_scale: float = 1.0
     """multiply rewards by this before computing advantages"""
+    clip_reward: Optional[float] = None
+    """clip the (scaled) rewards to +-this before computing advantages (Atari: 1); returns are logged unclipped"""
     eval_freq: int = 25
     """evaluate every this many iterations, and at the end"""
     save_train_video_freq: Optional[int] = None
@@ -439,7 +449,8 @@ def rollout(agent: Agent, envs: TorchVecEnv, buf: RolloutBuffer, next_obs: dict[
         done = terminated | truncated
         if reward_normalizer is not None:
             reward = reward_normalizer(reward, done)
-        buf.rewards[step] = reward * args.reward_scale
+        reward = reward * args.reward_scale
+        buf.rewards[step] = reward if args.clip_reward is None else reward.clamp(-args.clip_reward, args.clip_reward)
         buf.dones[step] = done
         if finished is not None:
             if bootstrap_rule != "never":
@@ -818,7 +829,8 @@ def main(args: Args) -> int:
                             f"{num_ranks}: resume it with as many (torchrun --nnodes x --nproc_per_node), or start a "
                             "new run from its weights with --checkpoint")
     else:
-        run_name = args.exp_name or f"{args.env_id.replace(':', '_')}__{TRAINER}__{args.seed}__{int(time.time())}"
+        env_name = re.sub("[:/]", "_", args.env_id)  # ALE/Pong-v5 and module:EnvId name one directory
+        run_name = args.exp_name or f"{env_name}__{TRAINER}__{args.seed}__{int(time.time())}"
         run_dir = Path("runs") / run_name
     init_state = load_checkpoint(args.checkpoint) if args.checkpoint is not None else None
 
@@ -907,6 +919,8 @@ FLAG_RULES = (
      "0 (never) or positive (or None)"),
     (("learning_rate", "kl_target", "min_learning_rate", "max_learning_rate", "clip_coef", "vf_coef", "reward_scale"),
      lambda value: finite(value) and value > 0, "a positive finite number"),
+    (("clip_reward",), lambda value: value is None or (finite(value) and value > 0),
+     "a positive finite number (or None)"),
     (("lr_factor",), lambda value: finite(value) and value > 1, "a finite number above 1"),
     (("ent_coef",), lambda value: finite(value) and value >= 0, "0 or a positive finite number"),
     (("max_grad_norm",), lambda value: value > 0, "positive (inf: no clipping)"),  # nan fails the comparison
@@ -1028,9 +1042,13 @@ def find_env(env_id: str) -> tuple[bool, Optional[int]]:
             if name in REGISTERED_ENVS:
                 return True, REGISTERED_ENVS[name].max_episode_steps
     try:
-        return False, gym.spec(name).max_episode_steps
+        spec = gym.spec(name)
     except gym.error.Error as e:
-        raise UserError(f"unknown env id {env_id!r}: {e}") from e
+        atari_missing = name.startswith("ALE/") and "ale_py" not in sys.modules
+        raise UserError(f"unknown env id {env_id!r}: {e}" + ("; pip install ale-py" if atari_missing else "")) from e
+    if spec.entry_point == ATARI_ENTRY_POINT:  # the ALE truncates its episodes after this many frames
+        return False, spec.kwargs["max_num_frames_per_episode"] // ATARI_FRAME_SKIP
+    return False, spec.max_episode_steps
 
 
 def refuse_asset_download(env_id: str):
@@ -1119,22 +1137,46 @@ class ResetEpisodeTrigger:
 
 def build_gym_env(env_id: str, max_episode_steps: Optional[int], video_dir: Optional[str], video_trigger,
                   video_length: Optional[int], name_prefix: str) -> gym.Env:
+    module, _, name = env_id.rpartition(":")
+    if module:  # in a worker process, nothing has registered the env yet
+        importlib.import_module(module)
+    atari = gym.spec(name).entry_point == ATARI_ENTRY_POINT
+    # Atari: atari_preprocessing skips frames (maxing the last two), and the time limit counts its steps, not frames
+    kwargs = {"frameskip": 1} if atari else {"max_episode_steps": max_episode_steps}
     if video_dir is None:
-        return gym.make(env_id, max_episode_steps=max_episode_steps)  # not every env's constructor takes a render_mode
-    try:
-        env = gym.make(env_id, max_episode_steps=max_episode_steps, render_mode="rgb_array")
-    except TypeError as e:
-        if "render_mode" not in str(e):
-            raise
-        raise UserError(f"{env_id} takes no render_mode, so it cannot record videos; pass --no_capture_video") from e
-    # Rendering dependencies (pygame, a GL context) fail only at the first frame: find out now, not mid-run.
-    env.reset()
-    env.render()
+        env = gym.make(env_id, **kwargs)  # not every env's constructor takes a render_mode
+    else:
+        try:
+            env = gym.make(env_id, render_mode="rgb_array", **kwargs)
+        except TypeError as e:
+            if "render_mode" not in str(e):
+                raise
+            raise UserError(f"{env_id} takes no render_mode, so it cannot record videos; "
+                            "pass --no_capture_video") from e
+        # Rendering dependencies (pygame, a GL context) fail only at the first frame: find out now, not mid-run.
+        env.reset()
+        env.render()
+    if atari:
+        env = atari_preprocessing(env, max_episode_steps)
+    if video_dir is None:
+        return env
     if isinstance(video_trigger, ResetEpisodeTrigger):
         trigger = dict(episode_trigger=video_trigger)
     else:
         trigger = dict(step_trigger=video_trigger, video_length=video_length)
     return gym.wrappers.RecordVideo(env, video_dir, name_prefix=name_prefix, disable_logger=True, **trigger)
+
+
+def atari_preprocessing(env: gym.Env, max_episode_steps: Optional[int]) -> gym.Env:
+    """The usual Atari preprocessing (Mnih et al. 2015, Machado et al. 2018): up to 30 no-op actions at a reset, each
+    action repeated for 4 frames and the last two frames maxed, 84x84 grayscale, the last 4 of those stacked as the
+    channels of one (84, 84, 4) image. A lost life does not end the episode and nothing presses FIRE at a reset: the
+    agent learns both (CleanRL's EpisodicLifeEnv and FireResetEnv are not used)."""
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=ATARI_FRAME_SKIP, screen_size=84)
+    env = gym.wrappers.FrameStackObservation(env, 4)
+    channels_last = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    env = gym.wrappers.TransformObservation(env, lambda frames: np.moveaxis(frames, 0, -1), channels_last)
+    return env if max_episode_steps is None else gym.wrappers.TimeLimit(env, max_episode_steps)
 
 
 def space_to_dict(space: gym.Space) -> dict:

@@ -2,8 +2,10 @@
 cameras through both CPU paths, evaluation, bad input."""
 
 import json
+import sys
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
@@ -127,3 +129,70 @@ def test_aug_shift_moves_each_image_by_its_own_offset_and_still_learns(tmp_path)
     result = run_script("ppo_rgb.py", fast_args("tests.envs:PixelSide-v0", "shifted", aug_shift=4, **PIXELS), tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert scalars(tmp_path / "runs/shifted")["eval/return"][-1][1] >= 15
+
+
+def test_atari_preprocessing_repeats_actions_stacks_frames_and_limits_steps():
+    """Against the ALE's frame counter and screen: 4 frames a step, the last frame's grayscale screen at 84x84 as the
+    newest of 4 stacked channels (each step shifts the stack by one), and a time limit that counts steps, not frames
+    (the task's own: the ALE's 108,000 frames)."""
+    cv2 = pytest.importorskip("cv2")
+    assert ppo_rgb.find_env("ALE/Pong-v5") == (False, 108_000 // 4)
+    env = ppo_rgb.build_gym_env("ALE/Pong-v5", 12, None, None, None, "train")
+    ale = env.unwrapped.ale
+    previous, _ = env.reset(seed=0)
+    assert previous.shape == env.observation_space.shape == (84, 84, 4) and previous.dtype == np.uint8
+    env.action_space.seed(0)
+    changed = 0
+    for step in range(1, 13):
+        frame = ale.getEpisodeFrameNumber()
+        obs, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        assert ale.getEpisodeFrameNumber() == frame + 4
+        assert np.array_equal(obs[..., :3], previous[..., 1:])
+        screen = cv2.resize(ale.getScreenGrayscale(), (84, 84), interpolation=cv2.INTER_AREA)
+        # the newest channel is the max of the last two frames: at least the last one's, and mostly equal to it
+        assert (obs[..., 3].astype(int) >= screen.astype(int) - 1).all() and (obs[..., 3] == screen).mean() > 0.95
+        changed += not np.array_equal(obs[..., 3], previous[..., 3])
+        assert truncated == (step == 12) and not terminated
+        previous = obs
+    assert changed >= 8  # the frames move: a stack of one frame repeated would pass the shift check
+    env.close()
+
+
+def test_clipped_rewards_train_and_unclipped_returns_are_logged():
+    """--reward_scale 5 --clip_reward 1 on PixelSide (rewards 0 or 1): the buffer holds 0 or 1, and each episode's
+    logged return is its plain sum of rewards, neither scaled nor clipped."""
+    vector = gym.vector.SyncVectorEnv([lambda: gym.make("tests.envs:PixelSide-v0")] * 2,
+                                      autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs = ppo_rgb.TorchVecEnv(vector, torch.device("cpu"), torch_native=False)
+    args = ppo_rgb.Args(num_envs=2, num_steps=16, reward_scale=5.0, clip_reward=1.0)
+    torch.manual_seed(0)
+    agent = ppo_rgb.make_agent(args, envs)
+    buf = ppo_rgb.RolloutBuffer(16, 2, envs.obs_layout, {"type": "Discrete", "n": 2, "start": 0}, torch.device("cpu"))
+    _, episodes = ppo_rgb.rollout(agent, envs, buf, envs.reset(seed=0), agent.get_action_and_value, None, args,
+                                  "truncated")
+    envs.close()
+    assert set(buf.rewards.unique().tolist()) == {0.0, 1.0}
+    assert torch.equal(episodes["return"], buf.rewards.sum(0))  # one 16-step episode per env
+
+
+def test_an_atari_game_trains_records_and_evaluates(tmp_path):
+    """ALE/Pong-v5 with its own time limit: the run directory is named after the id without its '/', the evaluation
+    episode is filmed, the checkpoint holds the stacked frames' space, and ppo_eval.py evaluates it."""
+    argv = fast_args("ALE/Pong-v5", None, num_envs=4, num_steps=32, total_timesteps=256, eval_freq=2,
+                     clip_reward=1.0, capture_video=True)
+    result = run_script("ppo_rgb.py", argv, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    assert run.name.startswith("ALE_Pong-v5__ppo_rgb__1__")
+    assert -21 <= scalars(run)["eval/return"][-1][1] <= 21
+    assert load(run / "final_ckpt.pt")["observation_space"] == {"type": "Box", "shape": [84, 84, 4], "dtype": "uint8"}
+    assert [path.name for path in (run / "videos").iterdir()] == ["eval-episode-0.mp4"]
+    evaluated = run_script("ppo_eval.py", [str(run), "--num_episodes", "2", "--output", "out.json"], tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert json.loads((tmp_path / "out.json").read_text())["metrics"]["return"]["episodes"] == 2
+
+
+def test_an_atari_id_without_ale_py_says_what_to_install(monkeypatch):
+    monkeypatch.delitem(sys.modules, "ale_py")
+    with pytest.raises(ppo_rgb.UserError, match="pip install ale-py"):
+        ppo_rgb.find_env("ALE/NoSuchGame-v5")
