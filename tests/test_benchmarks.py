@@ -37,8 +37,8 @@ def test_speed_benchmark_prints_its_table(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     assert lines[0].startswith("HalfCheetah-v4, 4096 steps; raw env, random actions:")
-    assert lines[-2].startswith("| ppo.py | 64 64 | ")
-    assert lines[-1].startswith("| ppo.py --torch_threads 2 | 256 256 256 | ")  # each row names the flags it ran
+    assert lines[-2].startswith("| ppo.py --hidden_sizes 64 64 | ")
+    assert lines[-1].startswith("| ppo.py --torch_threads 2 | ")  # each row names the flags it ran
 
 
 def test_throughput_benchmark_prints_its_table(tmp_path):
