@@ -10,8 +10,8 @@ mujoco (ppo.py, CleanRL's ppo_continuous_action.py): 1 env, 2048 steps per rollo
 Variants: CleanRL's network size (--hidden_sizes 64 64) and ppo.py's default (256 256 256), each eager and with
 --compile, and the default with torch's 2 threads (ppo.py's default is 1, CleanRL's torch's own: the machine's cores).
 atari (ppo_rgb.py, CleanRL's ppo_atari.py): 8 envs, 128 steps per rollout, 4 minibatches, 4 epochs, learning rate
-2.5e-4 decaying linearly, clip 0.1, clipped value loss, entropy 0.01, rewards clipped to +-1; variants: 1 and 2 torch
-threads, and the envs in worker processes (--async_envs).
+2.5e-4 decaying linearly, clip 0.1, clipped value loss, entropy 0.01, rewards clipped to +-1; variants: ppo_rgb.py's
+default (torch's threads, as many as the cores, like CleanRL's), one thread, and the envs in worker processes.
 CleanRL's script runs from a copy beside it (its cleanrl_utils stay importable) with Gymnasium 1.x's names patched in
 (GYMNASIUM_1). Training SPS is each trainer's charts/SPS at the last iteration (steps / seconds since the first
 rollout, compiling included); the rollout and update columns are means over the iterations after the first. The raw
@@ -50,8 +50,7 @@ SUITES = {  # trainer, CleanRL's default env, steps per rollout (all envs), Clea
                   "--gamma", "0.99", "--gae_lambda", "0.95", "--learning_rate", "2.5e-4", "--lr_schedule", "linear",
                   "--clip_coef", "0.1", "--clip_vloss", "--ent_coef", "0.01", "--target_kl", "None",
                   "--clip_reward", "1"],
-        variants={"default": [], "2threads": ["--torch_threads", "2"],
-                  "async": ["--async_envs"], "async+2threads": ["--async_envs", "--torch_threads", "2"]}),
+        variants={"default": [], "1thread": ["--torch_threads", "1"], "async": ["--async_envs"]}),
 }
 GYMNASIUM_1 = {  # CleanRL's Gymnasium 0.29 calls -> their Gymnasium 1.x names
     "lambda obs: np.clip(obs, -10, 10))": "lambda obs: np.clip(obs, -10, 10), env.observation_space)",

@@ -41,6 +41,29 @@ def test_speed_benchmark_prints_its_table(tmp_path):
     assert lines[-1].startswith("| ppo.py --torch_threads 2 | ")  # each row names the flags it ran
 
 
+def test_atari_speed_benchmark_prints_its_table(tmp_path):
+    result = run([sys.executable, str(REPO / "benchmarks/speed_cleanrl_settings.py"), "--suite", "atari",
+                  "--env_id", "PongNoFrameskip-v4", "--total_timesteps", "2048", "--variants", "1thread",
+                  "--raw_steps", "200"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].startswith("PongNoFrameskip-v4, 2048 steps; raw env, random actions:")
+    assert lines[-1].startswith("| ppo_rgb.py --torch_threads 1 | ")
+
+
+def test_atari_learning_benchmark_writes_its_table_and_plots(tmp_path):
+    """8,192 steps: enough for each of the 8 envs to finish a Pong episode of an untrained policy (about 760 steps)."""
+    result = run(["bash", str(REPO / "benchmarks/learn_atari.sh"), "PongNoFrameskip-v4", "8192", "1", "--eval_freq=4"],
+                 tmp_path, {"OUT": str(tmp_path / "out"), "PYTHON": sys.executable, "EVAL_EPISODES": "2"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = (tmp_path / "out/table.md").read_text().splitlines()
+    assert table[1].startswith("seeds: 1; command: ppo_rgb.py --env_id=PongNoFrameskip-v4 --num_envs=8 ")
+    assert [line.split(" | ")[:2] for line in table if line.startswith("| pong")] == [["| pong_atari__seed1", "1"]]
+    assert [line.split()[:2] for line in table if line.startswith("return ")] == [["return", "2"]]
+    for metric in ("charts_episodic_return", "eval_return"):
+        assert (tmp_path / "out" / f"{metric}.png").stat().st_size > 10_000
+
+
 def test_throughput_benchmark_prints_its_table(tmp_path):
     result = run([sys.executable, str(REPO / "benchmarks/throughput.py"), "--runs", "PushCube-v1:1", "Pendulum-v1:2",
                   "--steps", "20", "--iterations", "2"], tmp_path)
