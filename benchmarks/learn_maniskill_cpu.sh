@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# ppo.py learns a ManiSkill task on a CPU-only machine: 4 CPU worker envs, several seeds one after another; a
-# markdown table, ppo_eval.py's results of each final checkpoint over 100 episodes, and learning curves (success rate
-# against steps and against wall time) in benchmarks/results/<task>_cpu/ (e.g. pushcube_cpu for PushCube-v1).
+# ppo.py (or TRAINER) learns a ManiSkill task on a CPU-only machine: 4 CPU worker envs, several seeds one after
+# another; a markdown table, ppo_eval.py's results of each final checkpoint over 100 episodes, and learning curves
+# (success rate against steps and against wall time) in benchmarks/results/<task>_cpu/ (e.g. pushcube_cpu).
 #
 #   bash benchmarks/learn_maniskill_cpu.sh                        # PushCube-v1, 300k steps (about 13 minutes a run on 2 cores), seeds 1 2 3
 #   bash benchmarks/learn_maniskill_cpu.sh PickCube-v1 800000 1   # task, steps, seeds
 #   NAME=pickcube_cpu_steps100 bash benchmarks/learn_maniskill_cpu.sh PickCube-v1 800000 1 --num_steps=100   # flags after the seeds override the settings below
 #   OUT=/tmp/check EVAL_EPISODES=4 bash benchmarks/learn_maniskill_cpu.sh PushCube-v1 400 2   # a quick check (the test suite runs this)
+#   TRAINER=ppo_rgb NAME=pushcube_rgb_cpu EVAL_EPISODES=20 bash benchmarks/learn_maniskill_cpu.sh PushCube-v1 30000 1   # the camera
 #
 # The runs go to runs/<NAME>__seed<S> of the working directory (NAME: <task>_cpu unless set), one at a time (each
 # keeps both cores busy); run the script again after an interruption and it finishes what is missing.
@@ -20,6 +21,7 @@ task=${env_id##*:}  # my_tasks:MyPushCube-v1 is MyPushCube-v1 of module my_tasks
 name=${NAME:-$(echo "${task%-v*}" | tr '[:upper:]' '[:lower:]')_cpu}
 overrides=("${@:4}")
 episodes=${EVAL_EPISODES:-100}  # of each final checkpoint, with ppo_eval.py
+trainer=${TRAINER:-ppo}  # ppo_rgb: from the task's camera (and state)
 out=${OUT:-$repo/benchmarks/results/$name}
 python=${PYTHON:-$repo/.venv/bin/python}
 
@@ -35,7 +37,7 @@ settings=(--env_id="$env_id" --num_envs=4 --num_steps=50 --num_minibatches=4 --u
           --norm_obs --num_eval_envs=4 --num_eval_steps=100 --eval_freq=50 --no_capture_video "${overrides[@]}")
 
 "$repo/scripts/sweep.sh" --seeds "$seeds" --jobs 1 "$name" -- \
-  "$python" "$repo/ppo.py" "${settings[@]}" --total_timesteps "$steps"
+  "$python" "$repo/$trainer.py" "${settings[@]}" --total_timesteps "$steps"
 
 runs=()
 for seed in $seeds; do
@@ -44,8 +46,8 @@ done
 mkdir -p "$out"
 "$python" "$repo/scripts/plot.py" "${runs[@]}" --metrics eval/success_once eval/return --out "$out" >/dev/null
 {
-  echo "ppo.py on $env_id (CPU simulation), $(date -u +%Y-%m-%d), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), one run at a time"
-  echo "seeds: $seeds; command: ppo.py ${settings[*]} --total_timesteps $steps --seed <seed>"
+  echo "$trainer.py on $env_id (CPU simulation), $(date -u +%Y-%m-%d), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), one run at a time"
+  echo "seeds: $seeds; command: $trainer.py ${settings[*]} --total_timesteps $steps --seed <seed>"
   echo "eval/success_once: the share of the 4 evaluation episodes that succeeded at some step, at the last evaluation"
   echo
   "$python" "$repo/scripts/summarize.py" "${runs[@]}" --metrics eval/success_once eval/return charts/SPS
