@@ -61,7 +61,8 @@ CHECKPOINT_FORMAT = 2
 TRAINER = Path(__file__).stem
 CPU_WORKERS_PER_CORE = 4
 # The flags that shape the network: a checkpoint's weights fit only a network built with the same.
-NETWORK_FIELDS = ("norm_obs", "hidden_sizes", "activation", "share_parameters", "centralized_critic", "agent_obs")
+NETWORK_FIELDS = ("norm_obs", "norm_value", "hidden_sizes", "activation", "share_parameters", "centralized_critic",
+                  "agent_obs")
 LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
 NORMAL_ENTROPY_AT_UNIT_STD = 0.5 + 0.5 * math.log(2 * math.pi)
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -136,6 +137,9 @@ class Args:
     norm_reward: bool = False
     """divide each agent's rewards by a running std of its discounted return, clip to +-10 (SB3's VecNormalize, one
     per agent)"""
+    norm_value: bool = False
+    """each agent's critic predicts standardized returns (running mean/std of the agent's value targets, float64, saved
+    in checkpoints, updated before each update); its values are de-standardized for GAE and bootstrapping"""
     hidden_sizes: tuple[int, ...] = (256, 256, 256)
     """widths of the hidden layers of every actor and critic"""
     activation: Literal["tanh", "relu"] = "tanh"
@@ -252,8 +256,14 @@ class RunningMeanStd(nn.Module):
                        / total)
         self.count.copy_(total)
 
+    def std(self) -> torch.Tensor:
+        return torch.sqrt(self.var + 1e-8)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.clamp((x.double() - self.mean) / torch.sqrt(self.var + 1e-8), -self.clip, self.clip).float()
+        return torch.clamp((x.double() - self.mean) / self.std(), -self.clip, self.clip).float()
+
+    def denormalize(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.double() * self.std() + self.mean).float()
 
 
 class RewardNormalizer(nn.Module):
@@ -329,13 +339,15 @@ class Agent(nn.Module):
     end; it is a buffer, so a checkpoint rebuilds the critic's inputs.
     """
 
-    def __init__(self, num_agents: int, obs_dim: int, action_space: dict, norm_obs: bool, hidden_sizes: tuple[int, ...],
-                 activation: str, log_std_init: float, share_parameters: bool, state_index: Optional[torch.Tensor]):
+    def __init__(self, num_agents: int, obs_dim: int, action_space: dict, norm_obs: bool, norm_value: bool,
+                 hidden_sizes: tuple[int, ...], activation: str, log_std_init: float, share_parameters: bool,
+                 state_index: Optional[torch.Tensor]):
         super().__init__()
         self.num_agents = num_agents
         num_nets = 1 if share_parameters else num_agents
         self.discrete = action_space["type"] != "Box"
         self.obs_normalizer = RunningMeanStd((num_agents, obs_dim)) if norm_obs else None
+        self.value_normalizer = RunningMeanStd((num_agents,)) if norm_value else None
         # One network for all agents tells them apart by a one-hot id appended to its inputs.
         self.register_buffer("agent_ids", torch.eye(num_agents) if share_parameters else torch.zeros(num_agents, 0))
         self.register_buffer("state_index", state_index)
@@ -362,7 +374,8 @@ class Agent(nn.Module):
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
         if self.state_index is not None:
             obs = obs.flatten(1)[:, self.state_index].unsqueeze(1).expand(-1, self.num_agents, -1)
-        return self.run(self.critic, obs).squeeze(-1)
+        value = self.run(self.critic, obs).squeeze(-1)
+        return value if self.value_normalizer is None else self.value_normalizer.denormalize(value)
 
     def get_action(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         if not deterministic:
@@ -393,7 +406,7 @@ class Agent(nn.Module):
 
 def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
     return Agent(envs.num_agents, envs.obs_dim, space_to_dict(envs.single_action_space), args.norm_obs,
-                 args.hidden_sizes, args.activation, args.log_std_init, args.share_parameters,
+                 args.norm_value, args.hidden_sizes, args.activation, args.log_std_init, args.share_parameters,
                  envs.state_index if args.centralized_critic else None)
 
 
@@ -498,6 +511,9 @@ def ppo_loss(agent: Agent, args: Args, obs, actions, old_logprobs, advantages, r
         advantages = (advantages - advantages.mean(0)) / (advantages.std(0) + 1e-8)
     clipped_ratio = torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
     pg_loss = torch.max(-advantages * ratio, -advantages * clipped_ratio).mean(0)
+    if agent.value_normalizer is not None:  # the loss of standardized values; each term is a difference of values
+        value_std = agent.value_normalizer.std().float()
+        newvalue, returns, old_values = newvalue / value_std, returns / value_std, old_values / value_std
     if args.clip_vloss:
         v_clipped = old_values + torch.clamp(newvalue - old_values, -args.clip_coef, args.clip_coef)
         v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean(0)
@@ -669,6 +685,8 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
                 advantages = compute_advantages(buf.rewards, buf.values, buf.dones, buf.bootstrap_values, next_value,
                                                 args.gamma, args.gae_lambda, args.finite_horizon_gae)
                 returns = advantages + buf.values
+                if agent.value_normalizer is not None:  # standardize the critics' targets by every rank's
+                    agent.value_normalizer.update(gather_rows(returns.flatten(0, 1)))
             rollout_time = time.perf_counter() - rollout_start
             update_start = time.perf_counter()
             agent.train()

@@ -57,7 +57,7 @@ CHECKPOINT_FORMAT = 2
 TRAINER = Path(__file__).stem
 CPU_WORKERS_PER_CORE = 4
 # The flags that shape the network: a checkpoint's weights fit only a network built with the same.
-NETWORK_FIELDS = ("norm_obs", "hidden_sizes", "activation")
+NETWORK_FIELDS = ("norm_obs", "norm_value", "hidden_sizes", "activation")
 LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
 NORMAL_ENTROPY_AT_UNIT_STD = 0.5 + 0.5 * math.log(2 * math.pi)
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -126,6 +126,9 @@ class Args:
     """normalize observations with running mean/std (float64 statistics, saved in checkpoints)"""
     norm_reward: bool = False
     """divide rewards by a running std of the discounted return, clip to +-10 (SB3's VecNormalize, CleanRL's MuJoCo)"""
+    norm_value: bool = False
+    """the critic predicts standardized returns (running mean/std of the value targets, float64, saved in checkpoints,
+    updated before each update); its values are de-standardized for GAE and bootstrapping"""
     hidden_sizes: tuple[int, ...] = (256, 256, 256)
     """widths of the hidden layers of the actor and of the critic (CleanRL's MuJoCo networks: 64 64)"""
     activation: Literal["tanh", "relu"] = "tanh"
@@ -222,8 +225,14 @@ class RunningMeanStd(nn.Module):
                        / total)
         self.count.copy_(total)
 
+    def std(self) -> torch.Tensor:
+        return torch.sqrt(self.var + 1e-8)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.clamp((x.double() - self.mean) / torch.sqrt(self.var + 1e-8), -self.clip, self.clip).float()
+        return torch.clamp((x.double() - self.mean) / self.std(), -self.clip, self.clip).float()
+
+    def denormalize(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.double() * self.std() + self.mean).float()
 
 
 class RewardNormalizer(nn.Module):
@@ -288,13 +297,15 @@ class DiscreteActions(nn.Module):
 
 class Agent(nn.Module):
     """An MLP actor (logits, or a Gaussian's mean with a state-independent log-std) and an MLP critic, on observations
-    that normalize_obs scales when --norm_obs. get_action_and_value returns (action, log-prob, entropy, value)."""
+    that normalize_obs scales when --norm_obs. get_action_and_value returns (action, log-prob, entropy, value); values
+    are in the reward's units, also when the critic predicts standardized ones (--norm_value)."""
 
-    def __init__(self, obs_dim: int, action_space: dict, norm_obs: bool, hidden_sizes: tuple[int, ...], activation: str,
-                 log_std_init: float):
+    def __init__(self, obs_dim: int, action_space: dict, norm_obs: bool, norm_value: bool,
+                 hidden_sizes: tuple[int, ...], activation: str, log_std_init: float):
         super().__init__()
         self.discrete = action_space["type"] != "Box"
         self.obs_normalizer = RunningMeanStd(obs_dim) if norm_obs else None
+        self.value_normalizer = RunningMeanStd(1) if norm_value else None
         self.critic = mlp(obs_dim, hidden_sizes, activation, 1, out_std=1.0)
         if self.discrete:
             self.discrete_actions = DiscreteActions(action_space)
@@ -308,7 +319,8 @@ class Agent(nn.Module):
         return obs if self.obs_normalizer is None else self.obs_normalizer(obs)
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(obs).flatten()
+        value = self.critic(obs).flatten()
+        return value if self.value_normalizer is None else self.value_normalizer.denormalize(value)
 
     def get_action(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         if not deterministic:
@@ -338,8 +350,8 @@ class Agent(nn.Module):
 
 
 def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
-    return Agent(envs.obs_dim, space_to_dict(envs.single_action_space), args.norm_obs, args.hidden_sizes,
-                 args.activation, args.log_std_init)
+    return Agent(envs.obs_dim, space_to_dict(envs.single_action_space), args.norm_obs, args.norm_value,
+                 args.hidden_sizes, args.activation, args.log_std_init)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -439,6 +451,9 @@ def ppo_loss(agent: Agent, args: Args, obs, actions, old_logprobs, advantages, r
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     clipped_ratio = torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
     pg_loss = torch.max(-advantages * ratio, -advantages * clipped_ratio).mean()
+    if agent.value_normalizer is not None:  # the loss of standardized values; each term is a difference of values
+        value_std = agent.value_normalizer.std().float()
+        newvalue, returns, old_values = newvalue / value_std, returns / value_std, old_values / value_std
     if args.clip_vloss:
         v_clipped = old_values + torch.clamp(newvalue - old_values, -args.clip_coef, args.clip_coef)
         v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
@@ -584,6 +599,8 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
                 advantages = compute_advantages(buf.rewards, buf.values, buf.dones, buf.bootstrap_values, next_value,
                                                 args.gamma, args.gae_lambda, args.finite_horizon_gae)
                 returns = advantages + buf.values
+                if agent.value_normalizer is not None:  # standardize the critic's targets by every rank's
+                    agent.value_normalizer.update(gather_rows(returns.reshape(-1, 1)))
             rollout_time = time.perf_counter() - rollout_start
             update_start = time.perf_counter()
             agent.train()

@@ -67,7 +67,7 @@ CHECKPOINT_FORMAT = 2
 TRAINER = Path(__file__).stem
 CPU_WORKERS_PER_CORE = 4
 # The flags that shape the network: a checkpoint's weights fit only a network built with the same.
-NETWORK_FIELDS = ("norm_obs", "hidden_sizes", "activation")
+NETWORK_FIELDS = ("norm_obs", "norm_value", "hidden_sizes", "activation")
 OBS_MODES = ("rgb", "rgbd", "depth")
 MIN_IMAGE_SIDE = 36  # the NatureCNN's three convolutions need this many pixels
 ATARI_ENTRY_POINT = "ale_py.env:AtariEnv"
@@ -146,6 +146,9 @@ class Args:
     """normalize observations with running mean/std (float64 statistics, saved in checkpoints)"""
     norm_reward: bool = False
     """divide rewards by a running std of the discounted return, clip to +-10 (SB3's VecNormalize, CleanRL's MuJoCo)"""
+    norm_value: bool = False
+    """the critic predicts standardized returns (running mean/std of the value targets, float64, saved in checkpoints,
+    updated before each update); its values are de-standardized for GAE and bootstrapping"""
     hidden_sizes: tuple[int, ...] = (512,)
     """widths of the hidden layers of the actor's and the critic's heads on the encoder (ManiSkill's: 512)"""
     activation: Literal["tanh", "relu"] = "relu"
@@ -244,8 +247,14 @@ class RunningMeanStd(nn.Module):
                        / total)
         self.count.copy_(total)
 
+    def std(self) -> torch.Tensor:
+        return torch.sqrt(self.var + 1e-8)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.clamp((x.double() - self.mean) / torch.sqrt(self.var + 1e-8), -self.clip, self.clip).float()
+        return torch.clamp((x.double() - self.mean) / self.std(), -self.clip, self.clip).float()
+
+    def denormalize(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.double() * self.std() + self.mean).float()
 
 
 class RewardNormalizer(nn.Module):
@@ -350,13 +359,15 @@ class Encoder(nn.Module):
 class Agent(nn.Module):
     """An actor head (logits, or a Gaussian's mean with a state-independent log-std) and a critic head on a shared
     Encoder, on observation dicts whose state normalize_obs scales when --norm_obs. get_action_and_value returns
-    (action, log-prob, entropy, value)."""
+    (action, log-prob, entropy, value); values are in the reward's units, also when the critic predicts standardized
+    ones (--norm_value)."""
 
-    def __init__(self, obs_layout: dict, action_space: dict, norm_obs: bool, hidden_sizes: tuple[int, ...],
-                 activation: str, log_std_init: float):
+    def __init__(self, obs_layout: dict, action_space: dict, norm_obs: bool, norm_value: bool,
+                 hidden_sizes: tuple[int, ...], activation: str, log_std_init: float):
         super().__init__()
         self.discrete = action_space["type"] != "Box"
         self.obs_normalizer = RunningMeanStd(obs_layout["state"][0][0]) if norm_obs and "state" in obs_layout else None
+        self.value_normalizer = RunningMeanStd(1) if norm_value else None
         self.encoder = Encoder(obs_layout)
         features = self.encoder.out_dim
         self.critic = mlp(features, hidden_sizes, activation, 1, out_std=1.0)
@@ -372,7 +383,11 @@ class Agent(nn.Module):
         return obs if self.obs_normalizer is None else {**obs, "state": self.obs_normalizer(obs["state"])}
 
     def get_value(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.critic(self.encoder(obs)).flatten()
+        return self.value(self.encoder(obs))
+
+    def value(self, features: torch.Tensor) -> torch.Tensor:
+        value = self.critic(features).flatten()
+        return value if self.value_normalizer is None else self.value_normalizer.denormalize(value)
 
     def get_action(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> torch.Tensor:
         if not deterministic:
@@ -382,7 +397,7 @@ class Agent(nn.Module):
 
     def get_action_and_value(self, obs: dict[str, torch.Tensor], action: Optional[torch.Tensor] = None):
         features = self.encoder(obs)
-        value = self.critic(features).flatten()
+        value = self.value(features)
         if self.discrete:
             pi = self.discrete_actions.distribution(self.actor(features))
             if action is None:
@@ -404,8 +419,8 @@ class Agent(nn.Module):
 
 
 def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
-    return Agent(envs.obs_layout, space_to_dict(envs.single_action_space), args.norm_obs, args.hidden_sizes,
-                 args.activation, args.log_std_init)
+    return Agent(envs.obs_layout, space_to_dict(envs.single_action_space), args.norm_obs, args.norm_value,
+                 args.hidden_sizes, args.activation, args.log_std_init)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -509,6 +524,9 @@ def ppo_loss(agent: Agent, args: Args, obs, actions, old_logprobs, advantages, r
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     clipped_ratio = torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
     pg_loss = torch.max(-advantages * ratio, -advantages * clipped_ratio).mean()
+    if agent.value_normalizer is not None:  # the loss of standardized values; each term is a difference of values
+        value_std = agent.value_normalizer.std().float()
+        newvalue, returns, old_values = newvalue / value_std, returns / value_std, old_values / value_std
     if args.clip_vloss:
         v_clipped = old_values + torch.clamp(newvalue - old_values, -args.clip_coef, args.clip_coef)
         v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
@@ -668,6 +686,8 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
                 advantages = compute_advantages(buf.rewards, buf.values, buf.dones, buf.bootstrap_values, next_value,
                                                 args.gamma, args.gae_lambda, args.finite_horizon_gae)
                 returns = advantages + buf.values
+                if agent.value_normalizer is not None:  # standardize the critic's targets by every rank's
+                    agent.value_normalizer.update(gather_rows(returns.reshape(-1, 1)))
             rollout_time = time.perf_counter() - rollout_start
             update_start = time.perf_counter()
             agent.train()

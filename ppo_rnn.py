@@ -60,7 +60,7 @@ CHECKPOINT_FORMAT = 2
 TRAINER = Path(__file__).stem
 CPU_WORKERS_PER_CORE = 4
 # The flags that shape the network: a checkpoint's weights fit only a network built with the same.
-NETWORK_FIELDS = ("norm_obs", "activation", "rnn_type", "rnn_hidden_size", "rnn_num_layers", "shared_rnn")
+NETWORK_FIELDS = ("norm_obs", "norm_value", "activation", "rnn_type", "rnn_hidden_size", "rnn_num_layers", "shared_rnn")
 LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
 NORMAL_ENTROPY_AT_UNIT_STD = 0.5 + 0.5 * math.log(2 * math.pi)
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -129,6 +129,9 @@ class Args:
     """normalize observations with running mean/std (float64 statistics, saved in checkpoints)"""
     norm_reward: bool = False
     """divide rewards by a running std of the discounted return, clip to +-10 (SB3's VecNormalize, CleanRL's MuJoCo)"""
+    norm_value: bool = False
+    """the critic predicts standardized returns (running mean/std of the value targets, float64, saved in checkpoints,
+    updated before each update); its values are de-standardized for GAE and bootstrapping"""
     activation: Literal["tanh", "relu"] = "tanh"
     """the encoder's nonlinearity"""
     log_std_init: float = -0.5
@@ -299,8 +302,14 @@ class RunningMeanStd(nn.Module):
                        / total)
         self.count.copy_(total)
 
+    def std(self) -> torch.Tensor:
+        return torch.sqrt(self.var + 1e-8)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.clamp((x.double() - self.mean) / torch.sqrt(self.var + 1e-8), -self.clip, self.clip).float()
+        return torch.clamp((x.double() - self.mean) / self.std(), -self.clip, self.clip).float()
+
+    def denormalize(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.double() * self.std() + self.mean).float()
 
 
 class RewardNormalizer(nn.Module):
@@ -370,11 +379,12 @@ class Agent(nn.Module):
     the rollout steps with T = 1, the update replays sequences of seq_len steps.
     """
 
-    def __init__(self, obs_dim: int, action_space: dict, norm_obs: bool, activation: str, log_std_init: float,
-                 rnn_type: str, rnn_hidden_size: int, rnn_num_layers: int, shared_rnn: bool):
+    def __init__(self, obs_dim: int, action_space: dict, norm_obs: bool, norm_value: bool, activation: str,
+                 log_std_init: float, rnn_type: str, rnn_hidden_size: int, rnn_num_layers: int, shared_rnn: bool):
         super().__init__()
         self.discrete = action_space["type"] != "Box"
         self.obs_normalizer = RunningMeanStd(obs_dim) if norm_obs else None
+        self.value_normalizer = RunningMeanStd(1) if norm_value else None
         self.actor_core = RecurrentCore(obs_dim, activation, rnn_type, rnn_hidden_size, rnn_num_layers)
         self.critic_core = None if shared_rnn else RecurrentCore(obs_dim, activation, rnn_type, rnn_hidden_size,
                                                                  rnn_num_layers)
@@ -409,7 +419,11 @@ class Agent(nn.Module):
             features, _ = self.actor_core(obs, state, episode_starts)
         else:
             features, _ = self.critic_core(obs, state.chunk(2, dim=-1)[1], episode_starts)
-        return self.critic(features).squeeze(-1)
+        return self.value(features)
+
+    def value(self, features: torch.Tensor) -> torch.Tensor:
+        value = self.critic(features).squeeze(-1)
+        return value if self.value_normalizer is None else self.value_normalizer.denormalize(value)
 
     def get_action(self, obs: torch.Tensor, state: torch.Tensor, episode_starts: torch.Tensor,
                    deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -423,7 +437,7 @@ class Agent(nn.Module):
     def get_action_and_value(self, obs: torch.Tensor, state: torch.Tensor, episode_starts: torch.Tensor,
                              action: Optional[torch.Tensor] = None):
         actor_features, critic_features, state = self.cores(obs, state, episode_starts)
-        value = self.critic(critic_features).squeeze(-1)
+        value = self.value(critic_features)
         if self.discrete:
             pi = self.discrete_actions.distribution(self.actor(actor_features))
             if action is None:
@@ -445,8 +459,9 @@ class Agent(nn.Module):
 
 
 def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
-    return Agent(envs.obs_dim, space_to_dict(envs.single_action_space), args.norm_obs, args.activation,
-                 args.log_std_init, args.rnn_type, args.rnn_hidden_size, args.rnn_num_layers, args.shared_rnn)
+    return Agent(envs.obs_dim, space_to_dict(envs.single_action_space), args.norm_obs, args.norm_value,
+                 args.activation, args.log_std_init, args.rnn_type, args.rnn_hidden_size, args.rnn_num_layers,
+                 args.shared_rnn)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -561,6 +576,9 @@ def ppo_loss(agent: Agent, args: Args, obs, states, starts, actions, old_logprob
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     clipped_ratio = torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
     pg_loss = torch.max(-advantages * ratio, -advantages * clipped_ratio).mean()
+    if agent.value_normalizer is not None:  # the loss of standardized values; each term is a difference of values
+        value_std = agent.value_normalizer.std().float()
+        newvalue, returns, old_values = newvalue / value_std, returns / value_std, old_values / value_std
     if args.clip_vloss:
         v_clipped = old_values + torch.clamp(newvalue - old_values, -args.clip_coef, args.clip_coef)
         v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
@@ -715,6 +733,8 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
                 advantages = compute_advantages(buf.rewards, buf.values, buf.dones, buf.bootstrap_values, next_value,
                                                 args.gamma, args.gae_lambda, args.finite_horizon_gae)
                 returns = advantages + buf.values
+                if agent.value_normalizer is not None:  # standardize the critic's targets by every rank's
+                    agent.value_normalizer.update(gather_rows(returns.reshape(-1, 1)))
             rollout_time = time.perf_counter() - rollout_start
             update_start = time.perf_counter()
             agent.train()

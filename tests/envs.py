@@ -4,6 +4,7 @@ import os
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.classic_control.pendulum import PendulumEnv
 
 EPISODE_STEPS = 16
 
@@ -225,3 +226,14 @@ class PixelSide(gym.Env):
 
 gym.register("PixelSide-v0", entry_point=PixelSide, max_episode_steps=EPISODE_STEPS)
 gym.register("PixelSideCue-v0", entry_point=PixelSide, max_episode_steps=EPISODE_STEPS, kwargs={"cue": True})
+
+
+class LoudPendulum(PendulumEnv):
+    """Gymnasium's Pendulum-v1 with 100 times its rewards: -1,600 to 0 a step, returns in the tens of thousands."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, 100.0 * reward, terminated, truncated, info
+
+
+gym.register("LoudPendulum-v0", entry_point=LoudPendulum, max_episode_steps=200)

@@ -25,8 +25,8 @@ def test_one_agents_loss_changes_only_its_own_parameters(action_space, centraliz
     """A loss on agent 1's outputs alone, through per-agent clipping and Adam: every parameter of agent 1 moves,
     none of agents 0 and 2 does (with a centralized critic too, whose inputs include the others' observations)."""
     torch.manual_seed(0)
-    agent = ippo.Agent(3, 5, action_space, norm_obs=True, hidden_sizes=(16, 16), activation="tanh", log_std_init=-0.5,
-                       share_parameters=False,
+    agent = ippo.Agent(3, 5, action_space, norm_obs=True, norm_value=False, hidden_sizes=(16, 16), activation="tanh",
+                       log_std_init=-0.5, share_parameters=False,
                        state_index=torch.arange(15) if centralized_critic else None)
     agent.obs_normalizer.update(torch.randn(64, 3, 5))
     before = {name: p.detach().clone() for name, p in agent.named_parameters()}
@@ -45,8 +45,8 @@ def test_one_agents_loss_changes_only_its_own_parameters(action_space, centraliz
 
 def test_gradient_clipping_is_per_agent():
     torch.manual_seed(0)
-    agent = ippo.Agent(2, 4, BOX, norm_obs=False, hidden_sizes=(8,), activation="tanh", log_std_init=-0.5,
-                       share_parameters=False, state_index=None)
+    agent = ippo.Agent(2, 4, BOX, norm_obs=False, norm_value=False, hidden_sizes=(8,), activation="tanh",
+                       log_std_init=-0.5, share_parameters=False, state_index=None)
     for p in agent.parameters():
         p.grad = torch.ones_like(p)
         p.grad[0] *= 1000.0  # agent 0's gradient is huge, agent 1's small
@@ -61,16 +61,16 @@ def test_gradient_clipping_is_per_agent():
 
 def test_shared_parameters_tell_agents_apart_by_their_id():
     torch.manual_seed(0)
-    agent = ippo.Agent(3, 4, BOX, norm_obs=False, hidden_sizes=(16,), activation="tanh", log_std_init=-0.5,
-                       share_parameters=True, state_index=torch.arange(12))
+    agent = ippo.Agent(3, 4, BOX, norm_obs=False, norm_value=False, hidden_sizes=(16,), activation="tanh",
+                       log_std_init=-0.5, share_parameters=True, state_index=torch.arange(12))
     assert all(p.shape[0] == 1 for p in agent.parameters())
     obs = torch.randn(1, 4).expand(5, 3, 4)  # every agent sees the same observation
     mean = agent.get_action(obs, deterministic=True)
     value = agent.get_value(obs)
     for i, j in ((0, 1), (0, 2), (1, 2)):
         assert not torch.allclose(mean[:, i], mean[:, j]) and not torch.allclose(value[:, i], value[:, j])
-    no_ids = ippo.Agent(3, 4, BOX, norm_obs=False, hidden_sizes=(16,), activation="tanh", log_std_init=-0.5,
-                        share_parameters=True, state_index=None)
+    no_ids = ippo.Agent(3, 4, BOX, norm_obs=False, norm_value=False, hidden_sizes=(16,), activation="tanh",
+                        log_std_init=-0.5, share_parameters=True, state_index=None)
     no_ids.agent_ids.zero_()  # without the id, one network gives identical agents identical outputs
     assert torch.equal(no_ids.get_value(obs)[:, 0], no_ids.get_value(obs)[:, 1])
 
@@ -80,8 +80,8 @@ def test_written_out_normal_gives_torch_distributions_numbers(share_parameters):
     """Sample, log-probability and entropy of every agent's Gaussian, bit for bit torch.distributions.Normal's
     (summed over the action dimension, one per agent), each agent with its own log-std, gradients included."""
     torch.manual_seed(0)
-    agent = ippo.Agent(3, 5, {**BOX, "shape": [4]}, norm_obs=False, hidden_sizes=(16,), activation="tanh",
-                       log_std_init=-0.5, share_parameters=share_parameters, state_index=None)
+    agent = ippo.Agent(3, 5, {**BOX, "shape": [4]}, norm_obs=False, norm_value=False, hidden_sizes=(16,),
+                       activation="tanh", log_std_init=-0.5, share_parameters=share_parameters, state_index=None)
     with torch.no_grad():
         agent.actor_logstd.copy_(torch.randn_like(agent.actor_logstd))
     obs = torch.randn(32, 3, 5)
@@ -226,8 +226,8 @@ def test_checkpoint_rebuilds_every_agent_and_refuses_another_network(tmp_path):
     model, args = ckpt["model"], ckpt["args"]
     assert model["state_index"].tolist() == list(range(54)) and model["obs_normalizer.mean"].shape == (3, 18)
     agent = ippo.Agent(len(ckpt["agents"]), ckpt["observation_space"]["shape"][0], ckpt["action_space"],
-                       args["norm_obs"], tuple(args["hidden_sizes"]), args["activation"], args["log_std_init"],
-                       args["share_parameters"], model["state_index"])
+                       args["norm_obs"], args["norm_value"], tuple(args["hidden_sizes"]), args["activation"],
+                       args["log_std_init"], args["share_parameters"], model["state_index"])
     agent.load_state_dict(model)
     assert agent.get_value(torch.zeros(4, 3, 18)).shape == (4, 3)
     tags = scalars(tmp_path / "runs/run")
@@ -246,9 +246,9 @@ def test_checkpoint_rebuilds_every_agent_and_refuses_another_network(tmp_path):
 
 def test_sigterm_then_resume_equals_uninterrupted_run(tmp_path):
     """Clock's resets ignore the random stream and 16-step rollouts end on its episode boundaries; the linear lr
-    schedule, observation and reward normalization and RNG streams all continue exactly."""
-    argv = dict(total_timesteps=32 * 150, eval_freq=10, norm_obs=True, norm_reward=True, lr_schedule="linear",
-                max_episode_steps=16)
+    schedule, observation, reward and value normalization and RNG streams all continue exactly."""
+    argv = dict(total_timesteps=32 * 150, eval_freq=10, norm_obs=True, norm_reward=True, norm_value=True,
+                lr_schedule="linear", max_episode_steps=16)
     full = run_script("ippo.py", fast_args(CLOCK, "full", **argv), tmp_path)
     assert full.returncode == 0, full.stderr
     proc = start_script("ippo.py", fast_args(CLOCK, "cut", **argv), tmp_path)

@@ -27,3 +27,14 @@ def test_cartpole_learns(tmp_path):
 
 def test_pendulum_learns(tmp_path):
     assert final_eval_return(tmp_path, PENDULUM, "pendulum") >= -400
+
+
+def test_norm_value_learns_where_large_rewards_stall_the_critic(tmp_path):
+    """LoudPendulum pays 100 times Pendulum's rewards. With the Pendulum settings above (but rewards unscaled), the
+    critic's loss, in the hundreds of millions, takes the whole clipped gradient norm and the policy barely moves;
+    standardized value targets learn as Pendulum does (in Pendulum's units: about -240 against -1,360, seed 1)."""
+    loud = PENDULUM.replace("Pendulum-v1", "tests.envs:LoudPendulum-v0").replace("--reward_scale 0.1", "")
+    normalized = final_eval_return(tmp_path, loud + " --norm_value", "norm_value")
+    plain = final_eval_return(tmp_path, loud, "plain")
+    assert normalized >= -40_000 and plain <= -80_000
+

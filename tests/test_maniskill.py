@@ -37,8 +37,8 @@ def check_run(run_dir, num_eval_envs):
     ckpt = load(run_dir / "ckpt_1.pt")
     assert ckpt["args"]["env_id"] == "PickCube-v1" and ckpt["observation_space"]["shape"] == [42]
     assert ckpt["action_space"]["type"] == "Box" and ckpt["action_space"]["shape"] == [8]
-    agent = ppo.Agent(42, ckpt["action_space"], norm_obs=False, hidden_sizes=(256, 256, 256), activation="tanh",
-                      log_std_init=-0.5)
+    agent = ppo.Agent(42, ckpt["action_space"], norm_obs=False, norm_value=False, hidden_sizes=(256, 256, 256),
+                      activation="tanh", log_std_init=-0.5)
     agent.load_state_dict(ckpt["model"])
     videos = list((run_dir / "videos").glob("*.mp4"))
     assert videos and all(video_frames(v)[0] == 51 for v in videos)  # the reset's frame and 50 steps'
@@ -317,7 +317,7 @@ def test_an_evaluation_that_ends_early_saves_its_video(tmp_path):
     eval_envs = ppo.make_envs(args, True, torch.device("cpu"), evaluation=True, run_dir=tmp_path, num_eval_steps=50)
     try:
         agent = ppo.Agent(eval_envs.obs_dim, ppo.space_to_dict(eval_envs.single_action_space), norm_obs=False,
-                          hidden_sizes=(256, 256, 256), activation="tanh", log_std_init=-0.5)
+                          norm_value=False, hidden_sizes=(256, 256, 256), activation="tanh", log_std_init=-0.5)
         ppo.evaluate(agent, eval_envs, num_eval_steps=5, seed=0)
         videos = list((tmp_path / "videos").glob("*.mp4"))
         assert len(videos) == 1 and video_frames(videos[0])[0] == 6  # the reset's frame and 5 steps'

@@ -22,8 +22,8 @@ def test_evaluation_counts_the_first_episode_of_each_env():
     vector = gym.vector.SyncVectorEnv([lambda: gym.make("tests.envs:PointMass-v0"), lambda: short],
                                       autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     eval_envs = ppo.TorchVecEnv(vector, torch.device("cpu"), torch_native=False)
-    agent = ppo.Agent(2, ppo.space_to_dict(vector.single_action_space), norm_obs=True, hidden_sizes=(256, 256, 256),
-                      activation="tanh", log_std_init=-0.5)
+    agent = ppo.Agent(2, ppo.space_to_dict(vector.single_action_space), norm_obs=True, norm_value=False,
+                      hidden_sizes=(256, 256, 256), activation="tanh", log_std_init=-0.5)
     statistics = {k: v.clone() for k, v in agent.state_dict().items()}
     metrics = ppo.evaluate(agent, eval_envs, num_eval_steps=16, seed=0)
     assert metrics["episodes"].tolist() == [2.0]

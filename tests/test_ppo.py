@@ -216,10 +216,10 @@ def test_video_for_gymnasium_env(tmp_path):
     ("ppo_rgb.py", {}, 60, 10),  # PointMass's frame and state
 ], ids=["ppo", "ppo_rnn", "ppo_rgb"])
 def test_sigterm_then_resume_equals_uninterrupted_run(tmp_path, script, flags, iterations, signal_after):
-    """Linear lr schedule, observation and reward normalization and RNG streams all continue exactly."""
+    """Linear lr schedule, observation, reward and value normalization and RNG streams all continue exactly."""
     env_id = "tests.envs:PointMassPixels-v0" if script == "ppo_rgb.py" else POINT_MASS
     argv = dict(total_timesteps=32 * iterations, eval_freq=signal_after, norm_obs=True, norm_reward=True,
-                lr_schedule="linear", **flags)
+                norm_value=True, lr_schedule="linear", **flags)
     full = run_script(script, fast_args(env_id, "full", **argv), tmp_path)
     assert full.returncode == 0, full.stderr
 
@@ -244,6 +244,7 @@ def test_sigterm_then_resume_equals_uninterrupted_run(tmp_path, script, flags, i
     assert a["optimizer"]["param_groups"][0]["lr"] == b["optimizer"]["param_groups"][0]["lr"]
     # the reward statistics of every step's returns, not of the resumed part's alone
     assert b["reward_normalizer"]["return_rms.count"] == a["reward_normalizer"]["return_rms.count"] > 32 * iterations
+    assert b["model"]["value_normalizer.count"] == a["model"]["value_normalizer.count"] > 32 * iterations
     # TensorBoard continues on the same step axis, without a gap or a repeat
     steps = [step for step, _ in scalars(run)["losses/value_loss"]]
     assert steps == list(range(32, 32 * (iterations + 1), 32))

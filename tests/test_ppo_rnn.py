@@ -21,7 +21,7 @@ def rnn_args(env_id: str, exp_name: str, **overrides) -> list[str]:
 
 def make_agent(rnn_type: str, shared_rnn: bool) -> ppo_rnn.Agent:
     torch.manual_seed(0)
-    return ppo_rnn.Agent(3, {"type": "Box", "shape": [2]}, False, "tanh", -0.5, rnn_type, 16, 2, shared_rnn)
+    return ppo_rnn.Agent(3, {"type": "Box", "shape": [2]}, False, False, "tanh", -0.5, rnn_type, 16, 2, shared_rnn)
 
 
 AGENTS = [("lstm", False), ("gru", False), ("lstm", True), ("gru", True)]
@@ -180,7 +180,8 @@ def test_evaluation_carries_and_resets_each_envs_memory(monkeypatch):
     vector = gym.vector.SyncVectorEnv([lambda: gym.make(POINT_MASS), lambda: short],
                                       autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     eval_envs = ppo_rnn.TorchVecEnv(vector, torch.device("cpu"), torch_native=False)
-    agent = ppo_rnn.Agent(2, ppo_rnn.space_to_dict(vector.single_action_space), True, "tanh", -0.5, "lstm", 8, 1, False)
+    agent = ppo_rnn.Agent(2, ppo_rnn.space_to_dict(vector.single_action_space), True, False, "tanh", -0.5, "lstm", 8, 1,
+                          False)
     seen_starts = []
     get_action = ppo_rnn.Agent.get_action
 

@@ -115,14 +115,16 @@ def assert_same_numbers(run_a: Path, run_b: Path, tags=frozenset({"losses/policy
 
 
 def spy_on_advantages(monkeypatch, trainer) -> list[dict[str, torch.Tensor]]:
-    """Record the inputs of every call of trainer.compute_advantages (rewards, values, dones, bootstrap_values)."""
+    """Record the inputs of every call of trainer.compute_advantages (rewards, values, dones, bootstrap_values) and
+    its output (advantages)."""
     captured = []
     compute_advantages = trainer.compute_advantages
 
     def spy(rewards, values, dones, bootstrap_values, *rest):
+        advantages = compute_advantages(rewards, values, dones, bootstrap_values, *rest)
         captured.append(dict(rewards=rewards.clone(), values=values.clone(), dones=dones.clone(),
-                             bootstrap_values=bootstrap_values.clone()))
-        return compute_advantages(rewards, values, dones, bootstrap_values, *rest)
+                             bootstrap_values=bootstrap_values.clone(), advantages=advantages.clone()))
+        return advantages
 
     monkeypatch.setattr(trainer, "compute_advantages", spy)
     return captured
