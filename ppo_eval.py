@@ -7,6 +7,7 @@ uncertainty.
     python ppo_eval.py runs/RUN --output results.json --seed 0       # machine-readable, reproducible
     python ppo_eval.py runs/RUN --save_trajectory                    # ManiSkill trajectories (.h5 + .json)
     python ppo_eval.py runs/RUN --trainer ideas/my_idea.py           # a copy's run, the copy elsewhere
+    python ppo_eval.py runs/RUN --export policy.onnx                 # the policy for deployment (or policy.pt2)
 
 The policy is rebuilt from the checkpoint alone, with the trainer's own code: its Agent, its envs (with the run's
 evaluation settings) and its evaluation loop. Env i of N plays its first num_episodes // N episodes, one more for
@@ -25,12 +26,14 @@ import os
 import random
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal, Optional
 
 import numpy as np
 import torch
+import torch.nn as nn
 import tyro
 
 import ppo  # its checkpoint reading, which every trainer shares
@@ -68,6 +71,9 @@ class EvalArgs:
     """if toggled, the policy and ManiSkill's simulation and rendering run on CUDA when it is available"""
     torch_threads: int = 1
     """CPU threads for torch (0: torch's default)"""
+    export: Optional[str] = None
+    """instead of evaluating, write the deterministic policy to this .onnx (ONNX) or .pt2 (torch.export) file, and
+    what its inputs and outputs are to the same name with .json"""
 
     env_id: Optional[str] = None
     """evaluate on another task (default: the run's); its spaces must be the checkpoint's"""
@@ -272,6 +278,8 @@ def validate(args: EvalArgs):
     cores = ppo.usable_cores()
     require(0 <= args.torch_threads <= cores, "torch_threads", f"0 (torch's default) to {cores}, this machine's cores")
     require(bool(args.checkpoint), "checkpoint", "a checkpoint file or a run directory")
+    require(args.export is None or Path(args.export).suffix in EXPORT_FORMATS, "export",
+            f"a file name ending in {' or '.join(EXPORT_FORMATS)}")
 
 
 def validate_run(run, trainer, maniskill: bool, args: EvalArgs):
@@ -332,7 +340,7 @@ def main(args: EvalArgs) -> int:
                                      for i in range(num_envs)])
     # Every episode ends within the time limit, and the next one starts at once.
     max_steps = int(episodes_per_env.max()) * run.max_episode_steps
-    output_dir = prepare_output_dir(args, checkpoint)
+    output_dir = None if args.export else prepare_output_dir(args, checkpoint)
     if args.output is not None:
         check_output(Path(args.output))
 
@@ -351,6 +359,8 @@ def main(args: EvalArgs) -> int:
             agent = trainer.make_agent(run, envs).to(device)
             trainer.load_weights(agent, ckpt, run, envs)
             agent.eval()
+            if args.export is not None:
+                return export(DeployedPolicy(agent, envs), envs, ckpt, checkpoint, Path(args.export))
             start = time.perf_counter()
             metrics = trainer.evaluate(agent, envs, max_steps, args.seed, episodes_per_env,
                                        deterministic=not args.stochastic)
@@ -401,6 +411,121 @@ def main(args: EvalArgs) -> int:
         write_json(Path(args.output), results)
         print(f"results: {args.output}")
     return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Export
+# ---------------------------------------------------------------------------------------------
+
+EXPORT_FORMATS = (".onnx", ".pt2")
+
+
+class DeployedPolicy(nn.Module):
+    """A checkpoint's deterministic policy, taking what its env gives and returning what its env takes: the
+    observation normalization inside, Box actions clamped to their bounds, discrete actions counted from the space's
+    start. Inputs: ppo.py's observation; ppo_rgb.py's observation dict as one input a key, in input_names' order;
+    ppo_rnn.py's observation, recurrent state and episode start, with the next state as a second output."""
+
+    def __init__(self, agent: nn.Module, envs):
+        super().__init__()
+        self.agent = agent
+        self.recurrent = hasattr(agent, "initial_state")
+        self.keys = list(envs.obs_layout) if hasattr(envs, "obs_layout") else None
+        self.box = hasattr(envs, "action_low")
+        for name in ("action_low", "action_high") if self.box else ("action_start",):
+            self.register_buffer(name, getattr(envs, name).cpu())
+        self.input_names = (self.keys or ["obs"]) + (["rnn_state", "episode_start"] if self.recurrent else [])
+        self.output_names = ["action"] + (["next_rnn_state"] if self.recurrent else [])
+
+    def forward(self, *inputs: torch.Tensor):
+        agent = self.agent
+        if self.recurrent:
+            obs, state, episode_start = inputs
+            action, state = agent.get_action(agent.normalize_obs(obs)[None], state, episode_start[None],
+                                             deterministic=True)
+            return self.to_env(action[0]), state
+        obs = dict(zip(self.keys, inputs)) if self.keys else inputs[0]
+        return self.to_env(agent.get_action(agent.normalize_obs(obs), deterministic=True))
+
+    def to_env(self, action: torch.Tensor) -> torch.Tensor:
+        if self.box:
+            return torch.clamp(action, self.action_low, self.action_high)
+        return action + self.action_start
+
+
+def export(policy: DeployedPolicy, envs, ckpt: dict, checkpoint: Path, path: Path) -> int:
+    """Trace the policy on the env's first observations (two rows at least: a batch of one would fix the batch
+    size), write it, check it against the policy on those inputs, and describe it in a JSON file beside it."""
+    if "agents" in ckpt:
+        raise UserError("--export does not take ippo.py's checkpoints yet (issue 28); ppo.py's, ppo_rnn.py's and "
+                        "ppo_rgb.py's it does")
+    policy = policy.cpu()
+    first = envs.reset(seed=0)
+    observations = [first[key] for key in policy.keys] if policy.keys else [first]
+    inputs = [(x if len(x) > 1 else torch.cat([x, x])).cpu() for x in observations]
+    batch = torch.export.Dim("batch")
+    dynamic_shapes = [{0: batch} for _ in inputs]
+    if policy.recurrent:
+        inputs += [policy.agent.initial_state(len(inputs[0]), torch.device("cpu")),
+                   torch.ones(len(inputs[0]), dtype=torch.bool)]
+        dynamic_shapes += [{1: batch}, {0: batch}]
+    inputs = tuple(inputs)
+    with torch.no_grad():
+        expected = policy(*inputs)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's exporters warn of their own internals
+            outputs = write_policy(policy, inputs, (tuple(dynamic_shapes),), path)
+    except OSError as e:
+        raise UserError(f"the policy could not be written to {path}: {e.strerror}") from e
+    error = max(float(np.abs(out.astype(np.float64) - x.numpy()).max()) for out, x in zip(outputs, as_tuple(expected)))
+    description = {
+        "format": path.suffix[1:], "file": path.name, "checkpoint": str(checkpoint.resolve()),
+        "sha256": sha256(checkpoint), "trainer": ckpt["trainer"], "env_id": ckpt["args"]["env_id"],
+        "inputs": [tensor_spec(name, x) for name, x in zip(policy.input_names, inputs)],
+        "outputs": [tensor_spec(name, x) for name, x in zip(policy.output_names, as_tuple(expected))],
+        "observation_space": ckpt["observation_space"], "action_space": ckpt["action_space"],
+        "actions": "clamped to the action space's bounds" if policy.box else "counted from the space's start",
+        "observation_normalization": "inside", "deterministic": True,
+    }
+    if policy.recurrent:
+        description["initial_rnn_state"] = ("zeros; episode_start is True at an episode's first observation, which "
+                                            "also resets the rnn_state it is given to zeros")
+    if policy.keys and envs.vectors:
+        description["state"] = "the observation's vectors, concatenated: " + ", ".join(
+            f"{key} ({size})" for key, size in envs.vectors)
+    write_json(path.with_suffix(".json"), description)
+    print(f"policy      {path} ({path.suffix[1:]}), described in {path.with_suffix('.json')}; on the env's first "
+          f"observations it differs from the checkpoint's policy by {error:.1e} at most")
+    return 0
+
+
+def write_policy(policy: DeployedPolicy, inputs: tuple, dynamic_shapes: tuple, path: Path) -> list[np.ndarray]:
+    """Write the policy as ONNX or torch.export's program; return what the written file computes from inputs."""
+    if path.suffix == ".pt2":
+        torch.export.save(torch.export.export(policy, inputs, dynamic_shapes=dynamic_shapes), str(path))
+        with torch.no_grad():
+            return [x.numpy() for x in as_tuple(torch.export.load(str(path)).module()(*inputs))]
+    try:
+        import onnxruntime
+        import onnxscript  # noqa: F401  (torch.onnx.export's dynamo exporter needs it)
+    except ImportError as e:
+        raise UserError(f"--export to ONNX needs onnx, onnxscript and onnxruntime: pip install onnx onnxscript "
+                        f"onnxruntime ({e})") from e
+    torch.onnx.export(policy, inputs, str(path), dynamo=True, verbose=False, input_names=policy.input_names,
+                      output_names=policy.output_names, dynamic_shapes=dynamic_shapes)
+    session = onnxruntime.InferenceSession(str(path))
+    return session.run(None, {name: x.numpy() for name, x in zip(policy.input_names, inputs)})
+
+
+def as_tuple(x) -> tuple:
+    return x if isinstance(x, (tuple, list)) else (x,)
+
+
+def tensor_spec(name: str, x: torch.Tensor) -> dict:
+    batch_dim = 1 if name.endswith("rnn_state") else 0  # (num_layers, batch, state_size)
+    shape = ["batch" if i == batch_dim else size for i, size in enumerate(x.shape)]
+    return {"name": name, "shape": shape, "dtype": str(x.dtype).removeprefix("torch.")}
 
 
 def episode_value(key: str, value: float):

@@ -1,0 +1,126 @@
+"""ppo_eval.py --export: the deterministic policy of a checkpoint as ONNX (run with onnxruntime) and as a torch.export
+program, against the trainer's own actions, as its env takes them, on 100 recorded observations; a recurrent policy
+stepped through episodes with its exported state."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import ppo
+import ppo_eval
+import ppo_rgb
+import ppo_rnn
+import tests.envs  # noqa: F401  (registers the test envs)
+from tests.util import fast_args, load, run_script
+
+onnxruntime = pytest.importorskip("onnxruntime")
+
+CASES = {  # name: (trainer, env, flags)
+    "box": (ppo, "tests.envs:PointMass-v0", dict(norm_obs=True)),
+    "multidiscrete": (ppo, "tests.envs:MultiDiscreteTargets-v0", {}),
+    "dict_of_image_and_vector": (ppo_rgb, "tests.envs:PixelSideCue-v0", dict(norm_obs=True)),
+    "lstm": (ppo_rnn, "tests.envs:PointMass-v0", dict(norm_obs=True, rnn_hidden_size=16)),
+}
+
+
+def trained(tmp_path, name: str):
+    """A short run's checkpoint, and its agent and eval envs rebuilt with the trainer's own code."""
+    trainer, env_id, flags = CASES[name]
+    result = run_script(f"{trainer.TRAINER}.py", fast_args(env_id, "run", num_eval_envs=4, **flags), tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ckpt = load(tmp_path / "runs/run/final_ckpt.pt")
+    args = ppo_eval.run_args(trainer, ckpt, ppo_eval.EvalArgs(checkpoint="unused"))
+    envs = trainer.make_envs(args, False, torch.device("cpu"), evaluation=True, run_dir=tmp_path, num_eval_steps=16)
+    agent = trainer.make_agent(args, envs)
+    trainer.load_weights(agent, ckpt, args, envs)
+    return trainer, agent.eval(), envs
+
+
+def to_env(action: torch.Tensor, space) -> torch.Tensor:
+    """What the env takes, written out from its space: Box actions clamped, discrete ones from the start."""
+    if hasattr(space, "low"):
+        return torch.clamp(action, torch.as_tensor(space.low), torch.as_tensor(space.high))
+    return action + torch.as_tensor(getattr(space, "start", 0))
+
+
+def exported(tmp_path, fmt: str):
+    """The exported file as a function of named numpy inputs, and its description."""
+    path = tmp_path / f"policy.{fmt}"
+    assert ppo_eval.cli([str(tmp_path / "runs/run"), "--export", str(path)]) == 0
+    description = json.loads(path.with_suffix(".json").read_text())
+    names = [spec["name"] for spec in description["inputs"]]
+    if fmt == "onnx":
+        session = onnxruntime.InferenceSession(str(path))
+        return (lambda inputs: session.run(None, inputs)), description
+    module = torch.export.load(str(path)).module()
+
+    def run(inputs):
+        with torch.no_grad():
+            outputs = module(*(torch.from_numpy(inputs[name]) for name in names))
+        return [x.numpy() for x in (outputs if isinstance(outputs, tuple) else (outputs,))]
+
+    return run, description
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
+@pytest.mark.parametrize("name", ["box", "multidiscrete", "dict_of_image_and_vector"])
+def test_exported_policy_acts_as_the_trainer_on_recorded_observations(tmp_path, name, fmt):
+    trainer, agent, envs = trained(tmp_path, name)
+    obs, recorded = envs.reset(seed=0), []
+    torch.manual_seed(0)
+    for _ in range(25):  # 4 envs: 100 observations, random actions, episodes ending among them
+        recorded.append(obs)
+        with torch.no_grad():
+            obs = envs.step(agent.get_action(agent.normalize_obs(obs)))[0]
+    if isinstance(obs, dict):
+        recorded = {key: torch.cat([o[key] for o in recorded]) for key in obs}
+    else:
+        recorded = torch.cat(recorded)
+    with torch.no_grad():
+        expected = to_env(agent.get_action(agent.normalize_obs(recorded), deterministic=True),
+                          envs.single_action_space)
+    envs.close()
+    run, description = exported(tmp_path, fmt)
+    inputs = ({key: x.numpy() for key, x in recorded.items()} if isinstance(recorded, dict)
+              else {"obs": recorded.numpy()})
+    assert [spec["name"] for spec in description["inputs"]] == list(inputs)
+    assert all(spec["shape"][0] == "batch" for spec in description["inputs"])
+    (action,) = run(inputs)
+    assert action.shape == tuple(expected.shape) and len(action) == 100
+    np.testing.assert_allclose(action, expected.numpy(), atol=1e-5, rtol=0)
+    assert description["action_space"] == load(tmp_path / "runs/run/final_ckpt.pt")["action_space"]
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
+def test_exported_recurrent_policy_carries_its_state_through_episodes(tmp_path, fmt):
+    """24 steps of 4 envs across PointMass's 16-step episodes: the exported policy, fed back its own next_rnn_state
+    and the episode starts, acts as the trainer's policy with the trainer's state."""
+    trainer, agent, envs = trained(tmp_path, "lstm")
+    run, description = exported(tmp_path, fmt)
+    assert [spec["name"] for spec in description["inputs"]] == ["obs", "rnn_state", "episode_start"]
+    assert description["inputs"][1]["shape"] == [1, "batch", 64]  # h and c of the actor's and the critic's LSTM
+    obs = envs.reset(seed=0)
+    state = agent.initial_state(4, torch.device("cpu"))
+    exported_state = state.numpy()
+    start = torch.ones(4, dtype=torch.bool)
+    starts_seen = 0
+    for _ in range(24):
+        with torch.no_grad():
+            action, state = agent.get_action(agent.normalize_obs(obs)[None], state, start[None], deterministic=True)
+        exported_action, exported_state = run({"obs": obs.numpy(), "rnn_state": exported_state,
+                                               "episode_start": start.numpy()})
+        np.testing.assert_allclose(exported_action, to_env(action[0], envs.single_action_space).numpy(), atol=1e-5,
+                                   rtol=0)
+        np.testing.assert_allclose(exported_state, state.numpy(), atol=1e-5, rtol=0)
+        obs, _, terminated, truncated, _, _ = envs.step(action[0])
+        start = terminated | truncated
+        starts_seen += int(start.sum())
+    envs.close()
+    assert starts_seen == 4  # every env began a second episode on the way
+
+
+def test_export_refuses_another_suffix_in_one_line(tmp_path, capfd):
+    assert ppo_eval.cli([str(tmp_path), "--export", "policy.zip"]) == 2
+    assert "--export must be a file name ending in .onnx or .pt2" in capfd.readouterr().err
