@@ -32,9 +32,10 @@ def test_pendulum_learns(tmp_path):
 def test_norm_value_learns_where_large_rewards_stall_the_critic(tmp_path):
     """LoudPendulum pays 100 times Pendulum's rewards. With the Pendulum settings above (but rewards unscaled), the
     critic's loss, in the hundreds of millions, takes the whole clipped gradient norm and the policy barely moves;
-    standardized value targets learn as Pendulum does (in Pendulum's units: about -240 against -1,360, seed 1)."""
+    standardized value targets learn as Pendulum does. Seeds 1-3 (2026-11-25): -37,762, -22,228 and -17,565 with
+    --norm_value, -135,195, -130,216 and -117,049 without (a random policy's return is about -120,000)."""
     loud = PENDULUM.replace("Pendulum-v1", "tests.envs:LoudPendulum-v0").replace("--reward_scale 0.1", "")
     normalized = final_eval_return(tmp_path, loud + " --norm_value", "norm_value")
     plain = final_eval_return(tmp_path, loud, "plain")
-    assert normalized >= -40_000 and plain <= -80_000
+    assert normalized >= -60_000 and plain <= -100_000
 
