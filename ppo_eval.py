@@ -1,5 +1,5 @@
-"""Evaluate a checkpoint of ppo.py, ppo_rnn.py, ippo.py or a copy of one: success rates and returns with their
-uncertainty.
+"""Evaluate a checkpoint of ppo.py, ppo_rnn.py, ppo_rgb.py, ippo.py or a copy of one: success rates and returns
+with their uncertainty; or export its policy for deployment.
 
     python ppo_eval.py runs/RUN                                      # the run's final checkpoint, 100 episodes
     python ppo_eval.py runs/RUN/ckpt_250.pt --num_episodes 1000 --num_envs 256
@@ -360,7 +360,7 @@ def main(args: EvalArgs) -> int:
             trainer.load_weights(agent, ckpt, run, envs)
             agent.eval()
             if args.export is not None:
-                return export(DeployedPolicy(agent, envs), envs, ckpt, checkpoint, Path(args.export))
+                return export(agent, envs, ckpt, checkpoint, Path(args.export))
             start = time.perf_counter()
             metrics = trainer.evaluate(agent, envs, max_steps, args.seed, episodes_per_env,
                                        deterministic=not args.stochastic)
@@ -424,11 +424,13 @@ class DeployedPolicy(nn.Module):
     """A checkpoint's deterministic policy, taking what its env gives and returning what its env takes: the
     observation normalization inside, Box actions clamped to their bounds, discrete actions counted from the space's
     start. Inputs: ppo.py's observation; ppo_rgb.py's observation dict as one input a key, in input_names' order;
-    ppo_rnn.py's observation, recurrent state and episode start, with the next state as a second output."""
+    ppo_rnn.py's observation, recurrent state and episode start, with the next state as a second output; the
+    observation of ippo.py's agent agent_index."""
 
-    def __init__(self, agent: nn.Module, envs):
+    def __init__(self, agent: nn.Module, envs, agent_index: Optional[int] = None):
         super().__init__()
         self.agent = agent
+        self.agent_index = agent_index
         self.recurrent = hasattr(agent, "initial_state")
         self.keys = list(envs.obs_layout) if hasattr(envs, "obs_layout") else None
         self.box = hasattr(envs, "action_low")
@@ -445,6 +447,9 @@ class DeployedPolicy(nn.Module):
                                              deterministic=True)
             return self.to_env(action[0]), state
         obs = dict(zip(self.keys, inputs)) if self.keys else inputs[0]
+        if self.agent_index is not None:  # every agent's actor sees only its own row: give each this observation
+            obs = obs[:, None].expand(-1, agent.num_agents, -1)
+            return self.to_env(agent.get_action(agent.normalize_obs(obs), deterministic=True)[:, self.agent_index])
         return self.to_env(agent.get_action(agent.normalize_obs(obs), deterministic=True))
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
@@ -453,14 +458,22 @@ class DeployedPolicy(nn.Module):
         return action + self.action_start
 
 
-def export(policy: DeployedPolicy, envs, ckpt: dict, checkpoint: Path, path: Path) -> int:
-    """Trace the policy on the env's first observations (two rows at least: a batch of one would fix the batch
-    size), write it, check it against the policy on those inputs, and describe it in a JSON file beside it."""
-    if "agents" in ckpt:
-        raise UserError("--export does not take ippo.py's checkpoints yet (issue 28); ppo.py's, ppo_rnn.py's and "
-                        "ppo_rgb.py's it does")
-    policy = policy.cpu()
+def export(agent: nn.Module, envs, ckpt: dict, checkpoint: Path, path: Path) -> int:
+    """Write the policy (ippo.py's: one file per agent, path's stem and the agent's name), traced on the env's first
+    observations."""
     first = envs.reset(seed=0)
+    if "agents" not in ckpt:
+        export_policy(DeployedPolicy(agent, envs), first, envs, ckpt, checkpoint, path)
+    for i, name in enumerate(ckpt.get("agents", [])):
+        agent_path = path.with_name(f"{path.stem}_{name}{path.suffix}")
+        export_policy(DeployedPolicy(agent, envs, i), first[:, i], envs, ckpt, checkpoint, agent_path, agent=name)
+    return 0
+
+
+def export_policy(policy: DeployedPolicy, first, envs, ckpt: dict, checkpoint: Path, path: Path, **about):
+    """Write the policy, traced on first (two rows at least: a batch of one would fix the batch size), check the
+    file against the policy on those inputs, and describe it in a JSON file beside it."""
+    policy = policy.cpu()
     observations = [first[key] for key in policy.keys] if policy.keys else [first]
     inputs = [(x if len(x) > 1 else torch.cat([x, x])).cpu() for x in observations]
     batch = torch.export.Dim("batch")
@@ -481,7 +494,7 @@ def export(policy: DeployedPolicy, envs, ckpt: dict, checkpoint: Path, path: Pat
     error = max(float(np.abs(out.astype(np.float64) - x.numpy()).max()) for out, x in zip(outputs, as_tuple(expected)))
     description = {
         "format": path.suffix[1:], "file": path.name, "checkpoint": str(checkpoint.resolve()),
-        "sha256": sha256(checkpoint), "trainer": ckpt["trainer"], "env_id": ckpt["args"]["env_id"],
+        "sha256": sha256(checkpoint), "trainer": ckpt["trainer"], "env_id": ckpt["args"]["env_id"], **about,
         "inputs": [tensor_spec(name, x) for name, x in zip(policy.input_names, inputs)],
         "outputs": [tensor_spec(name, x) for name, x in zip(policy.output_names, as_tuple(expected))],
         "observation_space": ckpt["observation_space"], "action_space": ckpt["action_space"],
@@ -497,7 +510,6 @@ def export(policy: DeployedPolicy, envs, ckpt: dict, checkpoint: Path, path: Pat
     write_json(path.with_suffix(".json"), description)
     print(f"policy      {path} ({path.suffix[1:]}), described in {path.with_suffix('.json')}; on the env's first "
           f"observations it differs from the checkpoint's policy by {error:.1e} at most")
-    return 0
 
 
 def write_policy(policy: DeployedPolicy, inputs: tuple, dynamic_shapes: tuple, path: Path) -> list[np.ndarray]:
@@ -512,8 +524,8 @@ def write_policy(policy: DeployedPolicy, inputs: tuple, dynamic_shapes: tuple, p
     except ImportError as e:
         raise UserError(f"--export to ONNX needs onnx, onnxscript and onnxruntime: pip install onnx onnxscript "
                         f"onnxruntime ({e})") from e
-    torch.onnx.export(policy, inputs, str(path), dynamo=True, verbose=False, input_names=policy.input_names,
-                      output_names=policy.output_names, dynamic_shapes=dynamic_shapes)
+    torch.onnx.export(policy, inputs, str(path), dynamo=True, verbose=False, external_data=False,
+                      input_names=policy.input_names, output_names=policy.output_names, dynamic_shapes=dynamic_shapes)
     session = onnxruntime.InferenceSession(str(path))
     return session.run(None, {name: x.numpy() for name, x in zip(policy.input_names, inputs)})
 

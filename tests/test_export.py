@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import ippo
 import ppo
 import ppo_eval
 import ppo_rgb
@@ -22,6 +23,8 @@ CASES = {  # name: (trainer, env, flags)
     "multidiscrete": (ppo, "tests.envs:MultiDiscreteTargets-v0", {}),
     "dict_of_image_and_vector": (ppo_rgb, "tests.envs:PixelSideCue-v0", dict(norm_obs=True)),
     "lstm": (ppo_rnn, "tests.envs:PointMass-v0", dict(norm_obs=True, rnn_hidden_size=16)),
+    "ippo": (ippo, "vmas:tests.vmas_scenarios:Clock", dict(norm_obs=True, hidden_sizes=16)),
+    "ippo_shared": (ippo, "vmas:tests.vmas_scenarios:Clock", dict(norm_obs=True, share_parameters=True)),
 }
 
 
@@ -45,10 +48,12 @@ def to_env(action: torch.Tensor, space) -> torch.Tensor:
     return action + torch.as_tensor(getattr(space, "start", 0))
 
 
-def exported(tmp_path, fmt: str):
-    """The exported file as a function of named numpy inputs, and its description."""
+def exported(tmp_path, fmt: str, agent: str = ""):
+    """The exported file (ippo.py's: the agent's) as a function of named numpy inputs, and its description."""
     path = tmp_path / f"policy.{fmt}"
-    assert ppo_eval.cli([str(tmp_path / "runs/run"), "--export", str(path)]) == 0
+    if not agent:
+        assert ppo_eval.cli([str(tmp_path / "runs/run"), "--export", str(path)]) == 0
+    path = path.with_name(f"policy{agent}.{fmt}")
     description = json.loads(path.with_suffix(".json").read_text())
     names = [spec["name"] for spec in description["inputs"]]
     if fmt == "onnx":
@@ -124,3 +129,30 @@ def test_exported_recurrent_policy_carries_its_state_through_episodes(tmp_path, 
 def test_export_refuses_another_suffix_in_one_line(tmp_path, capfd):
     assert ppo_eval.cli([str(tmp_path), "--export", "policy.zip"]) == 2
     assert "--export must be a file name ending in .onnx or .pt2" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["ippo", "ippo_shared"])
+def test_exported_multi_agent_policies_are_one_file_per_agent(tmp_path, name):
+    """ippo.py's checkpoint, with a network per agent or one shared: policy_<agent>.onnx takes that agent's
+    observation and acts as the trainer's agent on 100 recorded observations."""
+    pytest.importorskip("vmas")
+    trainer, agent, envs = trained(tmp_path, name)
+    obs, recorded = envs.reset(seed=0), []
+    torch.manual_seed(0)
+    for _ in range(25):
+        recorded.append(obs)
+        with torch.no_grad():
+            obs = envs.step(agent.get_action(agent.normalize_obs(obs)))[0]
+    recorded = torch.cat(recorded)
+    assert len(recorded) == 100  # 4 envs
+    with torch.no_grad():
+        expected = to_env(agent.get_action(agent.normalize_obs(recorded), deterministic=True),
+                          envs.single_action_space)
+    assert ppo_eval.cli([str(tmp_path / "runs/run"), "--export", str(tmp_path / "policy.onnx")]) == 0
+    for i, agent_name in enumerate(envs.agents):
+        run, description = exported(tmp_path, "onnx", f"_{agent_name}")
+        assert description["agent"] == agent_name
+        (action,) = run({"obs": recorded[:, i].numpy()})
+        np.testing.assert_allclose(action, expected[:, i].numpy(), atol=1e-5, rtol=0)
+    envs.close()
+
