@@ -3,7 +3,7 @@
 # episodes' return and the evaluation return against steps and wall time), a markdown table and ppo_eval.py's
 # results of the final checkpoint, in benchmarks/results/<game>_atari/ (e.g. pong_atari for PongNoFrameskip-v4).
 #
-#   bash benchmarks/learn_atari.sh                                   # PongNoFrameskip-v4, 2M steps (about an hour on 2 cores), seed 1
+#   bash benchmarks/learn_atari.sh                                   # PongNoFrameskip-v4, 1.5M steps (45 minutes on 2 cores), seed 1
 #   bash benchmarks/learn_atari.sh BreakoutNoFrameskip-v4 10000000 "1 2 3"   # game, steps, seeds
 #   OUT=/tmp/check EVAL_EPISODES=2 bash benchmarks/learn_atari.sh PongNoFrameskip-v4 2048 1 --eval_freq=1   # quick
 #
@@ -12,7 +12,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 
 env_id=${1:-PongNoFrameskip-v4}
-steps=${2:-2000000}
+steps=${2:-1500000}
 seeds=${3:-1}
 game=${env_id#ALE/}
 name=$(echo "${game%%NoFrameskip*}" | tr '[:upper:]' '[:lower:]' | sed 's/-v[0-9]*$//')_atari
