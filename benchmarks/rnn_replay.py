@@ -40,7 +40,7 @@ def main():
     ppo_rnn.PACKED_REPLAY_DEVICES = (device.type,) if args.packed else ()
     torch.manual_seed(0)
     obs_dim, action_dim, steps, batch = 42, 8, args.seq_len, args.sequences  # PickCube's spaces
-    agent = ppo_rnn.Agent(obs_dim, {"type": "Box", "shape": [action_dim]}, False, "tanh", -0.5, args.rnn_type,
+    agent = ppo_rnn.Agent(obs_dim, {"type": "Box", "shape": [action_dim]}, False, False, "tanh", -0.5, args.rnn_type,
                           args.hidden_size, 1, False).to(device)
     obs, actions = torch.randn(steps, batch, obs_dim), torch.randn(steps, batch, action_dim)
     starts = torch.rand(steps, batch) < 1.0 / args.episode_len
