@@ -319,8 +319,8 @@ class DiscreteActions(nn.Module):
 
 class NatureCNN(nn.Module):
     """The Nature DQN convolutions (ManiSkill's ppo_rgb.py encoder): images (N, H, W, C), scaled to [0, 1], to 256
-    features. Orthogonal init, as CleanRL's and SB3's: under torch's default init the features are 25 times smaller
-    on Atari frames, and so is every Adam step's change of the policy (Pong unlearned after 1.1M steps)."""
+    features. Orthogonal init, as CleanRL's and SB3's: under torch's default init the features of Atari frames are
+    25 times smaller, and so is the change of the policy's logits that an Adam step of the heads makes."""
 
     def __init__(self, shape: tuple[int, int, int]):
         super().__init__()
