@@ -6,6 +6,9 @@
 - CueRecall-v0: a cue of -1 or +1 is shown at the first step only; at the last of CUE_RECALL_STEPS steps the
   action that matches the cue (0 for -1, 1 for +1) earns reward 1, anything else 0. The return is the success.
   Without memory the best policy is right half of the time.
+
+Each puts its full state in info["critic"], the vector that a privileged critic (--critic_obs) sees: the unmasked
+observation; CueRecall's cue and the fraction of the episode gone.
 """
 
 import gymnasium as gym
@@ -16,12 +19,20 @@ CUE_RECALL_STEPS = 8
 
 
 class MaskObservation(gym.ObservationWrapper):
-    """Zero some observation dims: what a sensor does not see."""
+    """Zero some observation dims: what a sensor does not see. The unmasked observation goes to info["critic"]."""
 
     def __init__(self, env: gym.Env, hidden_dims: tuple[int, ...]):
         super().__init__(env)
         self.visible = np.ones(env.observation_space.shape, dtype=env.observation_space.dtype)
         self.visible[list(hidden_dims)] = 0
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return self.observation(obs), {**info, "critic": obs}
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return self.observation(obs), reward, terminated, truncated, {**info, "critic": obs}
 
     def observation(self, observation):
         return observation * self.visible
@@ -47,13 +58,16 @@ class CueRecall(gym.Env):
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         self.cue, self.t = float(self.np_random.choice([-1.0, 1.0])), 0
-        return np.array([self.cue], dtype=np.float32), {}
+        return np.array([self.cue], dtype=np.float32), self.info()
 
     def step(self, action):
         self.t += 1
         last = self.t == CUE_RECALL_STEPS
         reward = float(last and int(action) == int(self.cue > 0))
-        return np.zeros(1, dtype=np.float32), reward, last, False, {}
+        return np.zeros(1, dtype=np.float32), reward, last, False, self.info()
+
+    def info(self) -> dict:
+        return {"critic": np.array([self.cue, self.t / CUE_RECALL_STEPS], dtype=np.float32)}
 
     def render(self):
         """The cue as a white (+1) or grey (-1) square while it is shown, black afterwards."""

@@ -57,7 +57,7 @@ CHECKPOINT_FORMAT = 2
 TRAINER = Path(__file__).stem
 CPU_WORKERS_PER_CORE = 4
 # The flags that shape the network: a checkpoint's weights fit only a network built with the same.
-NETWORK_FIELDS = ("norm_obs", "norm_value", "hidden_sizes", "activation")
+NETWORK_FIELDS = ("norm_obs", "norm_value", "critic_obs", "hidden_sizes", "activation")
 LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
 NORMAL_ENTROPY_AT_UNIT_STD = 0.5 + 0.5 * math.log(2 * math.pi)
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -129,6 +129,9 @@ class Args:
     norm_value: bool = False
     """the critic predicts standardized returns (running mean/std of the value targets, float64, saved in checkpoints,
     updated before each update); its values are de-standardized for GAE and bootstrapping"""
+    critic_obs: bool = False
+    """privileged critic: the critic also sees the vector that the env puts in info["critic"] (its full state); the
+    actor never does (Gymnasium envs; docs/privileged_critic.md)"""
     hidden_sizes: tuple[int, ...] = (256, 256, 256)
     """widths of the hidden layers of the actor and of the critic (CleanRL's MuJoCo networks: 64 64)"""
     activation: Literal["tanh", "relu"] = "tanh"
@@ -229,7 +232,8 @@ class RunningMeanStd(nn.Module):
         return torch.sqrt(self.var + 1e-8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.clamp((x.double() - self.mean) / self.std(), -self.clip, self.clip).float()
+        dims = x.shape[-1]  # the first dims normalize alone too: the actor's part of a --critic_obs observation
+        return torch.clamp((x.double() - self.mean[:dims]) / self.std()[:dims], -self.clip, self.clip).float()
 
     def denormalize(self, x: torch.Tensor) -> torch.Tensor:
         return (x.double() * self.std() + self.mean).float()
@@ -298,15 +302,17 @@ class DiscreteActions(nn.Module):
 class Agent(nn.Module):
     """An MLP actor (logits, or a Gaussian's mean with a state-independent log-std) and an MLP critic, on observations
     that normalize_obs scales when --norm_obs. get_action_and_value returns (action, log-prob, entropy, value); values
-    are in the reward's units, also when the critic predicts standardized ones (--norm_value)."""
+    are in the reward's units, also when the critic predicts standardized ones (--norm_value). With --critic_obs an
+    observation is the actor's obs_dim dims followed by critic_dim privileged ones, which only the critic reads."""
 
     def __init__(self, obs_dim: int, action_space: dict, norm_obs: bool, norm_value: bool,
-                 hidden_sizes: tuple[int, ...], activation: str, log_std_init: float):
+                 hidden_sizes: tuple[int, ...], activation: str, log_std_init: float, critic_dim: int = 0):
         super().__init__()
         self.discrete = action_space["type"] != "Box"
-        self.obs_normalizer = RunningMeanStd(obs_dim) if norm_obs else None
+        self.obs_dim = obs_dim
+        self.obs_normalizer = RunningMeanStd(obs_dim + critic_dim) if norm_obs else None
         self.value_normalizer = RunningMeanStd(1) if norm_value else None
-        self.critic = mlp(obs_dim, hidden_sizes, activation, 1, out_std=1.0)
+        self.critic = mlp(obs_dim + critic_dim, hidden_sizes, activation, 1, out_std=1.0)
         if self.discrete:
             self.discrete_actions = DiscreteActions(action_space)
             self.actor = mlp(obs_dim, hidden_sizes, activation, DiscreteActions.num_logits(action_space), out_std=0.01)
@@ -325,19 +331,20 @@ class Agent(nn.Module):
     def get_action(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         if not deterministic:
             return self.get_action_and_value(obs)[0]
-        logits_or_mean = self.actor(obs)
+        logits_or_mean = self.actor(obs[..., :self.obs_dim])
         return self.discrete_actions.mode(logits_or_mean) if self.discrete else logits_or_mean
 
     def get_action_and_value(self, obs: torch.Tensor, action: Optional[torch.Tensor] = None):
+        actor_obs = obs[..., :self.obs_dim]
         if self.discrete:
-            pi = self.discrete_actions.distribution(self.actor(obs))
+            pi = self.discrete_actions.distribution(self.actor(actor_obs))
             if action is None:
                 action = pi.sample()
             return action, pi.log_prob(action), pi.entropy(), self.get_value(obs)
         # torch.distributions.Normal's sample, log_prob and entropy, written out: building its object costs more than
         # the arithmetic at a rollout step's batch size (12% of the training time of one CPU env at CleanRL's
         # settings). The same operations, so the same numbers (tests/test_parts.py).
-        mean = self.actor(obs)
+        mean = self.actor(actor_obs)
         std = self.actor_logstd.expand_as(mean).exp()
         if action is None:
             with torch.no_grad():
@@ -350,8 +357,8 @@ class Agent(nn.Module):
 
 
 def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
-    return Agent(envs.obs_dim, space_to_dict(envs.single_action_space), args.norm_obs, args.norm_value,
-                 args.hidden_sizes, args.activation, args.log_std_init)
+    return Agent(envs.obs_dim - envs.critic_dim, space_to_dict(envs.single_action_space), args.norm_obs,
+                 args.norm_value, args.hidden_sizes, args.activation, args.log_std_init, envs.critic_dim)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -885,6 +892,9 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
         args.lr_schedule = "linear"
     if args.track and importlib.util.find_spec("wandb") is None:
         raise UserError("--track logs to Weights and Biases, which is not installed: pip install wandb")
+    if args.critic_obs and maniskill:
+        raise UserError(f"--critic_obs gives the critic a ManiSkill task's state, which {TRAINER}.py's actor already "
+                        "sees; for a camera actor with a state critic use ppo_rgb.py --critic_obs")
     if args.checkpoint is not None and args.resume is not None:
         raise UserError("--checkpoint starts a new run from saved weights and --resume continues a run; give one")
     batch_size = args.num_envs * args.num_steps
@@ -1055,15 +1065,18 @@ class ResetEpisodeTrigger:
 
 
 def build_gym_env(env_id: str, max_episode_steps: Optional[int], video_dir: Optional[str], video_trigger,
-                  video_length: Optional[int], name_prefix: str) -> gym.Env:
-    if video_dir is None:
-        return gym.make(env_id, max_episode_steps=max_episode_steps)  # not every env's constructor takes a render_mode
+                  video_length: Optional[int], name_prefix: str, critic_obs: bool = False) -> gym.Env:
+    if video_dir is None:  # not every env's constructor takes a render_mode
+        env = gym.make(env_id, max_episode_steps=max_episode_steps)
+        return CriticObservation(env) if critic_obs else env
     try:
         env = gym.make(env_id, max_episode_steps=max_episode_steps, render_mode="rgb_array")
     except TypeError as e:
         if "render_mode" not in str(e):
             raise
         raise UserError(f"{env_id} takes no render_mode, so it cannot record videos; pass --no_capture_video") from e
+    if critic_obs:
+        env = CriticObservation(env)
     # Rendering dependencies (pygame, a GL context) fail only at the first frame: find out now, not mid-run.
     env.reset()
     env.render()
@@ -1072,6 +1085,37 @@ def build_gym_env(env_id: str, max_episode_steps: Optional[int], video_dir: Opti
     else:
         trigger = dict(step_trigger=video_trigger, video_length=video_length)
     return gym.wrappers.RecordVideo(env, video_dir, name_prefix=name_prefix, disable_logger=True, **trigger)
+
+
+class CriticObservation(gym.Wrapper):
+    """--critic_obs: the vector that the env puts in info["critic"] at reset and at every step (its full state),
+    appended to the observation; the agent's actor reads the observation's own dims only."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        space = env.observation_space
+        if not isinstance(space, gym.spaces.Box):
+            raise UserError(f"--critic_obs appends info['critic'] to a Box observation, and {space} is none")
+        _, info = env.reset()
+        if "critic" not in info:
+            raise UserError(f"--critic_obs needs an env that puts its critic's vector in info['critic'] at reset and "
+                            f"every step, and {env.spec.id if env.spec else env} does not: docs/privileged_critic.md")
+        self.critic_dim = np.asarray(info["critic"]).size
+        unbounded = np.full(self.critic_dim, np.inf)
+        self.observation_space = gym.spaces.Box(np.append(space.low.ravel(), -unbounded).astype(np.float32),
+                                                np.append(space.high.ravel(), unbounded).astype(np.float32))
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return self.with_critic(obs, info), info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return self.with_critic(obs, info), reward, terminated, truncated, info
+
+    @staticmethod
+    def with_critic(obs, info: dict) -> np.ndarray:
+        return np.concatenate([np.ravel(obs), np.ravel(info["critic"])]).astype(np.float32)
 
 
 def space_to_dict(space: gym.Space) -> dict:
@@ -1093,15 +1137,16 @@ class TorchVecEnv:
     next_obs is already reset where an episode ended; final_obs is the true last observation of those
     episodes (next_obs elsewhere); finished maps metric names (return, episode_len, and ManiSkill's
     success_once, success_at_end, fail_once, fail_at_end) to one value per episode that ended in this
-    step, or is None when none ended.
+    step, or is None when none ended. Under --critic_obs the last critic_dim dims of an observation are the critic's.
     """
 
     EPISODE_KEYS = ("success_once", "success_at_end", "fail_once", "fail_at_end")
 
     def __init__(self, env: gym.vector.VectorEnv, device: torch.device, torch_native: bool,
                  reset_video_trigger: Optional[ResetEpisodeTrigger] = None,
-                 video_recorder: Optional[gym.Wrapper] = None):
+                 video_recorder: Optional[gym.Wrapper] = None, critic_dim: int = 0):
         self.env = env
+        self.critic_dim = critic_dim
         self.reset_video_trigger = reset_video_trigger
         self.video_recorder = video_recorder
         self.device = device
@@ -1224,13 +1269,16 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
         if evaluation and video_dir is not None:
             video_trigger = ResetEpisodeTrigger()
         env_fns = [functools.partial(build_gym_env, args.env_id, args.max_episode_steps, video_dir if i == 0 else None,
-                                     video_trigger, max_steps_per_video, prefix) for i in range(num_envs)]
+                                     video_trigger, max_steps_per_video, prefix, args.critic_obs)
+                   for i in range(num_envs)]
         if args.async_envs and not evaluation:  # evaluation's video trigger must live in this process
             env = gym.vector.AsyncVectorEnv(env_fns, context="forkserver",
                                             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         else:
             env = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-        return TorchVecEnv(env, device, torch_native=False, reset_video_trigger=video_trigger if evaluation else None)
+        critic_dim = env.get_attr("critic_dim")[0] if args.critic_obs else 0
+        return TorchVecEnv(env, device, torch_native=False, reset_video_trigger=video_trigger if evaluation else None,
+                           critic_dim=critic_dim)
     except gym.error.DependencyNotInstalled as e:
         hint = "; or pass --no_capture_video" if args.capture_video else ""
         raise UserError(f"{args.env_id} needs an optional dependency: {e}{hint}") from e

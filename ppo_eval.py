@@ -425,14 +425,16 @@ class DeployedPolicy(nn.Module):
     observation normalization inside, Box actions clamped to their bounds, discrete actions counted from the space's
     start. Inputs: ppo.py's observation; ppo_rgb.py's observation dict as one input a key, in input_names' order;
     ppo_rnn.py's observation, recurrent state and episode start, with the next state as a second output; the
-    observation of ippo.py's agent agent_index."""
+    observation of ippo.py's agent agent_index. A --critic_obs policy takes the actor's observation alone: the
+    observation without the critic's privileged part."""
 
     def __init__(self, agent: nn.Module, envs, agent_index: Optional[int] = None):
         super().__init__()
         self.agent = agent
         self.agent_index = agent_index
         self.recurrent = hasattr(agent, "initial_state")
-        self.keys = list(envs.obs_layout) if hasattr(envs, "obs_layout") else None
+        self.keys = [key for key in envs.obs_layout if key != "critic"] if hasattr(envs, "obs_layout") else None
+        self.obs_dim = getattr(agent, "obs_dim", None)  # the actor's first dims of ppo.py's and ppo_rnn.py's
         self.box = hasattr(envs, "action_low")
         for name in ("action_low", "action_high") if self.box else ("action_start",):
             self.register_buffer(name, getattr(envs, name).cpu())
@@ -474,7 +476,7 @@ def export_policy(policy: DeployedPolicy, first, envs, ckpt: dict, checkpoint: P
     """Write the policy, traced on first (two rows at least: a batch of one would fix the batch size), check the
     file against the policy on those inputs, and describe it in a JSON file beside it."""
     policy = policy.cpu()
-    observations = [first[key] for key in policy.keys] if policy.keys else [first]
+    observations = [first[key] for key in policy.keys] if policy.keys else [first[..., :policy.obs_dim]]
     inputs = [(x if len(x) > 1 else torch.cat([x, x])).cpu() for x in observations]
     batch = torch.export.Dim("batch")
     dynamic_shapes = [{0: batch} for _ in inputs]
@@ -504,6 +506,8 @@ def export_policy(policy: DeployedPolicy, first, envs, ckpt: dict, checkpoint: P
     if policy.recurrent:
         description["initial_rnn_state"] = ("zeros; episode_start is True at an episode's first observation, which "
                                             "also resets the rnn_state it is given to zeros")
+    if ckpt["args"].get("critic_obs"):
+        description["critic_obs"] = "the critic's privileged observation (--critic_obs) is not an input"
     if policy.keys and envs.vectors:
         description["state"] = "the observation's vectors, concatenated: " + ", ".join(
             f"{key} ({size})" for key, size in envs.vectors)

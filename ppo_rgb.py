@@ -8,8 +8,9 @@
 
 ppo.py with an image encoder: `diff ppo.py ppo_rgb.py` shows what images change. Observations are dicts: every image
 (H, W, C) under its own key and in its own dtype (uint8 stays uint8 in the rollout buffer), every vector of the
-observation concatenated under "state" (the only part --norm_obs normalizes). The Encoder, shared by actor and
-critic, runs a NatureCNN per image and a linear layer on the state.
+observation concatenated under "state" (which --norm_obs normalizes), and under --critic_obs the critic's privileged
+vector under "critic". The Encoder, shared by actor and critic, runs a NatureCNN per image and a linear layer on the
+state; the critic's head alone reads "critic".
 
 Everything happens on torch tensors on the learner's device: rollout, final-value bootstrapping, GAE, update.
 The file reads top to bottom: Args; the Agent; ALGO LOGIC (rollout(), compute_advantages(), ppo_loss(), update());
@@ -67,7 +68,7 @@ CHECKPOINT_FORMAT = 2
 TRAINER = Path(__file__).stem
 CPU_WORKERS_PER_CORE = 4
 # The flags that shape the network: a checkpoint's weights fit only a network built with the same.
-NETWORK_FIELDS = ("norm_obs", "norm_value", "hidden_sizes", "activation")
+NETWORK_FIELDS = ("norm_obs", "norm_value", "critic_obs", "hidden_sizes", "activation")
 OBS_MODES = ("rgb", "rgbd", "depth")
 MIN_IMAGE_SIDE = 36  # the NatureCNN's three convolutions need this many pixels
 ATARI_ENTRY_POINT = "ale_py.env:AtariEnv"
@@ -149,6 +150,9 @@ class Args:
     norm_value: bool = False
     """the critic predicts standardized returns (running mean/std of the value targets, float64, saved in checkpoints,
     updated before each update); its values are de-standardized for GAE and bootstrapping"""
+    critic_obs: bool = False
+    """privileged critic: the critic's head also sees ManiSkill's state observation, or the vector that a Gymnasium env
+    puts in info["critic"]; the actor and the encoder never do (docs/privileged_critic.md)"""
     hidden_sizes: tuple[int, ...] = (512,)
     """widths of the hidden layers of the actor's and the critic's heads on the encoder (ManiSkill's: 512)"""
     activation: Literal["tanh", "relu"] = "relu"
@@ -360,19 +364,22 @@ class Encoder(nn.Module):
 
 class Agent(nn.Module):
     """An actor head (logits, or a Gaussian's mean with a state-independent log-std) and a critic head on a shared
-    Encoder, on observation dicts whose state normalize_obs scales when --norm_obs. get_action_and_value returns
-    (action, log-prob, entropy, value); values are in the reward's units, also when the critic predicts standardized
-    ones (--norm_value)."""
+    Encoder, on observation dicts whose state (and critic vector) normalize_obs scales when --norm_obs.
+    get_action_and_value returns (action, log-prob, entropy, value); values are in the reward's units, also when the
+    critic predicts standardized ones (--norm_value). The critic's head reads the "critic" vector (--critic_obs) too."""
 
     def __init__(self, obs_layout: dict, action_space: dict, norm_obs: bool, norm_value: bool,
                  hidden_sizes: tuple[int, ...], activation: str, log_std_init: float):
         super().__init__()
         self.discrete = action_space["type"] != "Box"
-        self.obs_normalizer = RunningMeanStd(obs_layout["state"][0][0]) if norm_obs and "state" in obs_layout else None
+        vector_dim = {key: obs_layout[key][0][0] if key in obs_layout else 0 for key in ("state", "critic")}
+        self.obs_normalizer = RunningMeanStd(vector_dim["state"]) if norm_obs and vector_dim["state"] else None
+        self.critic_obs_normalizer = RunningMeanStd(vector_dim["critic"]) if norm_obs and vector_dim["critic"] else None
         self.value_normalizer = RunningMeanStd(1) if norm_value else None
-        self.encoder = Encoder(obs_layout)
+        self.encoder = Encoder({key: layout for key, layout in obs_layout.items() if key != "critic"})
         features = self.encoder.out_dim
-        self.critic = mlp(features, hidden_sizes, activation, 1, out_std=1.0)
+        self.critic_obs = bool(vector_dim["critic"])
+        self.critic = mlp(features + vector_dim["critic"], hidden_sizes, activation, 1, out_std=1.0)
         if self.discrete:
             self.discrete_actions = DiscreteActions(action_space)
             self.actor = mlp(features, hidden_sizes, activation, DiscreteActions.num_logits(action_space), out_std=0.01)
@@ -382,12 +389,18 @@ class Agent(nn.Module):
             self.actor_logstd = nn.Parameter(torch.ones(1, action_dim) * log_std_init)
 
     def normalize_obs(self, obs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return obs if self.obs_normalizer is None else {**obs, "state": self.obs_normalizer(obs["state"])}
+        if self.obs_normalizer is not None:
+            obs = {**obs, "state": self.obs_normalizer(obs["state"])}
+        if self.critic_obs_normalizer is not None and "critic" in obs:  # the deployed policy has no "critic"
+            obs = {**obs, "critic": self.critic_obs_normalizer(obs["critic"])}
+        return obs
 
     def get_value(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.value(self.encoder(obs))
+        return self.value(self.encoder(obs), obs)
 
-    def value(self, features: torch.Tensor) -> torch.Tensor:
+    def value(self, features: torch.Tensor, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.critic_obs:
+            features = torch.cat([features, obs["critic"]], dim=-1)
         value = self.critic(features).flatten()
         return value if self.value_normalizer is None else self.value_normalizer.denormalize(value)
 
@@ -399,7 +412,7 @@ class Agent(nn.Module):
 
     def get_action_and_value(self, obs: dict[str, torch.Tensor], action: Optional[torch.Tensor] = None):
         features = self.encoder(obs)
-        value = self.value(features)
+        value = self.value(features, obs)
         if self.discrete:
             pi = self.discrete_actions.distribution(self.actor(features))
             if action is None:
@@ -457,6 +470,8 @@ def rollout(agent: Agent, envs: TorchVecEnv, buf: RolloutBuffer, next_obs: dict[
         with torch.inference_mode():
             if agent.obs_normalizer is not None:
                 agent.obs_normalizer.update(gather_rows(next_obs["state"]))  # so that every rank normalizes alike
+            if agent.critic_obs_normalizer is not None:
+                agent.critic_obs_normalizer.update(gather_rows(next_obs["critic"]))
             obs = agent.normalize_obs(next_obs)
             action, logprob, _, value = policy_step(obs)
         for key in obs:
@@ -550,7 +565,7 @@ def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, a
                                                                              buf.values))
     stats, clipfracs, minibatch_steps = {}, [], 0
     for mb in minibatch_indices(batch_size, batch_size // args.num_minibatches, args.update_epochs, b_actions.device):
-        obs = {key: random_shift(x[mb], args.aug_shift) if args.aug_shift and key != "state" else x[mb]
+        obs = {key: random_shift(x[mb], args.aug_shift) if args.aug_shift and x.dim() == 4 else x[mb]
                for key, x in b_obs.items()}
         (pg_loss, v_loss, entropy_loss), logratio, ratio = update_losses(
             obs, b_actions[mb], b_logprobs[mb], b_advantages[mb], b_returns[mb], b_values[mb])
@@ -1096,8 +1111,8 @@ def starts_recorded_rollout(step: int, num_steps: int, freq: int) -> bool:
     return step % (num_steps * freq) == 0
 
 
-def build_maniskill_env(env_id: str, num_envs: int, env_kwargs: dict, include_state: bool, video_dir: Optional[str],
-                        video_trigger, max_steps_per_video: Optional[int],
+def build_maniskill_env(env_id: str, num_envs: int, env_kwargs: dict, include_state: bool, critic_obs: bool,
+                        video_dir: Optional[str], video_trigger, max_steps_per_video: Optional[int],
                         trajectory_path: Optional[Path] = None) -> gym.Env:
     import mani_skill.envs  # noqa: F401
     from mani_skill.utils.wrappers.flatten import FlattenActionSpaceWrapper, FlattenRGBDObservationWrapper
@@ -1111,6 +1126,8 @@ def build_maniskill_env(env_id: str, num_envs: int, env_kwargs: dict, include_st
     # every camera's images side by side in "rgb" (and "depth"), the rest of the observation flattened into "state"
     mode = env_kwargs["obs_mode"]
     env = FlattenRGBDObservationWrapper(env, rgb="rgb" in mode, depth=mode != "rgb", state=include_state)
+    if critic_obs:
+        env = ManiSkillCriticState(env)
     if isinstance(env.action_space, gym.spaces.Dict):
         env = FlattenActionSpaceWrapper(env)
     if video_dir is not None or trajectory_path is not None:
@@ -1125,8 +1142,8 @@ def build_maniskill_env(env_id: str, num_envs: int, env_kwargs: dict, include_st
     return env
 
 
-def build_maniskill_cpu_worker_env(env_id: str, env_kwargs: dict, include_state: bool, ignore_terminations: bool,
-                                   video_dir: Optional[str], video_trigger,
+def build_maniskill_cpu_worker_env(env_id: str, env_kwargs: dict, include_state: bool, critic_obs: bool,
+                                   ignore_terminations: bool, video_dir: Optional[str], video_trigger,
                                    max_steps_per_video: Optional[int]) -> gym.Env:
     """Module-level so that AsyncVectorEnv can pickle it into forkserver workers."""
     from mani_skill.utils.wrappers.gymnasium import CPUGymWrapper
@@ -1141,7 +1158,8 @@ def build_maniskill_cpu_worker_env(env_id: str, env_kwargs: dict, include_state:
     # An unseeded reset (every autoreset) draws the new episode from the process's torch stream, which no one seeds
     # in a worker: with enhanced_determinism it draws the episode's seed from the env's own, seeded, stream instead.
     env_kwargs = {**env_kwargs, "enhanced_determinism": True}
-    env = build_maniskill_env(env_id, 1, env_kwargs, include_state, video_dir, video_trigger, max_steps_per_video)
+    env = build_maniskill_env(env_id, 1, env_kwargs, include_state, critic_obs, video_dir, video_trigger,
+                              max_steps_per_video)
     return CPUGymWrapper(env, ignore_terminations=ignore_terminations, record_metrics=True)
 
 
@@ -1158,7 +1176,7 @@ class ResetEpisodeTrigger:
 
 
 def build_gym_env(env_id: str, max_episode_steps: Optional[int], video_dir: Optional[str], video_trigger,
-                  video_length: Optional[int], name_prefix: str) -> gym.Env:
+                  video_length: Optional[int], name_prefix: str, critic_obs: bool = False) -> gym.Env:
     module, _, name = env_id.rpartition(":")
     if module:  # in a worker process, nothing has registered the env yet
         importlib.import_module(module)
@@ -1180,6 +1198,8 @@ def build_gym_env(env_id: str, max_episode_steps: Optional[int], video_dir: Opti
         env.render()
     if atari:
         env = atari_preprocessing(env, max_episode_steps)
+    if critic_obs:
+        env = CriticObservation(env)
     if video_dir is None:
         return env
     if isinstance(video_trigger, ResetEpisodeTrigger):
@@ -1187,6 +1207,70 @@ def build_gym_env(env_id: str, max_episode_steps: Optional[int], video_dir: Opti
     else:
         trigger = dict(step_trigger=video_trigger, video_length=video_length)
     return gym.wrappers.RecordVideo(env, video_dir, name_prefix=name_prefix, disable_logger=True, **trigger)
+
+
+class CriticObservation(gym.Wrapper):
+    """--critic_obs: the vector that the env puts in info["critic"] at reset and at every step (its full state), under
+    the observation's "critic" key (a Box observation becomes a Dict of it and "critic")."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        space = env.observation_space
+        _, info = env.reset()
+        if "critic" not in info:
+            raise UserError(f"--critic_obs needs an env that puts its critic's vector in info['critic'] at reset and "
+                            f"every step, and {env.spec.id if env.spec else env} does not: docs/privileged_critic.md")
+        self.box_key = None if isinstance(space, gym.spaces.Dict) else "image"  # as TorchVecEnv names a Box
+        spaces = {self.box_key: space} if self.box_key else dict(space.spaces)
+        critic = gym.spaces.Box(-np.inf, np.inf, (np.asarray(info["critic"]).size,), np.float32)
+        self.observation_space = gym.spaces.Dict({**spaces, "critic": critic})
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return self.with_critic(obs, info), info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return self.with_critic(obs, info), reward, terminated, truncated, info
+
+    def with_critic(self, obs, info: dict) -> dict:
+        obs = {self.box_key: obs} if self.box_key else obs
+        return {**obs, "critic": np.asarray(info["critic"], dtype=np.float32).ravel()}
+
+
+class ManiSkillCriticState(gym.Wrapper):
+    """--critic_obs on ManiSkill: under "critic", the task's state observation (what obs_mode="state" gives:
+    proprioception and the task's extras, object poses among them), for every env of the batch at every step and
+    reset (a partial reset's too)."""
+
+    def __init__(self, env: gym.Env):
+        from mani_skill.envs.utils.observations import parse_obs_mode_to_struct
+        from mani_skill.utils import common
+
+        super().__init__(env)
+        self.base_env = env.unwrapped
+        self.state_mode = ("state", parse_obs_mode_to_struct("state"))
+        critic = common.to_cpu_tensor(self.state(self.base_env.get_info()))
+        self.base_env.update_obs_space({**self.base_env._init_raw_obs, "critic": critic})
+
+    def state(self, info: dict) -> torch.Tensor:
+        # The tasks add their privileged extras only when the obs mode asks for state (some test the mode's name,
+        # some its parsed struct), so the state observation is the observation under mode "state"; it renders nothing.
+        env = self.base_env
+        camera_mode = env._obs_mode, env.obs_mode_struct
+        env._obs_mode, env.obs_mode_struct = self.state_mode
+        try:
+            return env.get_obs(info)
+        finally:
+            env._obs_mode, env.obs_mode_struct = camera_mode
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return {**obs, "critic": self.state(info)}, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return {**obs, "critic": self.state(info)}, reward, terminated, truncated, info
 
 
 def atari_preprocessing(env: gym.Env, max_episode_steps: Optional[int]) -> gym.Env:
@@ -1219,7 +1303,8 @@ def space_to_dict(space: gym.Space) -> dict:
 
 def observation_layout(space: gym.Space) -> tuple[dict, list[tuple[str, int]]]:
     """The observation dict the agent sees, key -> (shape, dtype): each image (H, W, C) under its own key in its own
-    dtype, and the vectors, concatenated in float32, under "state"; and the vectors' keys and sizes, in that order."""
+    dtype, the vectors, concatenated in float32, under "state", and the critic's privileged vector (--critic_obs)
+    under "critic"; and the state vectors' keys and sizes, in that order."""
     spaces = dict(space.spaces) if isinstance(space, gym.spaces.Dict) else {
         "image" if len(space.shape) == 3 else "state": space}
     layout, vectors = {}, []
@@ -1231,6 +1316,8 @@ def observation_layout(space: gym.Space) -> tuple[dict, list[tuple[str, int]]]:
                             f"least {MIN_IMAGE_SIDE}x{MIN_IMAGE_SIDE} pixels and vectors, in a Box or a Dict of Boxes")
         if image:
             layout[key] = (tuple(sub.shape), torch.from_numpy(np.empty(0, dtype=sub.dtype)).dtype)
+        elif key == "critic":
+            layout[key] = (tuple(sub.shape), torch.float32)
         else:
             vectors.append((key, sub.shape[0]))
     if not layout:
@@ -1389,7 +1476,8 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
         if evaluation and video_dir is not None:
             video_trigger = ResetEpisodeTrigger()
         env_fns = [functools.partial(build_gym_env, args.env_id, args.max_episode_steps, video_dir if i == 0 else None,
-                                     video_trigger, max_steps_per_video, prefix) for i in range(num_envs)]
+                                     video_trigger, max_steps_per_video, prefix, args.critic_obs)
+                   for i in range(num_envs)]
         if args.async_envs and not evaluation:  # evaluation's video trigger must live in this process
             env = gym.vector.AsyncVectorEnv(env_fns, context="forkserver",
                                             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
@@ -1440,8 +1528,8 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
     try:
         if gpu or num_envs == 1:
             # One CPU env takes the same ManiSkillVectorEnv code path as thousands of GPU envs.
-            env = build_maniskill_env(args.env_id, num_envs, env_kwargs, args.include_state, video_dir, video_trigger,
-                                      max_steps_per_video, trajectory_path)
+            env = build_maniskill_env(args.env_id, num_envs, env_kwargs, args.include_state, args.critic_obs,
+                                      video_dir, video_trigger, max_steps_per_video, trajectory_path)
             vec_env = ManiSkillVectorEnv(env, num_envs, ignore_terminations=ignore_terminations, record_metrics=True)
             recorder = env if video_dir is not None or trajectory_path is not None else None
             return TorchVecEnv(vec_env, device, torch_native=True, video_recorder=recorder)
@@ -1449,7 +1537,7 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
             raise UserError("trajectories are recorded in one ManiSkill vector env: on the CPU simulation, use one env")
         # The fork start method hangs while workers build SAPIEN scenes; forkserver needs module-level builders.
         env_fns = [functools.partial(build_maniskill_cpu_worker_env, args.env_id, env_kwargs, args.include_state,
-                                     ignore_terminations,
+                                     args.critic_obs, ignore_terminations,
                                      video_dir if i == 0 else None, video_trigger, max_steps_per_video)
                    for i in range(num_envs)]
         # AsyncVectorEnv builds its first env in this process before any worker, so a missing asset or Vulkan

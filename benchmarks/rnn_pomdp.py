@@ -2,6 +2,7 @@
 
     python benchmarks/rnn_pomdp.py                       # CartPoleNoVel-v1 (seeds 1-5) and PendulumNoVel-v1 (seeds 1-3)
     python benchmarks/rnn_pomdp.py --tasks cartpole --seeds 1 2 --total_timesteps 4096 --out /tmp/check
+    python benchmarks/rnn_pomdp.py --flags=--critic_obs --out benchmarks/results/rnn_pomdp_critic  # privileged critic
 
 Runs each command of TASKS (docs/recurrent.md's) one seed at a time into runs/ of the working directory, then writes to
 --out (default benchmarks/results/rnn_pomdp/) table.md, one markdown row per seed (the final evaluation return, the
@@ -38,12 +39,13 @@ def main():
     parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=sorted(TASKS))
     parser.add_argument("--seeds", nargs="+", type=int, help="default: each task's own seeds")
     parser.add_argument("--total_timesteps", type=int, help="default: each command's own")
+    parser.add_argument("--flags", default="", help="more ppo_rnn.py flags for every run, e.g. --flags=--critic_obs")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "rnn_pomdp")
     options = parser.parse_args()
     commands, rows = [], []
     for task in options.tasks:
         spec = TASKS[task]
-        argv = shlex.split(spec["command"])
+        argv = shlex.split(spec["command"]) + shlex.split(options.flags)
         if options.total_timesteps is not None:
             argv[argv.index("--total_timesteps") + 1] = str(options.total_timesteps)
         commands.append(f"python ppo_rnn.py {shlex.join(argv)} --seed SEED")

@@ -17,6 +17,7 @@ class PointMass(gym.Env):
     nan_reward_after: from this many steps of this env on, rewards are NaN (to test the non-finite guard);
     nan_only_on_rank: only in the process of this torchrun rank.
     terminate_odd_episodes: the 1st, 3rd, ... episodes terminate after half the time limit; the others are truncated.
+    critic: info["critic"] holds x^2 and the step count, a privileged critic's vector (--critic_obs).
     """
 
     observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
@@ -24,22 +25,27 @@ class PointMass(gym.Env):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
 
-    def __init__(self, nan_reward_after=None, render_mode=None, terminate_odd_episodes=False, nan_only_on_rank=None):
+    def __init__(self, nan_reward_after=None, render_mode=None, terminate_odd_episodes=False, nan_only_on_rank=None,
+                 critic=False):
         on_this_rank = nan_only_on_rank is None or int(os.environ.get("RANK", "0")) == nan_only_on_rank
         self.nan_reward_after = nan_reward_after if on_this_rank else None
         self.render_mode = render_mode
         self.terminate_odd_episodes = terminate_odd_episodes
+        self.critic = critic
         self.total_steps = 0
         self.episodes = 0
 
     def _obs(self):
         return np.array([self.x, self.t / EPISODE_STEPS], dtype=np.float32)
 
+    def _info(self):
+        return {"critic": np.array([self.x**2, self.t], dtype=np.float32)} if self.critic else {}
+
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         self.x, self.t = 1.0, 0
         self.episodes += 1
-        return self._obs(), {}
+        return self._obs(), self._info()
 
     def render(self):
         """A 64x64 frame with a white bar at the point's position: enough for video tests, no pygame needed."""
@@ -56,10 +62,11 @@ class PointMass(gym.Env):
         if self.nan_reward_after is not None and self.total_steps > self.nan_reward_after:
             reward = float("nan")
         terminated = self.terminate_odd_episodes and self.episodes % 2 == 1 and self.t == EPISODE_STEPS // 2
-        return self._obs(), reward, terminated, False, {}
+        return self._obs(), reward, terminated, False, self._info()
 
 
 gym.register("PointMass-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS)
+gym.register("PointMassCritic-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS, kwargs={"critic": True})
 gym.register("PointMassEnds-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS,
              kwargs={"terminate_odd_episodes": True})
 gym.register("PointMassNaN-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS,
@@ -89,6 +96,8 @@ class PointMassPixels(PointMass):
 
 
 gym.register("PointMassPixels-v0", entry_point=PointMassPixels, max_episode_steps=EPISODE_STEPS)
+gym.register("PointMassPixelsCritic-v0", entry_point=PointMassPixels, max_episode_steps=EPISODE_STEPS,
+             kwargs={"critic": True})
 
 
 class PointMassNoVideo(PointMass):

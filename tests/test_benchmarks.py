@@ -85,10 +85,10 @@ def test_throughput_benchmark_rejects_a_malformed_run(tmp_path):
 
 def test_recurrent_benchmark_writes_its_table_and_plots(tmp_path):
     result = run([sys.executable, str(REPO / "benchmarks/rnn_pomdp.py"), "--tasks", "cartpole", "--seeds", "1", "2",
-                  "--total_timesteps", "2048", "--out", str(tmp_path / "out")], tmp_path)
+                  "--total_timesteps", "2048", "--flags=--critic_obs", "--out", str(tmp_path / "out")], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     table = (tmp_path / "out/table.md").read_text().splitlines()
-    assert "--total_timesteps 2048" in table[1] and table[1].endswith("--seed SEED")
+    assert "--total_timesteps 2048" in table[1] and table[1].endswith("--critic_obs --seed SEED")
     assert [row.split(" | ")[:2] for row in table[-2:]] == [["| cartpole", "1"], ["| cartpole", "2"]]
     assert (tmp_path / "out/cartpole/eval_return.png").stat().st_size > 10_000
     assert len(list((tmp_path / "runs").glob("cartpole_s*/final_ckpt.pt"))) == 2

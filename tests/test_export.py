@@ -1,6 +1,6 @@
 """ppo_eval.py --export: the deterministic policy of a checkpoint as ONNX (run with onnxruntime) and as a torch.export
 program, against the trainer's own actions, as its env takes them, on 100 recorded observations; a recurrent policy
-stepped through episodes with its exported state."""
+stepped through episodes with its exported state; a privileged critic's policy, which takes no privileged input."""
 
 import json
 
@@ -25,6 +25,10 @@ CASES = {  # name: (trainer, env, flags)
     "lstm": (ppo_rnn, "tests.envs:PointMass-v0", dict(norm_obs=True, rnn_hidden_size=16)),
     "ippo": (ippo, "vmas:tests.vmas_scenarios:Clock", dict(norm_obs=True, hidden_sizes=16)),
     "ippo_shared": (ippo, "vmas:tests.vmas_scenarios:Clock", dict(norm_obs=True, share_parameters=True)),
+    "box_critic": (ppo, "tests.envs:PointMassCritic-v0", dict(norm_obs=True, critic_obs=True)),
+    "dict_critic": (ppo_rgb, "tests.envs:PointMassPixelsCritic-v0", dict(norm_obs=True, critic_obs=True)),
+    "lstm_critic": (ppo_rnn, "tests.envs:PointMassCritic-v0", dict(norm_obs=True, critic_obs=True,
+                                                                  rnn_hidden_size=16)),
 }
 
 
@@ -69,20 +73,24 @@ def exported(tmp_path, fmt: str, agent: str = ""):
     return run, description
 
 
-@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
-@pytest.mark.parametrize("name", ["box", "multidiscrete", "dict_of_image_and_vector"])
-def test_exported_policy_acts_as_the_trainer_on_recorded_observations(tmp_path, name, fmt):
-    trainer, agent, envs = trained(tmp_path, name)
+def record(agent, envs):
+    """100 observations of 4 envs under random actions, episodes ending among them."""
     obs, recorded = envs.reset(seed=0), []
     torch.manual_seed(0)
-    for _ in range(25):  # 4 envs: 100 observations, random actions, episodes ending among them
+    for _ in range(25):
         recorded.append(obs)
         with torch.no_grad():
             obs = envs.step(agent.get_action(agent.normalize_obs(obs)))[0]
     if isinstance(obs, dict):
-        recorded = {key: torch.cat([o[key] for o in recorded]) for key in obs}
-    else:
-        recorded = torch.cat(recorded)
+        return {key: torch.cat([o[key] for o in recorded]) for key in obs}
+    return torch.cat(recorded)
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
+@pytest.mark.parametrize("name", ["box", "multidiscrete", "dict_of_image_and_vector"])
+def test_exported_policy_acts_as_the_trainer_on_recorded_observations(tmp_path, name, fmt):
+    trainer, agent, envs = trained(tmp_path, name)
+    recorded = record(agent, envs)
     with torch.no_grad():
         expected = to_env(agent.get_action(agent.normalize_obs(recorded), deterministic=True),
                           envs.single_action_space)
@@ -156,3 +164,40 @@ def test_exported_multi_agent_policies_are_one_file_per_agent(tmp_path, name):
         np.testing.assert_allclose(action, expected[:, i].numpy(), atol=1e-5, rtol=0)
     envs.close()
 
+
+
+@pytest.mark.parametrize("name", ["box_critic", "dict_critic", "lstm_critic"])
+def test_a_privileged_critics_policy_takes_the_actors_observation_alone(tmp_path, name):
+    """--critic_obs: the exported policy's input is the observation without the critic's vector, and it acts as the
+    trainer's policy on the whole training observation (ppo_rnn.py's: with the trainer's state, step by step)."""
+    trainer, agent, envs = trained(tmp_path, name)
+    run, description = exported(tmp_path, "onnx")
+    assert "critic_obs" in description
+    if trainer is ppo_rnn:
+        obs, state = envs.reset(seed=0), agent.initial_state(4, torch.device("cpu"))
+        exported_state, start = state.numpy(), torch.ones(4, dtype=torch.bool)
+        for _ in range(20):
+            with torch.no_grad():
+                action, state = agent.get_action(agent.normalize_obs(obs)[None], state, start[None],
+                                                 deterministic=True)
+            exported_action, exported_state = run({"obs": obs[:, :2].numpy(), "rnn_state": exported_state,
+                                                   "episode_start": start.numpy()})
+            np.testing.assert_allclose(exported_action, to_env(action[0], envs.single_action_space).numpy(),
+                                       atol=1e-5, rtol=0)
+            np.testing.assert_allclose(exported_state, state.numpy(), atol=1e-5, rtol=0)
+            obs, _, terminated, truncated, _, _ = envs.step(action[0])
+            start = terminated | truncated
+        envs.close()
+        return
+    recorded = record(agent, envs)
+    envs.close()
+    with torch.no_grad():
+        expected = to_env(agent.get_action(agent.normalize_obs(recorded), deterministic=True),
+                          envs.single_action_space)
+    if trainer is ppo_rgb:
+        assert [spec["name"] for spec in description["inputs"]] == ["image", "state"]
+        (action,) = run({"image": recorded["image"].numpy(), "state": recorded["state"].numpy()})
+    else:
+        assert description["inputs"][0]["shape"] == ["batch", 2]  # PointMass's x and time; x^2 and t are the critic's
+        (action,) = run({"obs": recorded[:, :2].numpy()})
+    np.testing.assert_allclose(action, expected.numpy(), atol=1e-5, rtol=0)

@@ -192,7 +192,7 @@ def gpu_sized_envs(monkeypatch):
 @pytest.mark.parametrize("trainer", [ppo, ppo_rnn, ppo_rgb], ids=["ppo", "ppo_rnn", "ppo_rgb"])
 def test_gpu_path_default_flags_build(tmp_path, gpu_sized_envs, trainer):
     """`python ppo.py --env_id=PickCube-v1` on a GPU: 512 training envs, 8 evaluation envs with video."""
-    args = trainer.Args(env_id="PickCube-v1", save_train_video_freq=10)
+    args = trainer.Args(env_id="PickCube-v1", save_train_video_freq=10, critic_obs=trainer is ppo_rgb)
     trainer.validate(args, maniskill=True, time_limit=50)
     envs = trainer.make_envs(args, True, torch.device("cpu"), evaluation=False, run_dir=tmp_path, num_eval_steps=50)
     eval_envs = trainer.make_envs(args, True, torch.device("cpu"), evaluation=True, run_dir=tmp_path, num_eval_steps=50)
@@ -207,6 +207,9 @@ def test_gpu_path_default_flags_build(tmp_path, gpu_sized_envs, trainer):
         if trainer is ppo_rgb:  # the camera's images and the state, through FlattenRGBDObservationWrapper
             assert train_kwargs["obs_mode"] == "rgb" and envs.obs_layout["rgb"] == ((128, 128, 3), torch.uint8)
             assert envs.obs_layout["state"][0] == (29,)
+            # --critic_obs: the state observation, object poses included, for the critic of all 512 envs
+            assert envs.obs_layout["critic"] == ((42,), torch.float32)
+            assert envs.env.observation_space["critic"].shape == (512, 42)
         # 512 tiled 512x512 frames would be 400 MB each: the cameras shrink to keep a tiled frame near 1024 pixels
         assert train_kwargs["human_render_camera_configs"] == dict(width=42, height=42)  # 22 rows of 24
         assert eval_kwargs["human_render_camera_configs"] == dict(shader_pack="default", width=256, height=256)

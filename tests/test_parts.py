@@ -82,7 +82,7 @@ def test_cuda_rng_state_is_the_learner_gpus_alone(monkeypatch):
 
 def fake_envs() -> types.SimpleNamespace:
     """What make_agent and load_weights read of a trainer's envs (ippo's: per agent)."""
-    return types.SimpleNamespace(obs_dim=3, single_observation_space=gym.spaces.Box(-1, 1, (3,)),
+    return types.SimpleNamespace(obs_dim=3, critic_dim=0, single_observation_space=gym.spaces.Box(-1, 1, (3,)),
                                  single_action_space=gym.spaces.Box(-1, 1, (2,)), num_agents=2, agents=["a", "b"])
 
 

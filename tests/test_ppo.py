@@ -184,7 +184,7 @@ def test_network_flags_shape_the_networks_and_travel_in_checkpoints(tmp_path):
     # 16 Adam steps of about 3e-4 each move the log std from where it started by at most about 0.005
     assert abs(float(ckpt["model"]["actor_logstd"]) + 2) < 0.01
     run = ppo_eval.run_args(ppo, ckpt, ppo_eval.EvalArgs(checkpoint="unused"))
-    pendulum = types.SimpleNamespace(obs_dim=3, single_action_space=gym.spaces.Box(-2, 2, (1,)))
+    pendulum = types.SimpleNamespace(obs_dim=3, critic_dim=0, single_action_space=gym.spaces.Box(-2, 2, (1,)))
     relus = [layer for layer in ppo.make_agent(run, pendulum).modules() if isinstance(layer, torch.nn.ReLU)]
     assert len(relus) == 4  # two hidden layers in the actor and in the critic
     refused = run_script("ppo.py", fast_args("Pendulum-v1", "big", checkpoint="runs/small/final_ckpt.pt"), tmp_path)
@@ -216,10 +216,11 @@ def test_video_for_gymnasium_env(tmp_path):
     ("ppo_rgb.py", {}, 60, 10),  # PointMass's frame and state
 ], ids=["ppo", "ppo_rnn", "ppo_rgb"])
 def test_sigterm_then_resume_equals_uninterrupted_run(tmp_path, script, flags, iterations, signal_after):
-    """Linear lr schedule, observation, reward and value normalization and RNG streams all continue exactly."""
-    env_id = "tests.envs:PointMassPixels-v0" if script == "ppo_rgb.py" else POINT_MASS
+    """Linear lr schedule, observation, reward and value normalization, a privileged critic's inputs and RNG streams
+    all continue exactly."""
+    env_id = "tests.envs:PointMassPixelsCritic-v0" if script == "ppo_rgb.py" else "tests.envs:PointMassCritic-v0"
     argv = dict(total_timesteps=32 * iterations, eval_freq=signal_after, norm_obs=True, norm_reward=True,
-                norm_value=True, lr_schedule="linear", **flags)
+                norm_value=True, critic_obs=True, lr_schedule="linear", **flags)
     full = run_script(script, fast_args(env_id, "full", **argv), tmp_path)
     assert full.returncode == 0, full.stderr
 
@@ -455,6 +456,8 @@ BAD_INPUTS = [
     (["--env_id", "CartPole-v1", "--keep_checkpoints", "0"], "--keep_checkpoints"),
     (["--env_id", "CartPole-v1", "--checkpoint_freq", "0"], "--checkpoint_freq"),
     (["--env_id", "CartPole-v1", "--hidden_sizes", "64", "0"], "--hidden_sizes"),
+    (["--env_id", "CartPole-v1", "--critic_obs"], "info['critic']"),
+    (["--env_id", "PickCube-v1", "--critic_obs"], "ppo_rgb.py --critic_obs"),
     (["--env_id", "Pendulum-v1", "--log_std_init", "nan"], "--log_std_init"),
     # the defaults are sized for a GPU: 512 CPU simulator processes would not fit
     (["--env_id", "PickCube-v1", "--sim_backend", "cpu"], f"try --num_envs={2 * len(os.sched_getaffinity(0))} "),

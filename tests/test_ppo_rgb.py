@@ -69,11 +69,11 @@ def test_same_seed_same_numbers(tmp_path):
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 @pytest.mark.parametrize("num_envs,obs_mode", [(1, "rgb"), (2, "rgbd")], ids=["in-process", "workers"])
 def test_maniskill_cameras_through_both_cpu_paths(tmp_path, num_envs, obs_mode):
-    """PushCube-v1's camera (128x128) and state, through ManiSkillVectorEnv (one env) and worker processes (two):
-    logs, checkpoints and evaluation videos; depth stays ManiSkill's int16."""
+    """PushCube-v1's camera (128x128) and state, and a critic's privileged state, through ManiSkillVectorEnv (one
+    env) and worker processes (two): logs, checkpoints and evaluation videos; depth stays ManiSkill's int16."""
     argv = fast_args("PushCube-v1", "cams", num_envs=num_envs, num_eval_envs=num_envs, num_steps=10,
                      num_minibatches=1, update_epochs=1, total_timesteps=10 * num_envs * 2, eval_freq=2,
-                     obs_mode=obs_mode, capture_video=True)
+                     obs_mode=obs_mode, capture_video=True, critic_obs=True, norm_obs=True)
     result = run_script("ppo_rgb.py", argv, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "runs/cams"
@@ -82,6 +82,7 @@ def test_maniskill_cameras_through_both_cpu_paths(tmp_path, num_envs, obs_mode):
     spaces = load(run / "final_ckpt.pt")["observation_space"]["spaces"]
     assert spaces["rgb"] == {"type": "Box", "shape": [128, 128, 3], "dtype": "uint8"}
     assert spaces["state"]["shape"] == [25]
+    assert spaces["critic"]["shape"] == [35]  # obs_mode="state": the cube's and the goal's poses too
     if obs_mode == "rgbd":
         assert spaces["depth"] == {"type": "Box", "shape": [128, 128, 1], "dtype": "int16"}
     videos = list((run / "videos").glob("*.mp4"))
@@ -94,6 +95,7 @@ def test_maniskill_cameras_through_both_cpu_paths(tmp_path, num_envs, obs_mode):
     (["--env_id", "CartPole-v1"], "holds no image; for vector observations use ppo.py"),
     (["--env_id", "tests.envs:PointMassButtons-v0"], "holds no image"),
     (["--env_id", "tests.envs:Choice-v0"], "holds no image"),
+    (["--env_id", "tests.envs:PixelSide-v0", "--critic_obs"], "info['critic']"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path, capfd, argv, mention):
     line = refused_in_one_line(ppo_rgb, argv + ["--num_envs", "2", "--num_minibatches", "2", "--no_capture_video"],

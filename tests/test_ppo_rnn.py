@@ -267,6 +267,8 @@ BAD_INPUTS = [
     (dict(seq_len=0), "--seq_len"),
     (dict(seq_len=-4), "--seq_len"),
     (dict(keep_checkpoints=0), "--keep_checkpoints"),
+    (dict(critic_obs=True, shared_rnn=True), "drop --shared_rnn"),
+    (dict(critic_obs=True), "CartPole-v1 does not"),
 ]
 
 
