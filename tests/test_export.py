@@ -168,9 +168,11 @@ def test_exported_multi_agent_policies_are_one_file_per_agent(tmp_path, name):
 
 @pytest.mark.parametrize("name", ["box_critic", "dict_critic", "lstm_critic"])
 def test_a_privileged_critics_policy_takes_the_actors_observation_alone(tmp_path, name):
-    """--critic_obs: the exported policy's input is the observation without the critic's vector, and it acts as the
-    trainer's policy on the whole training observation (ppo_rnn.py's: with the trainer's state, step by step)."""
+    """--critic_obs: ppo_eval.py evaluates the checkpoint; the exported policy's input is the observation without the
+    critic's vector, and it acts as the trainer's policy on the whole training observation (ppo_rnn.py's: with the
+    trainer's state, step by step)."""
     trainer, agent, envs = trained(tmp_path, name)
+    assert ppo_eval.cli([str(tmp_path / "runs/run"), "--num_episodes", "4", "--no_capture_video"]) == 0
     run, description = exported(tmp_path, "onnx")
     assert "critic_obs" in description
     if trainer is ppo_rnn:

@@ -15,6 +15,12 @@ POINT_MASS_ENDS = "tests.envs:PointMassEnds-v0"  # episodes alternate: a termina
 SMALL = dict(rnn_hidden_size=16)
 
 
+def network_flags(args: dict) -> dict:
+    """The Agent's arguments among a checkpoint's network flags; the run had no privileged critic."""
+    assert not args["critic_obs"]
+    return {name: args[name] for name in ppo_rnn.NETWORK_FIELDS if name != "critic_obs"}
+
+
 def rnn_args(env_id: str, exp_name: str, **overrides) -> list[str]:
     return fast_args(env_id, exp_name, **{**SMALL, **overrides})
 
@@ -224,9 +230,9 @@ def test_same_seed_same_numbers_and_checkpoint_contents(tmp_path):
     saved = ckpt["args"]
     assert (saved["rnn_type"], saved["rnn_hidden_size"], saved["rnn_num_layers"], saved["shared_rnn"],
             saved["seq_len"]) == ("gru", 16, 2, False, 8)
-    # the checkpoint alone rebuilds the network
+    # the checkpoint alone rebuilds the network (--critic_obs's width would come from the observation space)
     agent = ppo_rnn.Agent(ckpt["observation_space"]["shape"][0], ckpt["action_space"],
-                          log_std_init=saved["log_std_init"], **{name: saved[name] for name in ppo_rnn.NETWORK_FIELDS})
+                          log_std_init=saved["log_std_init"], **network_flags(saved))
     agent.load_state_dict(ckpt["model"])
 
     # --checkpoint needs the same network, said in words; a ppo.py checkpoint is refused
@@ -316,7 +322,7 @@ def test_pick_cube_on_both_cpu_paths(tmp_path, num_envs, num_eval_envs):
     ckpt = load(run / "final_ckpt.pt")
     assert ckpt["observation_space"]["shape"] == [42] and ckpt["action_space"]["shape"] == [8]
     agent = ppo_rnn.Agent(42, ckpt["action_space"], log_std_init=ckpt["args"]["log_std_init"],
-                          **{name: ckpt["args"][name] for name in ppo_rnn.NETWORK_FIELDS})
+                          **network_flags(ckpt["args"]))
     agent.load_state_dict(ckpt["model"])
     videos = list((run / "videos").glob("*.mp4"))
     assert videos and all(video_frames(v)[0] == 51 for v in videos)  # the reset's frame and 50 steps'
