@@ -735,6 +735,9 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
                     writer.flush()
                     print_how_to_resume(signum, last_checkpoint, iteration, setup.run_dir)
                 return 128 + signum
+    except UserError:  # what only running shows (a PettingZoo agent that leaves early): on a line of its own
+        progress.close()
+        raise
     except (NonFiniteError, OSError) as e:
         # non-finite numbers stop every rank at the same point: the checks run on numbers all ranks share
         progress.close()
@@ -1045,6 +1048,7 @@ def resolve_sim_backend(sim_backend: str) -> str:
 
 VMAS_PREFIX = "vmas:"
 VMAS_MAX_STEPS = 100
+PZ_PREFIX = "pz:"
 # Env options that ippo.py sets from flags of its own.
 RESERVED_ENV_KWARGS = {
     True: ("num_envs", "obs_mode", "sim_backend", "render_backend", "render_mode", "control_mode",
@@ -1063,6 +1067,9 @@ def find_env(env_id: str) -> tuple[bool, Optional[int]]:
     if env_id.startswith(VMAS_PREFIX):
         vmas_scenario(env_id)
         return False, VMAS_MAX_STEPS
+    if env_id.startswith(PZ_PREFIX):
+        pettingzoo_env_fn(env_id)
+        return False, None  # the env's own (MPE's max_cycles), or --max_episode_steps
     module, _, name = env_id.rpartition(":")
     if module:
         try:
@@ -1079,7 +1086,8 @@ def find_env(env_id: str) -> tuple[bool, Optional[int]]:
     if name in gym.registry:
         raise UserError(f"{env_id} is a single-agent Gymnasium env; train it with ppo.py. {TRAINER}.py trains "
                         f"ManiSkill multi-agent tasks and VMAS scenarios ({VMAS_PREFIX}<scenario>)")
-    raise UserError(f"unknown env id {env_id!r}: neither a ManiSkill task nor {VMAS_PREFIX}<scenario>")
+    raise UserError(f"unknown env id {env_id!r}: neither a ManiSkill task, {VMAS_PREFIX}<scenario> nor "
+                    f"{PZ_PREFIX}<module>")
 
 
 def vmas_scenario(env_id: str):
@@ -1099,6 +1107,18 @@ def vmas_scenario(env_id: str):
         raise UserError(f"unknown VMAS scenario {name!r}; VMAS has {', '.join(available)}")
     # vmas.scenarios is a list of names; the module of that name loads them
     return importlib.import_module("vmas.scenarios").load(name + ".py").Scenario()
+
+
+def pettingzoo_env_fn(env_id: str):
+    """The constructor of a PettingZoo Parallel env: pz:<module> (its parallel_env, as PettingZoo's and mpe2's
+    environments have) or pz:<module>:<function>."""
+    if importlib.util.find_spec("pettingzoo") is None:
+        raise UserError(f"{env_id} is a PettingZoo env and PettingZoo is not installed: pip install pettingzoo")
+    module, _, name = env_id[len(PZ_PREFIX):].partition(":")
+    try:
+        return getattr(importlib.import_module(module), name or "parallel_env")
+    except (ImportError, AttributeError) as e:
+        raise UserError(f"cannot load {name or 'parallel_env'!r} from module {module!r} of {env_id}: {e}") from e
 
 
 def parse_env_kwargs(pairs: tuple[str, ...], maniskill: bool) -> dict:
@@ -1363,6 +1383,77 @@ class VmasVectorEnv:
         self.frames = None
 
 
+class PettingZooVectorEnv:
+    """num_envs copies of a PettingZoo Parallel env, stepped in this process, as one torch vector env with
+    VmasVectorEnv's conventions. Env i is reset with seed + i by reset(seed); its episode ends when its agents' do,
+    all at once (terminated where any agent terminated, else truncated), or after max_steps steps. The flat
+    observation is the agents' observations end to end, which is also --centralized_critic's global state."""
+
+    def __init__(self, env_id: str, num_envs: int, max_steps: Optional[int], env_kwargs: dict):
+        make = pettingzoo_env_fn(env_id)
+        try:
+            self.envs = [make(**env_kwargs) for _ in range(num_envs)]
+        except TypeError as e:
+            raise UserError(f"cannot make {env_id} with --env_kwargs {env_kwargs}: {e}") from e
+        env = self.envs[0]
+        self.agents, self.num_envs, self.max_steps = list(env.possible_agents), num_envs, max_steps
+        self.device = torch.device("cpu")
+        obs_spaces = [env.observation_space(agent) for agent in self.agents]
+        action_spaces = [env.action_space(agent) for agent in self.agents]
+        if not all(isinstance(space, gym.spaces.Box) and len(space.shape) == 1 for space in obs_spaces):
+            raise UserError(f"{env_id}'s observations ({obs_spaces[0]}) are not flat Boxes; {TRAINER}.py needs them "
+                            "flat")
+        if (any(space != obs_spaces[0] for space in obs_spaces)
+                or any(space != action_spaces[0] for space in action_spaces)):
+            raise UserError(f"{env_id}'s agents have different observation or action spaces ({obs_spaces}, "
+                            f"{action_spaces}); {TRAINER}.py stacks the agents' networks and needs them equal")
+        width = len(self.agents) * obs_spaces[0].shape[0]
+        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (width,), np.float32)
+        self.agent_views = {"agents": self.agents, "obs_index": np.arange(width).reshape(len(self.agents), -1).tolist(),
+                            "state_index": list(range(width)), "action_space": action_spaces[0]}
+        self.steps = np.zeros(num_envs, dtype=np.int64)
+
+    def flat_obs(self, obs: dict) -> np.ndarray:
+        return np.concatenate([np.ravel(obs[agent]) for agent in self.agents]).astype(np.float32)
+
+    def reset(self, seed: Optional[int] = None):
+        self.steps[:] = 0
+        obs = [self.flat_obs(env.reset(seed=None if seed is None else seed + i)[0])
+               for i, env in enumerate(self.envs)]
+        return torch.from_numpy(np.stack(obs)), {}
+
+    def step(self, action: torch.Tensor):
+        actions = action.reshape(self.num_envs, len(self.agents), -1).numpy()
+        if not isinstance(self.agent_views["action_space"], gym.spaces.Box):
+            actions = actions[..., 0] if isinstance(self.agent_views["action_space"], gym.spaces.Discrete) else actions
+        self.steps += 1
+        obs, rewards, terminated, truncated, final_obs = [], [], [], [], []
+        for i, env in enumerate(self.envs):
+            agent_obs, reward, agent_terminated, agent_truncated, _ = env.step(dict(zip(self.agents, actions[i])))
+            ended = [agent_terminated[agent] or agent_truncated[agent] for agent in self.agents]
+            if any(ended) and not all(ended):
+                raise UserError(f"in {type(env).__name__}, some agents' episodes ended before the others'; "
+                                f"{TRAINER}.py's PettingZoo envs need all agents to end together for now")
+            rewards.append([reward[agent] for agent in self.agents])
+            terminated.append(any(agent_terminated.values()))
+            truncated.append(not terminated[-1] and (all(ended) or self.steps[i] == self.max_steps))
+            final_obs.append(self.flat_obs(agent_obs))
+            if terminated[-1] or truncated[-1]:
+                agent_obs, _ = env.reset()
+                self.steps[i] = 0
+            obs.append(self.flat_obs(agent_obs))
+        terminated, truncated = torch.tensor(terminated), torch.tensor(truncated)
+        info = {}
+        if (terminated | truncated).any():
+            info = {"final_observation": torch.from_numpy(np.stack(final_obs)), "final_info": {}}
+        return (torch.from_numpy(np.stack(obs)), torch.tensor(rewards, dtype=torch.float32), terminated, truncated,
+                info)
+
+    def close(self):
+        for env in self.envs:
+            env.close()
+
+
 def gymnasium_space(space):
     """VMAS builds its spaces with the older gym package."""
     if type(space).__name__ == "Box":
@@ -1526,7 +1617,12 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
         return make_maniskill_envs(args, num_envs, device, evaluation, env_kwargs, video_dir, video_trigger,
                                    max_steps_per_video, trajectory_path)
     if trajectory_path is not None:
-        raise UserError("trajectories are recorded by ManiSkill's RecordEpisode: VMAS has none")
+        raise UserError("trajectories are recorded by ManiSkill's RecordEpisode: VMAS and PettingZoo have none")
+    if args.env_id.startswith(PZ_PREFIX):
+        if video_dir is not None:
+            raise UserError(f"{TRAINER}.py records no videos of PettingZoo envs yet; pass --no_capture_video")
+        env = PettingZooVectorEnv(args.env_id, num_envs, args.max_episode_steps, env_kwargs)
+        return TorchVecEnv(env, device, torch_native=True, agent_views=env.agent_views)
     env = VmasVectorEnv(args.env_id, num_envs, device, args.max_episode_steps, env_kwargs, video_dir)
     return TorchVecEnv(env, device, torch_native=True, agent_views=env.agent_views,
                        video_recorder=env if video_dir is not None else None)
