@@ -1295,13 +1295,7 @@ class VmasVectorEnv:
         self.random_state = list(type(self.env).vmas_random_state)
         obs_spaces = [gymnasium_space(space) for space in self.env.observation_space]
         action_spaces = [gymnasium_space(space) for space in self.env.action_space]
-        if not all(isinstance(space, gym.spaces.Box) and len(space.shape) == 1 for space in obs_spaces):
-            raise UserError(f"{env_id}'s observations ({obs_spaces[0]}) are not flat Boxes; {TRAINER}.py needs them "
-                            "flat")
-        if (any(space != obs_spaces[0] for space in obs_spaces)
-                or any(space != action_spaces[0] for space in action_spaces)):
-            raise UserError(f"{env_id}'s agents have different observation or action spaces ({obs_spaces}, "
-                            f"{action_spaces}); {TRAINER}.py stacks the agents' networks and needs them equal")
+        check_agent_spaces(env_id, obs_spaces, action_spaces)
         self.num_envs, self.device, self.num_agents = num_envs, device, len(obs_spaces)
         width = self.num_agents * obs_spaces[0].shape[0]
         self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (width,), np.float32)
@@ -1400,13 +1394,7 @@ class PettingZooVectorEnv:
         self.device = torch.device("cpu")
         obs_spaces = [env.observation_space(agent) for agent in self.agents]
         action_spaces = [env.action_space(agent) for agent in self.agents]
-        if not all(isinstance(space, gym.spaces.Box) and len(space.shape) == 1 for space in obs_spaces):
-            raise UserError(f"{env_id}'s observations ({obs_spaces[0]}) are not flat Boxes; {TRAINER}.py needs them "
-                            "flat")
-        if (any(space != obs_spaces[0] for space in obs_spaces)
-                or any(space != action_spaces[0] for space in action_spaces)):
-            raise UserError(f"{env_id}'s agents have different observation or action spaces ({obs_spaces}, "
-                            f"{action_spaces}); {TRAINER}.py stacks the agents' networks and needs them equal")
+        check_agent_spaces(env_id, obs_spaces, action_spaces)
         width = len(self.agents) * obs_spaces[0].shape[0]
         self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (width,), np.float32)
         self.agent_views = {"agents": self.agents, "obs_index": np.arange(width).reshape(len(self.agents), -1).tolist(),
@@ -1452,6 +1440,15 @@ class PettingZooVectorEnv:
     def close(self):
         for env in self.envs:
             env.close()
+
+
+def check_agent_spaces(env_id: str, obs_spaces: list, action_spaces: list):
+    """VMAS's and PettingZoo's agents: flat observations, and the same spaces for all (the networks are stacked)."""
+    if not all(isinstance(space, gym.spaces.Box) and len(space.shape) == 1 for space in obs_spaces):
+        raise UserError(f"{env_id}'s observations ({obs_spaces[0]}) are not flat Boxes; {TRAINER}.py needs them flat")
+    if any(space != obs_spaces[0] for space in obs_spaces) or any(space != action_spaces[0] for space in action_spaces):
+        raise UserError(f"{env_id}'s agents have different observation or action spaces ({obs_spaces}, "
+                        f"{action_spaces}); {TRAINER}.py stacks the agents' networks and needs them equal")
 
 
 def gymnasium_space(space):
