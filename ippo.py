@@ -1412,8 +1412,8 @@ class PettingZooVectorEnv:
 
     def step(self, action: torch.Tensor):
         actions = action.reshape(self.num_envs, len(self.agents), -1).numpy()
-        if not isinstance(self.agent_views["action_space"], gym.spaces.Box):
-            actions = actions[..., 0] if isinstance(self.agent_views["action_space"], gym.spaces.Discrete) else actions
+        if isinstance(self.agent_views["action_space"], gym.spaces.Discrete):
+            actions = actions[..., 0]
         self.steps += 1
         obs, rewards, terminated, truncated, final_obs = [], [], [], [], []
         for i, env in enumerate(self.envs):
