@@ -55,7 +55,7 @@ from torch.distributions import Bernoulli, Categorical, Independent
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-CHECKPOINT_FORMAT = 2
+CHECKPOINT_FORMAT = 3
 # The file's own name: a copy (cp ippo.py my_idea.py) names its runs after itself, and its checkpoints say which file
 # wrote them, so that neither this file nor ppo_eval.py mistakes a copy's runs for this file's.
 TRAINER = Path(__file__).stem
@@ -118,6 +118,8 @@ class Args:
     """ManiSkill control mode (None: the task's default)"""
     num_envs: int = 512
     """number of parallel training environments (of each torchrun process)"""
+    async_envs: bool = False
+    """PettingZoo envs: step the training envs in worker processes, one per core (ManiSkill's CPU envs always are)"""
     num_eval_envs: int = 8
     """number of parallel evaluation environments (of rank 0, which alone evaluates)"""
     partial_reset: bool = True
@@ -237,18 +239,24 @@ def mlp(num_nets: int, in_dim: int, hidden_sizes: tuple[int, ...], activation: s
 
 class RunningMeanStd(nn.Module):
     """Running mean and variance in float64 (parallel-variance merge) over the batch dimension, one
-    statistic per entry of shape (here one row per agent); buffers, so checkpoints carry them."""
+    statistic per entry of shape (num_agents, ...) and a count per agent; buffers, so checkpoints carry them."""
 
     def __init__(self, shape: tuple[int, ...], clip: float = 10.0):
         super().__init__()
         self.clip = clip
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
         self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
-        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
+        self.register_buffer("count", torch.full(shape[:1] + (1,) * (len(shape) - 1), 1e-4, dtype=torch.float64))
 
-    def update(self, x: torch.Tensor):
-        batch_var, batch_mean = torch.var_mean(x.double(), dim=0, correction=0)
-        batch_count = x.shape[0]
+    def update(self, x: torch.Tensor, alive: Optional[torch.Tensor] = None):
+        """x (batch, num_agents, ...); alive (batch, num_agents): the entries to count (all by default), so that
+        each agent's statistics count only the steps it took part in."""
+        x = x.double()
+        weight = (torch.ones(x.shape[:2], device=x.device) if alive is None else alive).double()
+        weight = weight.reshape(x.shape[:2] + (1,) * (x.dim() - 2))
+        batch_count = weight.sum(0)
+        batch_mean = (weight * x).sum(0) / batch_count.clamp(min=1)
+        batch_var = (weight * (x - batch_mean) ** 2).sum(0) / batch_count.clamp(min=1)
         delta = batch_mean - self.mean
         total = self.count + batch_count
         self.mean += delta * batch_count / total
@@ -282,11 +290,12 @@ class RewardNormalizer(nn.Module):
         self.register_buffer("discounted_return", torch.zeros(num_envs, num_agents, dtype=torch.float64),
                              persistent=False)
 
-    def forward(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
-        """reward (num_envs, num_agents); done (num_envs,), as every agent's episode ends with its env's."""
+    def forward(self, reward: torch.Tensor, done: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
+        """reward, done (each agent's episode ended) and alive (the agents that acted): (num_envs, num_agents)."""
         self.discounted_return.mul_(self.gamma).add_(reward)
-        self.return_rms.update(gather_rows(self.discounted_return))  # so that every rank scales alike
-        self.discounted_return.masked_fill_(done[:, None], 0.0)
+        # every rank's, so that every rank scales alike
+        self.return_rms.update(gather_rows(self.discounted_return), gather_rows(alive))
+        self.discounted_return.masked_fill_(done, 0.0)
         return torch.clamp(reward / torch.sqrt(self.return_rms.var + 1e-8), -self.clip, self.clip).float()
 
 
@@ -332,20 +341,43 @@ class DiscreteActions(nn.Module):
         return (logits if self.kind == "Discrete" else self.grid(logits)).argmax(-1)
 
 
+def action_width(space: dict) -> int:
+    """The actor's outputs for an action space: logits of the discrete kinds, the Box's means."""
+    return DiscreteActions.num_logits(space) if space["type"] != "Box" else space["shape"][0]
+
+
+def joint_action_space(spaces: list[dict]) -> dict:
+    """The action space of the stacked actors: the agents' own where all are alike, else the widest (of the one kind
+    they share, and one MultiDiscrete space), each agent using the first entries of its actions and logits."""
+    if all(space == spaces[0] for space in spaces):
+        return spaces[0]
+    widest = max(spaces, key=action_width)
+    return {"type": widest["type"], "n": widest["n"]} if widest["type"] == "Discrete" else {
+        "type": widest["type"], "shape": widest["shape"]}
+
+
 class Agent(nn.Module):
     """Every agent's actor and critic. Inputs and outputs are (batch, num_agents, ...).
 
-    state_index (given with a centralized critic) picks the global state out of all agents' observations laid end to
-    end; it is a buffer, so a checkpoint rebuilds the critic's inputs.
+    The actor reads the first actor_dim entries of an agent's observation; the critic the whole, or with
+    state_index (a centralized critic) the global state out of all agents' observations laid end to end; it is a
+    buffer, so a checkpoint rebuilds the critic's inputs. Agents of different spaces share the joint action space
+    (joint_action_space): action_mask marks each agent's own logits (of the discrete kinds: the others are never
+    drawn) or action entries (of a Box: the others count in no log-probability or entropy).
     """
 
-    def __init__(self, num_agents: int, obs_dim: int, action_space: dict, norm_obs: bool, norm_value: bool,
+    def __init__(self, num_agents: int, obs_dim: int, action_spaces: list[dict], norm_obs: bool, norm_value: bool,
                  hidden_sizes: tuple[int, ...], activation: str, log_std_init: float, share_parameters: bool,
-                 state_index: Optional[torch.Tensor]):
+                 state_index: Optional[torch.Tensor], actor_dim: Optional[int] = None):
         super().__init__()
         self.num_agents = num_agents
+        self.actor_dim = obs_dim if actor_dim is None else actor_dim
         num_nets = 1 if share_parameters else num_agents
+        action_space = joint_action_space(action_spaces)
         self.discrete = action_space["type"] != "Box"
+        width = action_width(action_space)
+        mask = torch.arange(width) < torch.tensor([action_width(space) for space in action_spaces])[:, None]
+        self.register_buffer("action_mask", None if mask.all() else mask, persistent=False)
         self.obs_normalizer = RunningMeanStd((num_agents, obs_dim)) if norm_obs else None
         self.value_normalizer = RunningMeanStd((num_agents,)) if norm_value else None
         # One network for all agents tells them apart by a one-hot id appended to its inputs.
@@ -354,15 +386,12 @@ class Agent(nn.Module):
         id_dim = self.agent_ids.shape[1]
         critic_in = obs_dim if state_index is None else len(state_index)
         self.critic = mlp(num_nets, critic_in + id_dim, hidden_sizes, activation, 1, out_std=1.0)
+        self.actor = mlp(num_nets, self.actor_dim + id_dim, hidden_sizes, activation, width,
+                         out_std=0.01 if self.discrete else 0.01 * np.sqrt(2))
         if self.discrete:
             self.discrete_actions = DiscreteActions(action_space)
-            self.actor = mlp(num_nets, obs_dim + id_dim, hidden_sizes, activation,
-                             DiscreteActions.num_logits(action_space), out_std=0.01)
         else:
-            action_dim = action_space["shape"][0]
-            self.actor = mlp(num_nets, obs_dim + id_dim, hidden_sizes, activation, action_dim,
-                             out_std=0.01 * np.sqrt(2))
-            self.actor_logstd = nn.Parameter(torch.ones(num_nets, action_dim) * log_std_init)
+            self.actor_logstd = nn.Parameter(torch.ones(num_nets, width) * log_std_init)
 
     def normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
         return obs if self.obs_normalizer is None else self.obs_normalizer(obs)
@@ -377,22 +406,30 @@ class Agent(nn.Module):
         value = self.run(self.critic, obs).squeeze(-1)
         return value if self.value_normalizer is None else self.value_normalizer.denormalize(value)
 
+    def actor_output(self, obs: torch.Tensor) -> torch.Tensor:
+        """Logits (those an agent lacks at the lowest float: never drawn, nothing to its log-probabilities or
+        entropy) or the Normal's means."""
+        out = self.run(self.actor, obs[..., :self.actor_dim])
+        if self.discrete and self.action_mask is not None:
+            out = out.masked_fill(~self.action_mask, torch.finfo(out.dtype).min)
+        return out
+
     def get_action(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
         if not deterministic:
             return self.get_action_and_value(obs)[0]
-        logits_or_mean = self.run(self.actor, obs)
+        logits_or_mean = self.actor_output(obs)
         return self.discrete_actions.mode(logits_or_mean) if self.discrete else logits_or_mean
 
     def get_action_and_value(self, obs: torch.Tensor, action: Optional[torch.Tensor] = None):
         if self.discrete:
-            pi = self.discrete_actions.distribution(self.run(self.actor, obs))
+            pi = self.discrete_actions.distribution(self.actor_output(obs))
             if action is None:
                 action = pi.sample()
             return action, pi.log_prob(action), pi.entropy(), self.get_value(obs)
         # torch.distributions.Normal's sample, log_prob and entropy, written out: building its object costs more than
         # the arithmetic at a rollout step's batch size (12% of the training time of one CPU env at CleanRL's
         # settings). The same operations, so the same numbers (tests/test_ippo.py).
-        mean = self.run(self.actor, obs)
+        mean = self.actor_output(obs)
         std = self.actor_logstd.expand_as(mean).exp()
         if action is None:
             with torch.no_grad():
@@ -401,13 +438,20 @@ class Agent(nn.Module):
         # before dividing by std, which rounds otherwise (with ent_coef > 0).
         logprob = -((action - mean) ** 2) / (2 * std**2) - std.log() - LOG_SQRT_2PI
         entropy = NORMAL_ENTROPY_AT_UNIT_STD + std.log()
+        if self.action_mask is not None:
+            logprob, entropy = torch.where(self.action_mask, logprob, 0.0), torch.where(self.action_mask, entropy, 0.0)
         return action, logprob.sum(-1), entropy.sum(-1), self.get_value(obs)
 
 
 def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
-    return Agent(envs.num_agents, envs.obs_dim, space_to_dict(envs.single_action_space), args.norm_obs,
-                 args.norm_value, args.hidden_sizes, args.activation, args.log_std_init, args.share_parameters,
-                 envs.state_index if args.centralized_critic else None)
+    action_spaces = [space_to_dict(space) for space in envs.action_spaces]
+    if args.share_parameters and (len(set(envs.agent_obs_dims)) > 1
+                                  or any(space != action_spaces[0] for space in action_spaces)):
+        raise UserError(f"--share_parameters runs one network for all agents and needs them alike; {args.env_id}'s "
+                        f"agents observe {envs.agent_obs_dims} entries and act in {envs.action_spaces}")
+    return Agent(envs.num_agents, envs.obs_dim, action_spaces, args.norm_obs, args.norm_value, args.hidden_sizes,
+                 args.activation, args.log_std_init, args.share_parameters,
+                 envs.state_index if args.centralized_critic else None, envs.actor_dim)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,9 +459,10 @@ def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
 # ---------------------------------------------------------------------------------------------
 
 class RolloutBuffer:
-    """One rollout's tensors, (num_steps, num_envs, num_agents, ...), on the learner's device. dones[t] (num_envs, 1)
-    marks the episodes that ended with step t (every agent's episode ends with its env's); bootstrap_values[t] is
-    V(final obs) for those of them that bootstrap, 0 elsewhere."""
+    """One rollout's tensors, (num_steps, num_envs, num_agents, ...), on the learner's device. alive[t] marks the
+    agents that acted in step t (a PettingZoo agent whose episode ended before its env's does not, until the env's
+    next episode): the others' entries count nowhere. dones[t] marks the agents' episodes that ended with step t;
+    bootstrap_values[t] is V(final obs) for those of them that bootstrap, 0 elsewhere."""
 
     def __init__(self, num_steps: int, num_envs: int, num_agents: int, obs_dim: int, action_space: dict,
                  device: torch.device):
@@ -425,9 +470,9 @@ class RolloutBuffer:
         integer = action_space["type"] in ("Discrete", "MultiDiscrete")  # MultiBinary's are Bernoulli's floats
         self.actions = torch.zeros((num_steps, num_envs, num_agents, *action_space.get("shape", [])),
                                    dtype=torch.long if integer else torch.float32, device=device)
-        self.logprobs, self.rewards, self.values, self.bootstrap_values = (
-            torch.zeros((num_steps, num_envs, num_agents), device=device) for _ in range(4))
-        self.dones = torch.zeros((num_steps, num_envs, 1), device=device)
+        self.logprobs, self.rewards, self.values, self.bootstrap_values, self.dones = (
+            torch.zeros((num_steps, num_envs, num_agents), device=device) for _ in range(5))
+        self.alive = torch.ones((num_steps, num_envs, num_agents), dtype=torch.bool, device=device)
 
 
 def rollout(agent: Agent, envs: TorchVecEnv, buf: RolloutBuffer, next_obs: torch.Tensor, policy_step,
@@ -441,24 +486,26 @@ def rollout(agent: Agent, envs: TorchVecEnv, buf: RolloutBuffer, next_obs: torch
         # inference_mode, not no_grad: it skips autograd's version and view tracking, a large share of the cost of a
         # rollout step's small ops. Its tensors never reach the update's autograd: they are copied into buf, and the
         # env gets a clamped or shifted copy of the action.
+        alive = envs.alive
         with torch.inference_mode():
-            if agent.obs_normalizer is not None:
-                agent.obs_normalizer.update(gather_rows(next_obs))  # so that every rank normalizes alike
+            if agent.obs_normalizer is not None:  # every rank's, so that every rank normalizes alike
+                agent.obs_normalizer.update(gather_rows(next_obs), gather_rows(alive))
             obs = agent.normalize_obs(next_obs)
             action, logprob, _, value = policy_step(obs)
         buf.obs[step], buf.actions[step], buf.logprobs[step], buf.values[step] = obs, action, logprob, value
+        buf.alive[step] = alive
         next_obs, reward, terminated, truncated, final_obs, finished = envs.step(action)
         done = terminated | truncated
         if reward_normalizer is not None:
-            reward = reward_normalizer(reward, done)
+            reward = reward_normalizer(reward, done, alive)
         buf.rewards[step] = reward * args.reward_scale
-        buf.dones[step] = done.unsqueeze(1)
+        buf.dones[step] = done
+        if final_obs is not None and bootstrap_rule != "never":
+            with torch.inference_mode():
+                final_values = agent.get_value(agent.normalize_obs(final_obs))
+            bootstrap = bootstrap_mask(bootstrap_rule, terminated, truncated)
+            buf.bootstrap_values[step] = torch.where(bootstrap, final_values, 0.0)
         if finished is not None:
-            if bootstrap_rule != "never":
-                with torch.inference_mode():
-                    final_values = agent.get_value(agent.normalize_obs(final_obs))
-                bootstrap = bootstrap_mask(bootstrap_rule, terminated, truncated).unsqueeze(1)
-                buf.bootstrap_values[step] = torch.where(bootstrap, final_values, 0.0)
             for key, values in finished.items():
                 episodes[key].append(values)
     return next_obs, {key: torch.cat(values) for key, values in episodes.items()}
@@ -475,8 +522,8 @@ def bootstrap_mask(rule: str, terminated: torch.Tensor, truncated: torch.Tensor)
 
 def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, bootstrap_values: torch.Tensor,
                        next_value: torch.Tensor, gamma: float, gae_lambda: float, finite_horizon: bool) -> torch.Tensor:
-    """GAE over a (num_steps, num_envs, num_agents) rollout, each agent's on its own rewards and values; dones
-    (num_steps, num_envs, 1); next_value = V(obs after the last step). Nothing crosses an episode end.
+    """GAE over a (num_steps, num_envs, num_agents) rollout, each agent's on its own rewards, values and episode
+    ends; next_value = V(obs after the last step). Nothing crosses an episode end.
     finite_horizon: ManiSkill's variant, whose lambda-weights are renormalized over the steps left before the
     rollout or episode ends, so a short tail is not dominated by its last value."""
     # Whatever does not depend on the next step's result is computed for all steps at once, outside the loop.
@@ -502,24 +549,36 @@ def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch
     return advantages
 
 
-def ppo_loss(agent: Agent, args: Args, obs, actions, old_logprobs, advantages, returns, old_values):
-    """Each agent's clipped surrogate, value and entropy terms of one minibatch; the log-ratios and ratios, detached."""
+def masked_mean(x: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
+    """Each agent's mean over the batch (dim 0) of the entries where it was alive."""
+    return torch.where(alive, x, 0.0).sum(0) / alive.sum(0).clamp(min=1)
+
+
+def masked_var(x: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
+    """Each agent's unbiased variance over the batch of the entries where it was alive."""
+    squares = torch.where(alive, (x - masked_mean(x, alive)) ** 2, 0.0)
+    return squares.sum(0) / (alive.sum(0) - 1).clamp(min=1)
+
+
+def ppo_loss(agent: Agent, args: Args, obs, actions, old_logprobs, advantages, returns, old_values, alive):
+    """Each agent's clipped surrogate, value and entropy terms of one minibatch, over the steps it was alive in; the
+    log-ratios and ratios, detached."""
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
     logratio = newlogprob - old_logprobs
     ratio = logratio.exp()
     if args.norm_adv:
-        advantages = (advantages - advantages.mean(0)) / (advantages.std(0) + 1e-8)
+        advantages = (advantages - masked_mean(advantages, alive)) / (masked_var(advantages, alive).sqrt() + 1e-8)
     clipped_ratio = torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-    pg_loss = torch.max(-advantages * ratio, -advantages * clipped_ratio).mean(0)
+    pg_loss = masked_mean(torch.max(-advantages * ratio, -advantages * clipped_ratio), alive)
     if agent.value_normalizer is not None:  # the loss of standardized values; each term is a difference of values
         value_std = agent.value_normalizer.std().float()
         newvalue, returns, old_values = newvalue / value_std, returns / value_std, old_values / value_std
     if args.clip_vloss:
         v_clipped = old_values + torch.clamp(newvalue - old_values, -args.clip_coef, args.clip_coef)
-        v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean(0)
+        v_loss = 0.5 * masked_mean(torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2), alive)
     else:
-        v_loss = 0.5 * ((newvalue - returns) ** 2).mean(0)
-    return (pg_loss, v_loss, entropy.mean(0)), logratio.detach(), ratio.detach()
+        v_loss = 0.5 * masked_mean((newvalue - returns) ** 2, alive)
+    return (pg_loss, v_loss, masked_mean(entropy, alive)), logratio.detach(), ratio.detach()
 
 
 def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, advantages: torch.Tensor,
@@ -533,22 +592,23 @@ def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, a
     batch_size = args.num_envs * args.num_steps
     b_obs = buf.obs.reshape((batch_size,) + buf.obs.shape[2:])
     b_actions = buf.actions.reshape((batch_size,) + buf.actions.shape[2:])
-    b_logprobs, b_advantages, b_returns, b_values = (x.reshape(batch_size, -1) for x in (buf.logprobs, advantages,
-                                                                                       returns, buf.values))
+    b_logprobs, b_advantages, b_returns, b_values, b_alive = (
+        x.reshape(batch_size, -1) for x in (buf.logprobs, advantages, returns, buf.values, buf.alive))
     stats, clipfracs, minibatch_steps = {}, [], 0
     for mb in minibatch_indices(batch_size, batch_size // args.num_minibatches, args.update_epochs, b_obs.device):
+        alive = b_alive[mb]
         (pg_loss, v_loss, entropy_loss), logratio, ratio = update_losses(
-            b_obs[mb], b_actions[mb], b_logprobs[mb], b_advantages[mb], b_returns[mb], b_values[mb])
+            b_obs[mb], b_actions[mb], b_logprobs[mb], b_advantages[mb], b_returns[mb], b_values[mb], alive)
         with torch.no_grad():
-            kls = torch.stack([(-logratio).mean(0), ((ratio - 1) - logratio).mean(0)])
+            kls = torch.stack([masked_mean(-logratio, alive), masked_mean((ratio - 1) - logratio, alive)])
             old_approx_kl, approx_kl = mean_over_ranks(kls)
             if "losses/first_minibatch_ratio_error" not in stats:
-                stats["losses/first_minibatch_ratio_error"] = (ratio - 1.0).abs().max()
+                stats["losses/first_minibatch_ratio_error"] = torch.where(alive, ratio - 1.0, 0.0).abs().max()
         # Joint: stopping one agent alone would need an optimizer of its own, as Adam's momentum keeps moving weights
         # whose gradient is zero.
         if args.target_kl is not None and approx_kl.max() > args.target_kl:
             break
-        clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean(0))
+        clipfracs.append(masked_mean(((ratio - 1.0).abs() > args.clip_coef).float(), alive))
         loss = (pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef).sum()
 
         optimizer.zero_grad()
@@ -568,8 +628,8 @@ def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, a
                       "losses/entropy": entropy_loss.detach()})
     if clipfracs:  # empty when the first minibatch already exceeded target_kl
         stats["losses/clipfrac"] = torch.stack(clipfracs).mean(0)
-    var_y = b_returns.var(0)
-    explained_var = torch.where(var_y == 0, float("nan"), 1 - (b_returns - b_values).var(0) / var_y)
+    var_y = masked_var(b_returns, b_alive)
+    explained_var = torch.where(var_y == 0, float("nan"), 1 - masked_var(b_returns - b_values, b_alive) / var_y)
     stats.update({"losses/old_approx_kl": old_approx_kl, "losses/approx_kl": approx_kl,
                   "losses/minibatch_steps": minibatch_steps, "charts/learning_rate": optimizer.param_groups[0]["lr"],
                   "losses/explained_variance": explained_var})
@@ -653,9 +713,10 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
     if resume_state is not None:
         # After the envs are built and reset, so that each rank's random stream continues where it stopped.
         set_rng_states(resume_state["rng"] if rank == 0 else resume_state["other_ranks_rng"][rank - 1], device)
-    writer = open_run(args, setup, resume_state) if rank == 0 else None
+    critic_input = envs.critic_input if args.centralized_critic else "own_observation"
+    writer = open_run(args, setup, resume_state, critic_input) if rank == 0 else None
     buf = RolloutBuffer(args.num_steps, args.num_envs, num_agents, envs.obs_dim,
-                        space_to_dict(envs.single_action_space), device)
+                        envs.joint_action_space, device)
 
     def save(iteration: int, final: bool = False) -> Optional[Path]:
         return write_checkpoint(args, setup, envs, agent, optimizer, reward_normalizer, global_step, iteration, final)
@@ -686,7 +747,8 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
                                                 args.gamma, args.gae_lambda, args.finite_horizon_gae)
                 returns = advantages + buf.values
                 if agent.value_normalizer is not None:  # standardize the critics' targets by every rank's
-                    agent.value_normalizer.update(gather_rows(returns.flatten(0, 1)))
+                    agent.value_normalizer.update(gather_rows(returns.flatten(0, 1)),
+                                                  gather_rows(buf.alive.flatten(0, 1)))
             rollout_time = time.perf_counter() - rollout_start
             update_start = time.perf_counter()
             agent.train()
@@ -782,8 +844,8 @@ def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Op
     for _ in range(num_eval_steps):
         with torch.no_grad():
             action = agent.get_action(agent.normalize_obs(obs), deterministic=deterministic)
-        obs, _, terminated, truncated, _, finished = eval_envs.step(action)
-        done = terminated | truncated
+        obs, _, _, _, _, finished = eval_envs.step(action)
+        done = eval_envs.ended
         if finished is not None:
             wanted = counted < quota
             for key, value in finished.items():
@@ -969,6 +1031,9 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     elif args.save_train_video_freq is not None:
         raise UserError("--save_train_video_freq records ManiSkill training videos; VMAS runs record evaluation "
                         "videos only")
+    if args.async_envs and not args.env_id.startswith(PZ_PREFIX):
+        raise UserError("--async_envs steps PettingZoo envs in worker processes; ManiSkill's CPU envs always run in "
+                        "workers and VMAS on the learner's device: drop --async_envs")
     parse_env_kwargs(args.env_kwargs, maniskill)
     cores = max(1, usable_cores() // local_ranks)
     if not 0 <= args.torch_threads <= cores:
@@ -1210,7 +1275,8 @@ class AgentViews(gym.ObservationWrapper):
             for j, column in enumerate(index):
                 position.setdefault(column, i * len(index) + j)
         self.agent_views = {"agents": agents, "obs_index": obs_index,
-                            "state_index": [position[c] for c in range(width)], "action_space": action_spaces[0]}
+                            "state_index": [position[c] for c in range(width)],
+                            "action_spaces": action_spaces}
 
     def observation(self, observation: dict) -> torch.Tensor:
         return self.flatten_state_dict(observation)
@@ -1295,13 +1361,13 @@ class VmasVectorEnv:
         self.random_state = list(type(self.env).vmas_random_state)
         obs_spaces = [gymnasium_space(space) for space in self.env.observation_space]
         action_spaces = [gymnasium_space(space) for space in self.env.action_space]
-        check_agent_spaces(env_id, obs_spaces, action_spaces)
+        check_agent_spaces(env_id, obs_spaces, action_spaces, alike=True)
         self.num_envs, self.device, self.num_agents = num_envs, device, len(obs_spaces)
         width = self.num_agents * obs_spaces[0].shape[0]
         self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (width,), np.float32)
         self.agent_views = {"agents": [agent.name for agent in self.env.agents],
                             "obs_index": np.arange(width).reshape(self.num_agents, -1).tolist(),
-                            "state_index": list(range(width)), "action_space": action_spaces[0]}
+                            "state_index": list(range(width)), "action_spaces": action_spaces}
         self.video_dir, self.frames = video_dir, None
         self.cuda_state = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
         if video_dir is not None:
@@ -1377,78 +1443,196 @@ class VmasVectorEnv:
         self.frames = None
 
 
-class PettingZooVectorEnv:
-    """num_envs copies of a PettingZoo Parallel env, stepped in this process, as one torch vector env with
-    VmasVectorEnv's conventions. Env i is reset with seed + i by reset(seed); its episode ends when its agents' do,
-    all at once (terminated where any agent terminated, else truncated), or after max_steps steps. The flat
-    observation is the agents' observations end to end, which is also --centralized_critic's global state."""
+class PettingZooEnvs:
+    """Copies of a PettingZoo Parallel env stepped one after another, numpy in and out, in this process or a worker's.
+    Env k is reset with seed + first_index + k by reset(seed); it runs until all its agents' episodes have ended
+    (each agent terminated or truncated by its own flags, all that remain truncated after max_steps steps), then
+    starts the next. A flat observation holds each agent's observation, padded with zeros to the widest (an agent
+    that left: zeros throughout), then the env's state() where the critic reads it."""
 
-    def __init__(self, env_id: str, num_envs: int, max_steps: Optional[int], env_kwargs: dict):
+    def __init__(self, env_id: str, num_envs: int, max_steps: Optional[int], env_kwargs: dict, state: bool,
+                 first_index: int = 0):
         make = pettingzoo_env_fn(env_id)
         try:
             self.envs = [make(**env_kwargs) for _ in range(num_envs)]
         except TypeError as e:
             raise UserError(f"cannot make {env_id} with --env_kwargs {env_kwargs}: {e}") from e
-        env = self.envs[0]
-        self.agents, self.num_envs, self.max_steps = list(env.possible_agents), num_envs, max_steps
-        self.device = torch.device("cpu")
+        env, self.env_id = self.envs[0], env_id
+        self.agents, self.max_steps, self.first_index = list(env.possible_agents), max_steps, first_index
         obs_spaces = [env.observation_space(agent) for agent in self.agents]
-        action_spaces = [env.action_space(agent) for agent in self.agents]
-        check_agent_spaces(env_id, obs_spaces, action_spaces)
-        width = len(self.agents) * obs_spaces[0].shape[0]
-        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (width,), np.float32)
-        self.agent_views = {"agents": self.agents, "obs_index": np.arange(width).reshape(len(self.agents), -1).tolist(),
-                            "state_index": list(range(width)), "action_space": action_spaces[0]}
+        self.action_spaces = [env.action_space(agent) for agent in self.agents]
+        check_agent_spaces(env_id, obs_spaces, self.action_spaces, alike=False)
+        state_space = getattr(env, "state_space", None) if state else None
+        if state_space is not None and not (isinstance(state_space, gym.spaces.Box) and len(state_space.shape) == 1):
+            raise UserError(f"{env_id}'s state() ({state_space}) is not a flat Box; {TRAINER}.py's critic needs it "
+                            "flat: drop --centralized_critic")
+        self.obs_dims = [space.shape[0] for space in obs_spaces]
+        self.width, num_agents = max(self.obs_dims), len(self.agents)
+        self.state_dim = 0 if state_space is None else state_space.shape[0]
+        # the entries of its action an agent takes: a Discrete action's one, or its own first of the joint space's
+        self.action_sizes = [None if isinstance(space, gym.spaces.Discrete) else space.shape[0]
+                             for space in self.action_spaces]
         self.steps = np.zeros(num_envs, dtype=np.int64)
+        agents_end = num_agents * self.width
+        state_columns = list(range(agents_end, agents_end + self.state_dim))
+        if self.state_dim:
+            state_index = list(range(self.width, self.width + self.state_dim))  # in the first agent's row
+        else:  # every agent's own entries, without the padding
+            state_index = [i * self.width + j for i, dim in enumerate(self.obs_dims) for j in range(dim)]
+        self.agent_views = {"agents": self.agents, "action_spaces": self.action_spaces,
+                            "obs_index": [list(range(i * self.width, (i + 1) * self.width)) + state_columns
+                                          for i in range(num_agents)],
+                            "state_index": state_index, "actor_dim": self.width, "agent_obs_dims": self.obs_dims,
+                            "critic_input": "state()" if self.state_dim else "all_observations"}
+        self.flat_dim = agents_end + self.state_dim
 
-    def flat_obs(self, obs: dict) -> np.ndarray:
-        return np.concatenate([np.ravel(obs[agent]) for agent in self.agents]).astype(np.float32)
+    def observe(self, env, obs: dict) -> np.ndarray:
+        flat = np.zeros(self.flat_dim, dtype=np.float32)
+        for i, agent in enumerate(self.agents):
+            if agent in obs:
+                flat[i * self.width:i * self.width + self.obs_dims[i]] = np.ravel(obs[agent])
+        if self.state_dim:
+            flat[len(self.agents) * self.width:] = np.ravel(env.state())
+        return flat
 
-    def reset(self, seed: Optional[int] = None):
+    def reset(self, seed: Optional[int] = None) -> np.ndarray:
         self.steps[:] = 0
-        obs = [self.flat_obs(env.reset(seed=None if seed is None else seed + i)[0])
-               for i, env in enumerate(self.envs)]
-        return torch.from_numpy(np.stack(obs)), {}
+        return np.stack([self.observe(env, env.reset(seed=None if seed is None else seed + self.first_index + k)[0])
+                         for k, env in enumerate(self.envs)])
 
-    def step(self, action: torch.Tensor):
-        actions = action.reshape(self.num_envs, len(self.agents), -1).numpy()
-        if isinstance(self.agent_views["action_space"], gym.spaces.Discrete):
-            actions = actions[..., 0]
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, ...]:
+        """actions (num_envs, num_agents, joint width); returns the next observations (reset where an env's episode
+        ended), rewards, terminated and truncated (num_envs, num_agents), and the final observations."""
+        shape = (len(self.envs), len(self.agents))
+        rewards, terminated, truncated = np.zeros(shape, np.float32), np.zeros(shape, bool), np.zeros(shape, bool)
+        obs, final_obs = (np.zeros((len(self.envs), self.flat_dim), np.float32) for _ in range(2))
         self.steps += 1
-        obs, rewards, terminated, truncated, final_obs = [], [], [], [], []
-        for i, env in enumerate(self.envs):
-            agent_obs, reward, agent_terminated, agent_truncated, _ = env.step(dict(zip(self.agents, actions[i])))
-            ended = [agent_terminated[agent] or agent_truncated[agent] for agent in self.agents]
-            if any(ended) and not all(ended):
-                raise UserError(f"in {type(env).__name__}, some agents' episodes ended before the others'; "
-                                f"{TRAINER}.py's PettingZoo envs need all agents to end together for now")
-            rewards.append([reward[agent] for agent in self.agents])
-            terminated.append(any(agent_terminated.values()))
-            truncated.append(not terminated[-1] and (all(ended) or self.steps[i] == self.max_steps))
-            final_obs.append(self.flat_obs(agent_obs))
-            if terminated[-1] or truncated[-1]:
-                agent_obs, _ = env.reset()
-                self.steps[i] = 0
-            obs.append(self.flat_obs(agent_obs))
-        terminated, truncated = torch.tensor(terminated), torch.tensor(truncated)
-        info = {}
-        if (terminated | truncated).any():
-            info = {"final_observation": torch.from_numpy(np.stack(final_obs)), "final_info": {}}
-        return (torch.from_numpy(np.stack(obs)), torch.tensor(rewards, dtype=torch.float32), terminated, truncated,
-                info)
+        for k, env in enumerate(self.envs):
+            live = list(env.agents)
+            agent_obs, reward, agent_terminated, agent_truncated, _ = env.step(
+                {agent: actions[k, i, 0] if size is None else actions[k, i, :size]
+                 for i, (agent, size) in enumerate(zip(self.agents, self.action_sizes)) if agent in live})
+            if any(agent not in live for agent in env.agents):
+                raise UserError(f"in {self.env_id}, agents joined a running episode ({env.agents} after {live}); "
+                                f"{TRAINER}.py's agents all start an episode together")
+            time_up = self.steps[k] == self.max_steps
+            for i, agent in enumerate(self.agents):
+                if agent in live:
+                    rewards[k, i] = reward.get(agent, 0.0)
+                    terminated[k, i] = agent_terminated.get(agent, False)
+                    truncated[k, i] = not terminated[k, i] and (agent_truncated.get(agent, False) or time_up)
+            final_obs[k] = self.observe(env, agent_obs)
+            if not env.agents or time_up:
+                obs[k] = self.observe(env, env.reset()[0])
+                self.steps[k] = 0
+            else:
+                obs[k] = self.observe(env, {agent: agent_obs[agent] for agent in env.agents})
+        return obs, rewards, terminated, truncated, final_obs
 
     def close(self):
         for env in self.envs:
             env.close()
 
 
-def check_agent_spaces(env_id: str, obs_spaces: list, action_spaces: list):
-    """VMAS's and PettingZoo's agents: flat observations, and the same spaces for all (the networks are stacked)."""
+def pettingzoo_worker(pipe, env_id: str, num_envs: int, max_steps: Optional[int], env_kwargs: dict, state: bool,
+                      first_index: int):
+    """A worker process's loop: its block of PettingZooEnvs, run by (method, arguments) from the pipe, each answered
+    with (True, result) or (False, the error)."""
+    # Ctrl-C and a scheduler's SIGTERM reach the whole process group; the learner saves a checkpoint, then closes us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    envs = None
+    try:
+        envs = PettingZooEnvs(env_id, num_envs, max_steps, env_kwargs, state, first_index)
+        pipe.send((True, None))
+        while (message := pipe.recv())[0] != "close":
+            method, arguments = message
+            pipe.send((True, getattr(envs, method)(*arguments)))
+    except UserError as e:
+        pipe.send((False, e))
+    except EOFError:  # the learner is gone
+        pass
+    except Exception as e:
+        pipe.send((False, UserError(f"{env_id} failed in a worker process: {type(e).__name__}: {e}")))
+    finally:
+        if envs is not None:
+            envs.close()
+
+
+class PettingZooVectorEnv:
+    """num_envs copies of a PettingZoo Parallel env (PettingZooEnvs: its flat observations, episode ends and seeds)
+    as one torch vector env with VmasVectorEnv's conventions, but each agent's terminated and truncated its own; in
+    this process, or split over num_workers worker processes stepping at once."""
+
+    def __init__(self, env_id: str, num_envs: int, max_steps: Optional[int], env_kwargs: dict, state: bool,
+                 num_workers: int = 0):
+        self.num_envs, self.device, self.pipes, self.workers = num_envs, torch.device("cpu"), [], []
+        self.local = PettingZooEnvs(env_id, num_envs if num_workers == 0 else 1, max_steps, env_kwargs, state)
+        self.agent_views = self.local.agent_views
+        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (self.local.flat_dim,), np.float32)
+        if num_workers == 0:
+            return
+        self.local.close()  # it only told the spaces (and showed the env builds): the workers step the envs
+        context = multiprocessing.get_context("forkserver")
+        self.blocks = np.array_split(np.arange(num_envs), num_workers)
+        for block in self.blocks:
+            pipe, worker_pipe = context.Pipe()
+            worker = context.Process(target=pettingzoo_worker, daemon=True,
+                                     args=(worker_pipe, env_id, len(block), max_steps, env_kwargs, state, block[0]))
+            worker.start()
+            worker_pipe.close()
+            self.pipes.append(pipe)
+            self.workers.append(worker)
+        self.in_workers(None)  # each says it built its envs, or why not
+
+    def in_workers(self, method: Optional[str], arguments: Optional[list[tuple]] = None) -> list:
+        """Every worker's result of method (None: its first message), each called with its own arguments."""
+        for pipe, worker_arguments in zip(self.pipes, arguments or []):
+            pipe.send((method, worker_arguments))
+        replies = [pipe.recv() for pipe in self.pipes]
+        for ok, result in replies:
+            if not ok:
+                raise result
+        return [result for _, result in replies]
+
+    def reset(self, seed: Optional[int] = None):
+        if not self.pipes:
+            return torch.from_numpy(self.local.reset(seed)), {}
+        return torch.from_numpy(np.concatenate(self.in_workers("reset", [(seed,)] * len(self.pipes)))), {}
+
+    def step(self, action: torch.Tensor):
+        actions = action.reshape(self.num_envs, len(self.agent_views["agents"]), -1).numpy()
+        if self.pipes:
+            parts = self.in_workers("step", [(actions[block],) for block in self.blocks])
+            obs, rewards, terminated, truncated, final_obs = (np.concatenate(part) for part in zip(*parts))
+        else:
+            obs, rewards, terminated, truncated, final_obs = self.local.step(actions)
+        info = {}
+        if (terminated | truncated).any():
+            info = {"final_observation": torch.from_numpy(final_obs), "final_info": {}}
+        return (torch.from_numpy(obs), torch.from_numpy(rewards), torch.from_numpy(terminated),
+                torch.from_numpy(truncated), info)
+
+    def close(self):
+        for pipe in self.pipes:
+            with contextlib.suppress(OSError):
+                pipe.send(("close", ()))
+        for worker in self.workers:
+            worker.join(timeout=10)
+            if worker.is_alive():
+                worker.terminate()
+        if not self.pipes:
+            self.local.close()
+
+
+def check_agent_spaces(env_id: str, obs_spaces: list, action_spaces: list, alike: bool):
+    """VMAS's and PettingZoo's agents: flat observations; VMAS's of the same spaces (PettingZoo's may differ)."""
     if not all(isinstance(space, gym.spaces.Box) and len(space.shape) == 1 for space in obs_spaces):
         raise UserError(f"{env_id}'s observations ({obs_spaces[0]}) are not flat Boxes; {TRAINER}.py needs them flat")
-    if any(space != obs_spaces[0] for space in obs_spaces) or any(space != action_spaces[0] for space in action_spaces):
+    if alike and (any(space != obs_spaces[0] for space in obs_spaces)
+                  or any(space != action_spaces[0] for space in action_spaces)):
         raise UserError(f"{env_id}'s agents have different observation or action spaces ({obs_spaces}, "
-                        f"{action_spaces}); {TRAINER}.py stacks the agents' networks and needs them equal")
+                        f"{action_spaces}); {TRAINER}.py stacks VMAS agents' networks and needs them equal")
 
 
 def gymnasium_space(space):
@@ -1478,15 +1662,23 @@ class TorchVecEnv:
     """Tensors in, tensors out, on the learner's device, whatever runs the simulation; a row per agent.
 
     step(action (num_envs, num_agents, ...)) returns (next_obs, reward, terminated, truncated, final_obs, finished):
-    next_obs (num_envs, num_agents, obs_dim) is already reset where an episode ended; final_obs is the true last
-    observation of those episodes (next_obs elsewhere); reward is (num_envs, num_agents), a ManiSkill task's team
-    reward going to every agent; terminated and truncated are per env, as every agent's episode ends with its env's;
-    finished maps metric names (return: the mean over agents of their episode returns, <agent>/return, episode_len,
-    and ManiSkill's success_once, success_at_end, fail_once, fail_at_end) to one value per episode that ended in this
-    step, or is None when none ended.
+    next_obs (num_envs, num_agents, obs_dim) is already reset where an episode ended; reward, terminated and
+    truncated are (num_envs, num_agents), a ManiSkill task's team reward going to every agent, and ManiSkill's and
+    VMAS's episode ends to every agent of the env; final_obs is the true last observation of the agents whose episode
+    ended in this step (next_obs elsewhere), or None when none did; finished maps metric names (return: the mean over
+    agents of their episode returns, <agent>/return, episode_len, and ManiSkill's success_once, success_at_end,
+    fail_once, fail_at_end) to one value per env whose episode ended in this step, or is None when none did.
 
-    The env gives one flat observation per env; agent_views["obs_index"][i] lists agent i's entries of it and
-    agent_views["state_index"] the global state's entries of all agents' observations laid end to end.
+    A PettingZoo agent's episode may end before its env's, which ends once all its agents' have: alive (num_envs,
+    num_agents) marks the agents that act in the next step, ended (num_envs,) the envs whose episode ended in the
+    last one. An agent that left observes zeros and earns nothing until its env's next episode.
+
+    The env gives one flat observation per env; agent_views["obs_index"][i] lists agent i's entries of it (its
+    observation, padded to the widest agent's, and the env's state where the critic reads it: the actor reads the
+    first actor_dim entries, the agent's own observation those of agent_obs_dims[i]), agent_views["state_index"]
+    the global state's entries of all agents' observations laid end to end, and agent_views["action_spaces"] each
+    agent's action space. Actions are the joint action space's (joint_action_space), each agent's first entries
+    its own.
     """
 
     EPISODE_KEYS = ("success_once", "success_at_end", "fail_once", "fail_at_end")
@@ -1505,21 +1697,42 @@ class TorchVecEnv:
         self.state_index = torch.as_tensor(agent_views["state_index"], dtype=torch.long, device=device)
         self.flat_obs_dim = int(np.prod(env.single_observation_space.shape))
         self.obs_dim = self.obs_index.shape[1]
+        self.actor_dim = agent_views.get("actor_dim", self.obs_dim)
+        self.agent_obs_dims = agent_views.get("agent_obs_dims", [self.obs_dim] * self.num_agents)
+        self.critic_input = agent_views.get("critic_input", "all_observations")
         self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (self.obs_dim,), np.float32)
-        self.single_action_space = agent_views["action_space"]
-        space = self.single_action_space
+        self.action_spaces = list(agent_views["action_spaces"])
         kinds = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
-        one_dimensional = len(space.shape) == (0 if isinstance(space, gym.spaces.Discrete) else 1)
-        if not isinstance(space, kinds) or not one_dimensional:
-            raise UserError(f"action space {space} is not supported; {TRAINER}.py handles Box, Discrete, MultiDiscrete "
-                            "and MultiBinary actions of one dimension")
-        if isinstance(space, gym.spaces.Box):
-            self.action_low = torch.as_tensor(space.low, dtype=torch.float32, device=device)
-            self.action_high = torch.as_tensor(space.high, dtype=torch.float32, device=device)
+        for space in self.action_spaces:
+            one_dimensional = len(space.shape) == (0 if isinstance(space, gym.spaces.Discrete) else 1)
+            if not isinstance(space, kinds) or not one_dimensional:
+                raise UserError(f"action space {space} is not supported; {TRAINER}.py handles Box, Discrete, "
+                                "MultiDiscrete and MultiBinary actions of one dimension")
+        if len({type(space) for space in self.action_spaces}) > 1 or (
+                isinstance(self.action_spaces[0], gym.spaces.MultiDiscrete)
+                and any(space != self.action_spaces[0] for space in self.action_spaces)):
+            raise UserError(f"the agents act in {self.action_spaces}; {TRAINER}.py's agents may differ in the size of "
+                            "their actions, but all of one kind (and MultiDiscrete ones alike)")
+        self.joint_action_space = joint_action_space([space_to_dict(space) for space in self.action_spaces])
+        # Each agent's row of its action's bounds or starts, padded to the joint space's width
+        width = None if self.joint_action_space["type"] == "Discrete" else self.joint_action_space["shape"][0]
+
+        def rows(values) -> torch.Tensor:
+            values = [np.ravel(np.asarray(v, dtype=np.float64)) for v in values]
+            if width is not None:
+                values = [np.pad(v, (0, width - len(v))) for v in values]
+            return torch.as_tensor(np.stack(values), device=device)
+
+        if isinstance(self.action_spaces[0], gym.spaces.Box):
+            self.action_low = rows([space.low for space in self.action_spaces]).float()
+            self.action_high = rows([space.high for space in self.action_spaces]).float()
         else:  # the agent's actions count from 0 in each dimension, the env's from start
-            self.action_start = torch.as_tensor(getattr(space, "start", 0), dtype=torch.long, device=device)
+            starts = rows([getattr(space, "start", np.zeros(space.shape)) for space in self.action_spaces]).long()
+            self.action_start = starts[:, 0] if width is None else starts
         self.episode_return = torch.zeros((self.num_envs, self.num_agents), dtype=torch.float64, device=device)
         self.episode_length = torch.zeros(self.num_envs, dtype=torch.long, device=device)
+        self.alive = torch.ones((self.num_envs, self.num_agents), dtype=torch.bool, device=device)
+        self.ended = torch.zeros(self.num_envs, dtype=torch.bool, device=device)
 
     def _obs(self, obs) -> torch.Tensor:
         return self._to_device(obs, torch.float32, (-1, self.flat_obs_dim))[:, self.obs_index]
@@ -1531,10 +1744,11 @@ class TorchVecEnv:
         obs, _ = self.env.reset(seed=seed)
         self.episode_return.zero_()
         self.episode_length.zero_()
+        self.alive.fill_(True)
         return self._obs(obs)
 
     def step(self, action: torch.Tensor):
-        if isinstance(self.single_action_space, gym.spaces.Box):
+        if isinstance(self.action_spaces[0], gym.spaces.Box):
             # Sampled actions may leave the bounds; the log-prob is kept for the unclipped one.
             action = torch.clamp(action, self.action_low, self.action_high)
         else:
@@ -1546,21 +1760,25 @@ class TorchVecEnv:
             action = action.cpu().numpy()
         obs, reward, terminated, truncated, info = self.env.step(action)
         next_obs = self._obs(obs)
-        reward = self._to_device(reward, torch.float32, (self.num_envs, -1)).expand(-1, self.num_agents)
-        terminated = self._to_device(terminated, torch.bool)
-        truncated = self._to_device(truncated, torch.bool)
+        reward, terminated, truncated = (self._to_device(x, dtype, (self.num_envs, -1)).expand(-1, self.num_agents)
+                                         for x, dtype in ((reward, torch.float32), (terminated, torch.bool),
+                                                          (truncated, torch.bool)))
+        agent_done = terminated | truncated
+        self.ended = (agent_done | ~self.alive).all(1)
+        self.alive = self.ended[:, None] | (self.alive & ~agent_done)
         self.episode_return += reward
         self.episode_length += 1
 
-        final_obs, finished = next_obs, None
-        if "final_info" in info:  # present only when some episode ended
-            done = terminated | truncated
+        final_obs, finished = None, None
+        if "final_info" in info:  # present only when some agent's episode ended
             if self.torch_native:
-                final_obs = torch.where(done[:, None, None], self._obs(info["final_observation"]), next_obs)
+                final_obs = torch.where(agent_done[..., None], self._obs(info["final_observation"]), next_obs)
             else:
                 ended = info["_final_obs"]
                 final_obs = next_obs.clone()
                 final_obs[torch.as_tensor(ended, device=self.device)] = self._obs(np.stack(info["final_obs"][ended]))
+        done = self.ended
+        if final_obs is not None and done.any():  # the indexing below waits for the GPU anyway
             episode_return = self.episode_return[done].float()
             finished = {"return": episode_return.mean(1), "episode_len": self.episode_length[done].float()}
             finished.update({f"{name}/return": episode_return[:, i] for i, name in enumerate(self.agents)})
@@ -1618,7 +1836,9 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
     if args.env_id.startswith(PZ_PREFIX):
         if video_dir is not None:
             raise UserError(f"{TRAINER}.py records no videos of PettingZoo envs yet; pass --no_capture_video")
-        env = PettingZooVectorEnv(args.env_id, num_envs, args.max_episode_steps, env_kwargs)
+        num_workers = min(num_envs, usable_cores()) if args.async_envs and not evaluation else 0
+        env = PettingZooVectorEnv(args.env_id, num_envs, args.max_episode_steps, env_kwargs, args.centralized_critic,
+                                  num_workers)
         return TorchVecEnv(env, device, torch_native=True, agent_views=env.agent_views)
     env = VmasVectorEnv(args.env_id, num_envs, device, args.max_episode_steps, env_kwargs, video_dir)
     return TorchVecEnv(env, device, torch_native=True, agent_views=env.agent_views,
@@ -1699,7 +1919,7 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
 # run's weights with --checkpoint.
 RESUME_CHANGEABLE_FIELDS = ("total_timesteps", "eval_freq", "checkpoint_freq", "keep_checkpoints", "capture_video",
                             "save_train_video_freq", "save_model", "track", "wandb_project_name", "wandb_entity",
-                            "torch_threads", "cuda", "torch_deterministic")
+                            "torch_threads", "cuda", "torch_deterministic", "async_envs")
 
 
 def load_states(agent: Agent, optimizer: torch.optim.Optimizer, reward_normalizer: Optional[RewardNormalizer],
@@ -1723,13 +1943,12 @@ def load_states(agent: Agent, optimizer: torch.optim.Optimizer, reward_normalize
 
 def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
     """Load a checkpoint's weights and observation statistics; refuse one whose agents, spaces or network differ."""
-    observation_space = space_to_dict(envs.single_observation_space)
-    action_space = space_to_dict(envs.single_action_space)
-    if (state["agents"] != envs.agents or state["observation_space"] != observation_space
-            or state["action_space"] != action_space):
+    spaces = agent_spaces(envs)
+    if state["agents"] != envs.agents or any(state[key] != value for key, value in spaces.items()):
         raise UserError(f"the checkpoint's agents and spaces ({state['agents']}, "
-                        f"{state['observation_space']['shape']}, {state['action_space']}) do not match "
-                        f"{args.env_id}'s ({envs.agents}, {observation_space['shape']}, {action_space})")
+                        f"{[space['shape'] for space in state['observation_spaces']]}, {state['action_spaces']}) do "
+                        f"not match {args.env_id}'s ({envs.agents}, "
+                        f"{[space['shape'] for space in spaces['observation_spaces']]}, {spaces['action_spaces']})")
     defaults = {field.name: field.default for field in dataclasses.fields(Args)}
     for name in NETWORK_FIELDS:
         trained = state["args"].get(name, defaults[name])  # checkpoints older than the flag used its default
@@ -1744,7 +1963,7 @@ def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
                         f"evaluate or continue it with the file that wrote it") from e
 
 
-def open_run(args: Args, setup: Setup, resume_state: Optional[dict]) -> SummaryWriter:
+def open_run(args: Args, setup: Setup, resume_state: Optional[dict], critic_input: str) -> SummaryWriter:
     """Rank 0's start of the run's logs; on --resume, what came after the checkpoint is set aside first."""
     if args.track:
         import wandb
@@ -1763,7 +1982,8 @@ def open_run(args: Args, setup: Setup, resume_state: Optional[dict]) -> SummaryW
     batch_size = args.num_envs * args.num_steps
     derived = {"batch_size": batch_size, "minibatch_size": batch_size // args.num_minibatches,
                "num_iterations": setup.num_iterations, "bootstrap_rule": setup.bootstrap_rule,
-               "num_eval_steps": setup.num_eval_steps, "device": str(setup.device), "world_size": world_size()}
+               "num_eval_steps": setup.num_eval_steps, "device": str(setup.device), "world_size": world_size(),
+               "critic_input": critic_input}
     table = {**dataclasses.asdict(args), **derived}
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in table.items()))
     print(f"run {setup.run_name}: {setup.run_dir}  " + "  ".join(f"{k}={v}" for k, v in derived.items()), flush=True)
@@ -1782,8 +2002,7 @@ def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, 
     state = {"format": CHECKPOINT_FORMAT, "trainer": TRAINER, "run_name": setup.run_name,
              "args": dataclasses.asdict(args), "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
              "reward_normalizer": None if reward_normalizer is None else reward_normalizer.state_dict(),
-             "agents": envs.agents, "observation_space": space_to_dict(envs.single_observation_space),
-             "action_space": space_to_dict(envs.single_action_space),
+             "agents": envs.agents, **agent_spaces(envs),
              "global_step": global_step, "iteration": iteration, "world_size": world_size(),
              "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:]}
     path = setup.run_dir / f"ckpt_{iteration}.pt"
@@ -1795,6 +2014,16 @@ def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, 
         for old in sorted(numbered)[:-args.keep_checkpoints]:
             numbered[old].unlink()
     return path
+
+
+def agent_spaces(envs: TorchVecEnv) -> dict:
+    """What a checkpoint says of the agents' spaces: the stacked networks' (an observation row, the joint action
+    space) and each agent's own."""
+    return {"observation_space": space_to_dict(envs.single_observation_space),
+            "observation_spaces": [space_to_dict(gym.spaces.Box(-np.inf, np.inf, (dim,), np.float32))
+                                   for dim in envs.agent_obs_dims],
+            "action_space": envs.joint_action_space,
+            "action_spaces": [space_to_dict(space) for space in envs.action_spaces]}
 
 
 def print_how_to_resume(signum: int, checkpoint: Optional[Path], iteration: int, run_dir: Path):

@@ -5,49 +5,72 @@ import numpy as np
 from pettingzoo import ParallelEnv
 
 MEET_STEPS = 8
+B_LEAVES_AFTER = 3
 
 
 class Meet(ParallelEnv):
     """Two agents on a line, at cells -3..3, each moving one cell left, none or right a step; both earn minus their
     distance over 6. An episode is truncated after MEET_STEPS steps. Each observes its cell, the other's and the time.
-    wide_b: agent b observes a fourth entry (agents of different spaces). b_leaves: b's episode terminates after 3
-    steps while a's goes on (an agent that leaves early)."""
+
+    Options: wide_b: agent b observes a fourth entry (agents of different observation spaces). fast_b: b also moves
+    two cells (Discrete(5), or a second action entry when continuous: agents of different action spaces).
+    continuous: actions are Boxes in [-1, 1] (the first entry, rounded, is the move). b_leaves: b's episode
+    terminates after B_LEAVES_AFTER steps while a's goes on (an agent that leaves early). with_state: state() gives
+    both cells, the time and a constant 1 (a state that is not the observations). fixed_start: a starts at -3 and b
+    at 3, whatever the seed."""
 
     metadata = {"name": "meet_v0"}
 
-    def __init__(self, wide_b: bool = False, b_leaves: bool = False):
+    def __init__(self, wide_b: bool = False, fast_b: bool = False, continuous: bool = False, b_leaves: bool = False,
+                 with_state: bool = False, fixed_start: bool = False):
         self.possible_agents = ["a", "b"]
-        self.wide_b, self.b_leaves = wide_b, b_leaves
+        self.wide_b, self.fast_b, self.continuous, self.b_leaves = wide_b, fast_b, continuous, b_leaves
+        self.fixed_start = fixed_start
+        if with_state:
+            self.state_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
         self.rng = np.random.default_rng()
 
     def observation_space(self, agent):
         return gym.spaces.Box(-1.0, 1.0, (4 if self.wide_b and agent == "b" else 3,), np.float32)
 
     def action_space(self, agent):
-        return gym.spaces.Discrete(3)
+        fast = self.fast_b and agent == "b"
+        if self.continuous:
+            return gym.spaces.Box(-1.0, 1.0, (2 if fast else 1,), np.float32)
+        return gym.spaces.Discrete(5 if fast else 3)
+
+    def move(self, agent, action) -> int:
+        if self.continuous:
+            return int(np.rint(action[0])) + (int(np.rint(action[1])) if len(action) > 1 else 0)
+        return int(action) - (2 if self.fast_b and agent == "b" else 1)
 
     def observations(self) -> dict:
-        cells = {agent: self.cell[agent] / 3 for agent in self.agents}
+        cells = {agent: self.cell[agent] / 3 for agent in self.possible_agents}
         obs = {agent: [cells[agent], cells["b" if agent == "a" else "a"], self.t / MEET_STEPS] for agent in self.agents}
         if self.wide_b and "b" in obs:
-            obs["b"].append(0.0)
+            obs["b"].append(0.5)
         return {agent: np.array(o, dtype=np.float32) for agent, o in obs.items()}
+
+    def state(self) -> np.ndarray:
+        return np.array([self.cell["a"] / 3, self.cell["b"] / 3, self.t / MEET_STEPS, 1.0], dtype=np.float32)
 
     def reset(self, seed=None, options=None):
         if seed is not None:
             self.rng = np.random.default_rng(seed)
         self.agents, self.t = list(self.possible_agents), 0
-        self.cell = {agent: int(self.rng.integers(-3, 4)) for agent in self.agents}
+        self.cell = ({"a": -3, "b": 3} if self.fixed_start
+                     else {agent: int(self.rng.integers(-3, 4)) for agent in self.agents})
         return self.observations(), {agent: {} for agent in self.agents}
 
     def step(self, actions):
+        assert set(actions) == set(self.agents), (actions, self.agents)
         for agent, action in actions.items():
-            self.cell[agent] = int(np.clip(self.cell[agent] + int(action) - 1, -3, 3))
+            self.cell[agent] = int(np.clip(self.cell[agent] + self.move(agent, action), -3, 3))
         self.t += 1
         reward = -abs(self.cell["a"] - self.cell["b"]) / 6
         obs = self.observations()
         truncated = {agent: self.t == MEET_STEPS for agent in self.agents}
-        terminated = {agent: self.b_leaves and agent == "b" and self.t == 3 for agent in self.agents}
+        terminated = {agent: self.b_leaves and agent == "b" and self.t == B_LEAVES_AFTER for agent in self.agents}
         rewards = {agent: reward for agent in self.agents}
         self.agents = [agent for agent in self.agents if not (terminated[agent] or truncated[agent])]
         return obs, rewards, terminated, truncated, {agent: {} for agent in obs}

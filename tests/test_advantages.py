@@ -101,7 +101,7 @@ def test_bootstrap_mask(trainer):
 def test_running_mean_std_matches_numpy(trainer):
     rng = np.random.default_rng(0)
     batches = [rng.normal(3.0, 2.0, size=(n, 4)) for n in (5, 17, 1, 40)]
-    rms = trainer.RunningMeanStd(4)
+    rms = trainer.RunningMeanStd((4,))
     for batch in batches:
         rms.update(torch.as_tensor(batch))
     data = np.concatenate(batches)

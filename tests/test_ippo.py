@@ -27,8 +27,8 @@ def test_one_agents_loss_changes_only_its_own_parameters(action_space, centraliz
     """A loss on agent 1's outputs alone, through per-agent clipping and Adam: every parameter of agent 1 moves,
     none of agents 0 and 2 does (with a centralized critic too, whose inputs include the others' observations)."""
     torch.manual_seed(0)
-    agent = ippo.Agent(3, 5, action_space, norm_obs=True, norm_value=False, hidden_sizes=(16, 16), activation="tanh",
-                       log_std_init=-0.5, share_parameters=False,
+    agent = ippo.Agent(3, 5, [action_space] * 3, norm_obs=True, norm_value=False, hidden_sizes=(16, 16),
+                       activation="tanh", log_std_init=-0.5, share_parameters=False,
                        state_index=torch.arange(15) if centralized_critic else None)
     agent.obs_normalizer.update(torch.randn(64, 3, 5))
     before = {name: p.detach().clone() for name, p in agent.named_parameters()}
@@ -47,7 +47,7 @@ def test_one_agents_loss_changes_only_its_own_parameters(action_space, centraliz
 
 def test_gradient_clipping_is_per_agent():
     torch.manual_seed(0)
-    agent = ippo.Agent(2, 4, BOX, norm_obs=False, norm_value=False, hidden_sizes=(8,), activation="tanh",
+    agent = ippo.Agent(2, 4, [BOX] * 2, norm_obs=False, norm_value=False, hidden_sizes=(8,), activation="tanh",
                        log_std_init=-0.5, share_parameters=False, state_index=None)
     for p in agent.parameters():
         p.grad = torch.ones_like(p)
@@ -63,7 +63,7 @@ def test_gradient_clipping_is_per_agent():
 
 def test_shared_parameters_tell_agents_apart_by_their_id():
     torch.manual_seed(0)
-    agent = ippo.Agent(3, 4, BOX, norm_obs=False, norm_value=False, hidden_sizes=(16,), activation="tanh",
+    agent = ippo.Agent(3, 4, [BOX] * 3, norm_obs=False, norm_value=False, hidden_sizes=(16,), activation="tanh",
                        log_std_init=-0.5, share_parameters=True, state_index=torch.arange(12))
     assert all(p.shape[0] == 1 for p in agent.parameters())
     obs = torch.randn(1, 4).expand(5, 3, 4)  # every agent sees the same observation
@@ -71,7 +71,7 @@ def test_shared_parameters_tell_agents_apart_by_their_id():
     value = agent.get_value(obs)
     for i, j in ((0, 1), (0, 2), (1, 2)):
         assert not torch.allclose(mean[:, i], mean[:, j]) and not torch.allclose(value[:, i], value[:, j])
-    no_ids = ippo.Agent(3, 4, BOX, norm_obs=False, norm_value=False, hidden_sizes=(16,), activation="tanh",
+    no_ids = ippo.Agent(3, 4, [BOX] * 3, norm_obs=False, norm_value=False, hidden_sizes=(16,), activation="tanh",
                         log_std_init=-0.5, share_parameters=True, state_index=None)
     no_ids.agent_ids.zero_()  # without the id, one network gives identical agents identical outputs
     assert torch.equal(no_ids.get_value(obs)[:, 0], no_ids.get_value(obs)[:, 1])
@@ -82,7 +82,7 @@ def test_written_out_normal_gives_torch_distributions_numbers(share_parameters):
     """Sample, log-probability and entropy of every agent's Gaussian, bit for bit torch.distributions.Normal's
     (summed over the action dimension, one per agent), each agent with its own log-std, gradients included."""
     torch.manual_seed(0)
-    agent = ippo.Agent(3, 5, {**BOX, "shape": [4]}, norm_obs=False, norm_value=False, hidden_sizes=(16,),
+    agent = ippo.Agent(3, 5, [{**BOX, "shape": [4]}] * 3, norm_obs=False, norm_value=False, hidden_sizes=(16,),
                        activation="tanh", log_std_init=-0.5, share_parameters=share_parameters, state_index=None)
     with torch.no_grad():
         agent.actor_logstd.copy_(torch.randn_like(agent.actor_logstd))
@@ -114,26 +114,31 @@ def test_written_out_normal_gives_torch_distributions_numbers(share_parameters):
 
 
 def test_reward_normalizer_scales_each_agent_by_its_own_returns():
-    """Agent i's rewards divided by the std of every discounted return of agent i seen so far, whatever the other
-    agents' reward scale; the returns restart after their env's episode ends."""
+    """Agent i's rewards divided by the std of the discounted returns of agent i seen so far at the steps it acted
+    in, whatever the other agents' reward scale; each agent's return restarts after its episode ends."""
     rng = np.random.default_rng(0)
     steps, num_envs, num_agents, gamma = 60, 3, 2, 0.9
     rewards = rng.normal(2.0, 5.0, size=(steps, num_envs, num_agents)) * np.array([1.0, 100.0])
-    dones = rng.random((steps, num_envs)) < 0.1
-    assert dones.any()
+    dones = rng.random((steps, num_envs, num_agents)) < 0.1
+    alive = rng.random((steps, num_envs, num_agents)) < 0.8
+    rewards[~alive] = 0.0  # an agent that left earns nothing
+    assert dones.any() and not alive.all()
     normalizer = ippo.RewardNormalizer(num_envs, num_agents, gamma)
-    returns_seen, discounted = [], np.zeros((num_envs, num_agents))
+    returns_seen, discounted = [[] for _ in range(num_agents)], np.zeros((num_envs, num_agents))
     for t in range(steps):
         discounted = gamma * discounted + rewards[t]
-        returns_seen.append(discounted.copy())
-        want = np.clip(rewards[t] / np.concatenate(returns_seen).std(0), -10, 10)
-        got = normalizer(torch.as_tensor(rewards[t], dtype=torch.float32), torch.as_tensor(dones[t]))
+        for i in range(num_agents):
+            returns_seen[i].extend(discounted[alive[t, :, i], i])
+        want = np.clip(rewards[t] / np.array([np.std(seen) for seen in returns_seen]), -10, 10)
+        got = normalizer(torch.as_tensor(rewards[t], dtype=torch.float32), torch.as_tensor(dones[t]),
+                         torch.as_tensor(alive[t]))
         assert got.dtype == torch.float32 and got.shape == (num_envs, num_agents)
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-3)
         discounted[dones[t]] = 0.0
     # equal first returns have no spread yet: the scaled reward is clipped
     first = ippo.RewardNormalizer(num_envs, num_agents, gamma)(torch.ones(num_envs, num_agents),
-                                                              torch.zeros(num_envs, dtype=torch.bool))
+                                                              torch.zeros(num_envs, num_agents, dtype=torch.bool),
+                                                              torch.ones(num_envs, num_agents, dtype=torch.bool))
     assert first.tolist() == [[10.0, 10.0]] * num_envs
 
 
@@ -146,7 +151,7 @@ def test_advantages_per_agent_match_the_single_agent_reference(rule, finite_hori
     stacked = {key: torch.as_tensor(np.stack([r[key] for r in rollouts], axis=-1))
                for key in ("rewards", "values", "final_values", "next_value")}
     t_terminated, t_truncated = torch.as_tensor(terminated), torch.as_tensor(truncated)
-    dones = (t_terminated | t_truncated).double().unsqueeze(-1)
+    dones = (t_terminated | t_truncated).double().unsqueeze(-1).expand(-1, -1, 3)
     mask = ippo.bootstrap_mask(rule, t_terminated, t_truncated).unsqueeze(-1)
     bootstrap_values = torch.where(mask, stacked["final_values"], 0.0)
     got = ippo.compute_advantages(stacked["rewards"], stacked["values"], dones, bootstrap_values, stacked["next_value"],
@@ -175,11 +180,11 @@ def test_rollout_bootstraps_each_agent_from_its_final_observation(tmp_path, monk
     assert len(captured) == 2
     for call in captured:
         dones, bootstrap_values = call["dones"], call["bootstrap_values"]
-        assert dones.shape == (12, 2, 1) and bootstrap_values.shape == (12, 2, 2)
-        assert dones[:, :, 0].nonzero()[:, 0].tolist() == [5, 5, 11, 11]
+        assert dones.shape == (12, 2, 2) and bootstrap_values.shape == (12, 2, 2)
+        assert torch.equal(dones[..., 0], dones[..., 1]) and dones[:, :, 0].nonzero()[:, 0].tolist() == [5, 5, 11, 11]
         for t in (5, 11):
             assert bootstrap_values[t].tolist() == ([[750.0, 751.0]] * 2 if bootstraps else [[0.0, 0.0]] * 2)
-        assert not bootstrap_values[dones.expand(-1, -1, 2) == 0].any()
+        assert not bootstrap_values[dones == 0].any()
 
 
 def navigation_args(name: str, **overrides) -> list[str]:
@@ -227,7 +232,7 @@ def test_checkpoint_rebuilds_every_agent_and_refuses_another_network(tmp_path):
     assert ckpt["args"]["env_kwargs"] == ("n_agents=3",) and ckpt["args"]["max_episode_steps"] == 16
     model, args = ckpt["model"], ckpt["args"]
     assert model["state_index"].tolist() == list(range(54)) and model["obs_normalizer.mean"].shape == (3, 18)
-    agent = ippo.Agent(len(ckpt["agents"]), ckpt["observation_space"]["shape"][0], ckpt["action_space"],
+    agent = ippo.Agent(len(ckpt["agents"]), ckpt["observation_space"]["shape"][0], ckpt["action_spaces"],
                        args["norm_obs"], args["norm_value"], tuple(args["hidden_sizes"]), args["activation"],
                        args["log_std_init"], args["share_parameters"], model["state_index"])
     agent.load_state_dict(model)
@@ -272,7 +277,7 @@ def test_sigterm_then_resume_equals_uninterrupted_run(tmp_path):
     # the statistics of every step's returns, not of the resumed part's alone; one per agent
     for key in ("return_rms.mean", "return_rms.var", "return_rms.count"):
         assert torch.equal(a["reward_normalizer"][key], b["reward_normalizer"][key]), key
-    assert (b["reward_normalizer"]["return_rms.count"] > 32 * 150
+    assert ((b["reward_normalizer"]["return_rms.count"] > 32 * 150).all()
             and b["reward_normalizer"]["return_rms.var"].shape == (2,))
     steps = [step for step, _ in scalars(run)["losses/agent_0/value_loss"]]
     assert steps == list(range(32, 32 * 151, 32))
@@ -392,7 +397,9 @@ BAD_INPUTS = [
     (["--env_id", "vmas:navigation", "--max_episode_steps", "0"], "--max_episode_steps"),
     (["--env_id", "vmas:navigation", "--checkpoint_freq", "0"], "--checkpoint_freq"),
     (["--env_id", "pz:tests.pz_envs:no_such_fn", "--max_episode_steps", "8"], "cannot load 'no_such_fn'"),
-    (["--env_id", MEET, "--max_episode_steps", "8", "--env_kwargs", "wide_b=True"], "different observation"),
+    (["--env_id", MEET, "--max_episode_steps", "8", "--env_kwargs", "wide_b=True", "--share_parameters"],
+     "needs them alike"),
+    (["--env_id", "vmas:navigation", "--async_envs"], "--async_envs steps PettingZoo envs"),
     (["--env_id", MEET], "--max_episode_steps or --num_eval_steps"),
 ]
 
@@ -434,27 +441,174 @@ def test_vmas_multi_discrete_actions(tmp_path):
 
 
 def test_a_pettingzoo_env_trains_and_ppo_eval_evaluates_each_agent(tmp_path):
-    """A PettingZoo Parallel env of the project's own, 2 copies in this process, with IPPO and MAPPO: each agent's
-    return is logged, the checkpoint holds both agents (MAPPO's critics read both agents' observations), and
-    ppo_eval.py evaluates the run per agent."""
+    """PettingZoo Parallel envs of the project's own with IPPO and MAPPO: agents of the same spaces (MAPPO's critics
+    read both agents' observations), and agents of different observation and action spaces, one leaving its
+    episodes early, Discrete and Box, with a state() that MAPPO's critics read (the log line says which). Each
+    agent's return is logged, the checkpoint holds each agent's spaces, and ppo_eval.py evaluates the run per
+    agent."""
     pytest.importorskip("pettingzoo")
-    for name, flags in (("ippo", {}), ("mappo", dict(centralized_critic=True))):
-        result = run_script("ippo.py", fast_args(MEET, name, max_episode_steps=8, **flags), tmp_path)
+    apart = "wide_b=True fast_b=True b_leaves=True with_state=True".split()
+    for name, flags, critic_inputs, critic_input in (
+            ("ippo", {}, 3, "own_observation"), ("mappo", dict(centralized_critic=True), 6, "all_observations"),
+            ("apart", dict(env_kwargs=apart), 4, "own_observation"),
+            ("apart_mappo", dict(env_kwargs=apart, centralized_critic=True), 4, "state()"),
+            ("apart_box", dict(env_kwargs=apart + ["continuous=True"], centralized_critic=True), 4, "state()")):
+        argv = fast_args(MEET, name, max_episode_steps=8, **{k: v for k, v in flags.items() if k != "env_kwargs"})
+        argv += ["--env_kwargs", *flags["env_kwargs"]] if "env_kwargs" in flags else []
+        result = run_script("ippo.py", argv, tmp_path)
         assert result.returncode == 0, result.stderr[-3000:]
+        assert f"critic_input={critic_input}" in result.stdout
         tags = scalars(tmp_path / "runs" / name)
         assert "eval/a/return" in tags and "eval/b/return" in tags
         assert [value for _, value in tags["eval/episode_len"]] == [8.0, 8.0]
         ckpt = load(tmp_path / "runs" / name / "final_ckpt.pt")
-        assert ckpt["agents"] == ["a", "b"] and ckpt["action_space"] == {"type": "Discrete", "n": 3, "start": 0}
-        critic_inputs = ckpt["model"]["critic.0.weight"].shape[1]  # (agents, inputs, width)
-        assert critic_inputs == (6 if flags else 3)
+        assert ckpt["agents"] == ["a", "b"]
+        assert ckpt["model"]["critic.0.weight"].shape[1] == critic_inputs  # (agents, inputs, width)
+        if name.startswith("apart"):
+            assert [space["shape"] for space in ckpt["observation_spaces"]] == [[3], [4]]
+            assert ckpt["observation_space"]["shape"] == ([8] if "mappo" in name or "box" in name else [4])
+            own = ([{"type": "Discrete", "n": 3, "start": 0}, {"type": "Discrete", "n": 5, "start": 0}]
+                   if name != "apart_box" else [[1], [2]])
+            assert (ckpt["action_spaces"] if name != "apart_box"
+                    else [space["shape"] for space in ckpt["action_spaces"]]) == own
+            # b's episodes end after 3 steps, a's after 8
+            assert max(value for _, value in tags["train/b/return"]) >= -3 / 6 * 3 - 1e-6
+        else:
+            assert ckpt["action_space"] == {"type": "Discrete", "n": 3, "start": 0}
         assert ppo_eval.cli([str(tmp_path / "runs" / name), "--num_episodes", "4", "--no_capture_video"]) == 0
 
 
-def test_what_the_pettingzoo_path_lacks_yet_is_refused_in_one_line(tmp_path, capfd):
-    """Masking agents that leave before the others, and videos, are not there yet: a run says so and stops."""
+def test_pettingzoo_workers_give_the_numbers_of_one_process(tmp_path):
+    """--async_envs splits the envs over worker processes, each env seeded as in one process: the same episodes,
+    hence the same numbers, with agents that leave early and of different spaces."""
     pytest.importorskip("pettingzoo")
-    argv = fast_args(MEET, "leaves", max_episode_steps=8, env_kwargs="b_leaves=True")
-    assert "ended before the others'" in refused_in_one_line(ippo, argv, tmp_path, capfd, whole_process=False)
+    kwargs = ["--env_kwargs", "wide_b=True", "fast_b=True", "b_leaves=True"]
+    for name, flags in (("one", {}), ("workers", dict(async_envs=True))):
+        argv = fast_args(MEET, name, max_episode_steps=8, num_envs=3, num_minibatches=3, norm_obs=True,
+                         norm_reward=True, **flags)
+        result = run_script("ippo.py", argv + kwargs, tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert_same_numbers(tmp_path / "runs/one", tmp_path / "runs/workers",
+                        tags={"losses/a/policy_loss", "losses/b/value_loss", "train/b/return", "eval/return"})
+
+
+@pytest.mark.parametrize("rule", ["always", "truncated", "never"])
+def test_pettingzoo_agents_that_leave_are_masked_and_bootstrap_on_their_own(tmp_path, monkeypatch, rule):
+    """Meet with b leaving after 3 of the episode's 8 steps, and agents of different spaces. The critic is replaced
+    by V(obs) = 1000 * (the time entry), so a final observation is worth 375 (b's termination) or 1000 (a's
+    truncation). b is alive in steps 0-2 and 8-10 of a 16-step rollout, observes zeros and earns nothing in the
+    others; its episode ends with step 2 (terminated), a's with step 7 (truncated); each agent bootstraps from its own
+    final observation as the rule says, and GAE over each agent's steps alive equals the single-agent reference."""
+    pytest.importorskip("pettingzoo")
+    captured = spy_on_advantages(monkeypatch, ippo)
+    buffers, rollout_buffer = [], ippo.RolloutBuffer
+    monkeypatch.setattr(ippo, "RolloutBuffer", lambda *a: buffers.append(rollout_buffer(*a)) or buffers[-1])
+    compute_advantages = ippo.compute_advantages
+
+    def with_buffer(*args):
+        captured_alive.append(buffers[-1].alive.clone())
+        captured_obs.append(buffers[-1].obs.clone())
+        return compute_advantages(*args)
+
+    captured_alive, captured_obs = [], []
+    monkeypatch.setattr(ippo, "compute_advantages", with_buffer)
+    monkeypatch.setattr(ippo.Agent, "get_value", lambda self, obs: 1000.0 * obs[..., 2])
+    monkeypatch.chdir(tmp_path)
+    argv = fast_args(MEET, rule, num_steps=16, total_timesteps=2 * 16 * 2, bootstrap_at_done=rule, save_model=False,
+                     max_episode_steps=8, gamma=GAMMA, gae_lambda=LAM)
+    assert ippo.cli(argv + ["--env_kwargs", "wide_b=True", "fast_b=True", "b_leaves=True"]) == 0
+    assert len(captured) == 2
+    b_alive = [t % 8 < 3 for t in range(16)]
+    final_value = {"a": 1000.0 if rule != "never" else 0.0, "b": 375.0 if rule == "always" else 0.0}
+    for call, alive, obs in zip(captured, captured_alive, captured_obs):
+        dones, bootstrap_values, rewards = call["dones"], call["bootstrap_values"], call["rewards"]
+        assert alive[..., 0].all() and alive[..., 1].tolist() == [[b] * 2 for b in b_alive]
+        assert not obs[~alive].any() and not rewards[~alive].any()
+        assert dones[:, :, 0].nonzero()[:, 0].tolist() == [7, 7, 15, 15]
+        assert dones[:, :, 1].nonzero()[:, 0].tolist() == [2, 2, 10, 10]
+        for t, agent in ((7, 0), (15, 0), (2, 1), (10, 1)):
+            assert bootstrap_values[t, :, agent].tolist() == [final_value["ab"[agent]]] * 2
+        assert bootstrap_values.count_nonzero() == (8 if rule == "always" else 4 if rule == "truncated" else 0)
+        for env in range(2):
+            for agent in range(2):
+                steps = alive[:, env, agent]
+                ended = dones[steps, env, agent].bool().numpy()[:, None]
+                want = reference(rewards[steps, env, agent].double().numpy()[:, None],
+                                 call["values"][steps, env, agent].double().numpy()[:, None],
+                                 ended if agent == 1 else np.zeros_like(ended),
+                                 ended if agent == 0 else np.zeros_like(ended),
+                                 np.full(ended.shape, 1000.0 if agent == 0 else 375.0), np.zeros(1), rule, False)
+                np.testing.assert_allclose(call["advantages"][steps, env, agent].numpy(), want[:, 0], rtol=1e-5,
+                                           atol=1e-3)
+
+
+def test_steps_of_agents_that_left_count_in_no_loss_or_statistic():
+    """ppo_loss over a minibatch with some agents' steps not alive equals, for each agent, the loss over its steps
+    alive alone, whatever the others hold; the running statistics of observations count each agent's steps alive."""
+    torch.manual_seed(0)
+    agent = ippo.Agent(2, 4, [DISCRETE, {**DISCRETE, "n": 5}], norm_obs=True, norm_value=False, hidden_sizes=(16,),
+                       activation="tanh", log_std_init=-0.5, share_parameters=False, state_index=None)
+    args = ippo.Args(norm_adv=True, clip_vloss=True, clip_coef=0.2)
+    batch = 64
+    obs, advantages, returns, values = torch.randn(batch, 2, 4), torch.randn(batch, 2), torch.randn(batch, 2), \
+        torch.randn(batch, 2)
+    with torch.no_grad():
+        actions, logprobs, _, _ = agent.get_action_and_value(obs)
+    logprobs = logprobs + 0.1 * torch.randn_like(logprobs)  # ratios away from 1
+    alive = torch.rand(batch, 2) < 0.7
+    garbage = [torch.where(alive, x, 1e3) for x in (advantages, returns, values)]
+    (pg, v, ent), _, _ = ippo.ppo_loss(agent, args, obs, actions, logprobs, *garbage, alive)
+    for i in range(2):
+        rows = alive[:, i]
+        (pg_i, v_i, ent_i), _, _ = ippo.ppo_loss(agent, args, obs[rows], actions[rows], logprobs[rows],
+                                                 advantages[rows], returns[rows], values[rows],
+                                                 torch.ones(int(rows.sum()), 2, dtype=torch.bool))
+        for got, want in ((pg, pg_i), (v, v_i), (ent, ent_i)):
+            assert got[i].item() == pytest.approx(want[i].item(), rel=1e-5, abs=1e-6)
+    # b's logits beyond its 5, a's beyond its 3, are never drawn
+    assert (actions[:, 0] < 3).all() and (actions[:, 1] < 5).all() and (actions[:, 1] >= 3).any()
+    rms = ippo.RunningMeanStd((2, 4))
+    x = torch.randn(batch, 2, 4, dtype=torch.float64) * 3 + 1
+    rms.update(x, alive)
+    for i in range(2):
+        own = x[alive[:, i], i].numpy()
+        np.testing.assert_allclose(rms.mean[i].numpy(), own.mean(0), rtol=1e-5)
+        np.testing.assert_allclose(rms.var[i].numpy(), own.var(0), rtol=1e-4)
+        assert rms.count[i].item() == pytest.approx(len(own), abs=1e-3)
+
+
+def test_pettingzoo_sigterm_then_resume_with_workers_equals_uninterrupted_run(tmp_path):
+    """Meet's fixed starts ignore the seeds and its episodes end at the 16-step rollouts' boundaries; b leaves early.
+    A run cut by SIGTERM and resumed (in worker processes: --async_envs may change on resume) ends with the
+    uninterrupted run's weights and statistics."""
+    pytest.importorskip("pettingzoo")
+    argv = dict(total_timesteps=32 * 300, eval_freq=10, norm_obs=True, norm_reward=True, norm_value=True,
+                max_episode_steps=8)
+    kwargs = ["--env_kwargs", "b_leaves=True", "fixed_start=True", "wide_b=True", "with_state=True"]
+    full = run_script("ippo.py", fast_args(MEET, "full", centralized_critic=True, **argv) + kwargs, tmp_path)
+    assert full.returncode == 0, full.stderr[-3000:]
+    proc = start_script("ippo.py", fast_args(MEET, "cut", centralized_critic=True, **argv) + kwargs, tmp_path)
+    run = tmp_path / "runs" / "cut"
+    wait_for(run / "ckpt_10.pt", proc, 300)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    saved = max(int(p.stem.split("_")[1]) for p in run.glob("ckpt_*.pt"))
+    assert 10 <= saved < 300 and not (run / "final_ckpt.pt").exists()
+    resumed = run_script("ippo.py", ["--resume", "runs/cut", "--async_envs"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = load(tmp_path / "runs/full/final_ckpt.pt"), load(run / "final_ckpt.pt")
+    assert a["global_step"] == b["global_step"] == 32 * 300
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    for key in ("return_rms.mean", "return_rms.var", "return_rms.count"):
+        assert torch.equal(a["reward_normalizer"][key], b["reward_normalizer"][key]), key
+    # b acted in 3 of every 8 steps: its statistics counted those alone
+    counts = b["model"]["obs_normalizer.count"].flatten()
+    assert counts[0].item() == pytest.approx(32 * 300, abs=1) and counts[1].item() == pytest.approx(12 * 300, abs=1)
+
+
+def test_pettingzoo_videos_are_refused_in_one_line(tmp_path, capfd):
+    pytest.importorskip("pettingzoo")
     argv = fast_args(MEET, "video", max_episode_steps=8, capture_video=True)
     assert "records no videos of PettingZoo" in refused_in_one_line(ippo, argv, tmp_path, capfd, whole_process=False)
