@@ -425,8 +425,9 @@ class DeployedPolicy(nn.Module):
     observation normalization inside, Box actions clamped to their bounds, discrete actions counted from the space's
     start. Inputs: ppo.py's observation; ppo_rgb.py's observation dict as one input a key, in input_names' order;
     ppo_rnn.py's observation, recurrent state and episode start, with the next state as a second output; the
-    observation of ippo.py's agent agent_index. A --critic_obs policy takes the actor's observation alone: the
-    observation without the critic's privileged part."""
+    observation of ippo.py's agent agent_index, and its own action (agents of different spaces share padded ones in
+    training). A --critic_obs policy takes the actor's observation alone: the observation without the critic's
+    privileged part."""
 
     def __init__(self, agent: nn.Module, envs, agent_index: Optional[int] = None):
         super().__init__()
@@ -436,8 +437,14 @@ class DeployedPolicy(nn.Module):
         self.keys = [key for key in envs.obs_layout if key != "critic"] if hasattr(envs, "obs_layout") else None
         self.obs_dim = getattr(agent, "obs_dim", None)  # the actor's first dims of ppo.py's and ppo_rnn.py's
         self.box = hasattr(envs, "action_low")
+        self.action_size = None  # ippo.py's agent's own entries of the joint action (all of a Discrete one's)
+        if agent_index is not None:
+            self.obs_dim, self.row_dim = envs.agent_obs_dims[agent_index], envs.obs_dim
+            own_space = envs.action_spaces[agent_index]
+            self.action_size = own_space.shape[0] if own_space.shape else None
         for name in ("action_low", "action_high") if self.box else ("action_start",):
-            self.register_buffer(name, getattr(envs, name).cpu())
+            bound = getattr(envs, name).cpu()  # ippo.py's: a row per agent
+            self.register_buffer(name, bound if agent_index is None else bound[agent_index, ..., :self.action_size])
         self.input_names = (self.keys or ["obs"]) + (["rnn_state", "episode_start"] if self.recurrent else [])
         self.output_names = ["action"] + (["next_rnn_state"] if self.recurrent else [])
 
@@ -450,8 +457,9 @@ class DeployedPolicy(nn.Module):
             return self.to_env(action[0]), state
         obs = dict(zip(self.keys, inputs)) if self.keys else inputs[0]
         if self.agent_index is not None:  # every agent's actor sees only its own row: give each this observation
-            obs = obs[:, None].expand(-1, agent.num_agents, -1)
-            return self.to_env(agent.get_action(agent.normalize_obs(obs), deterministic=True)[:, self.agent_index])
+            obs = nn.functional.pad(obs, (0, self.row_dim - self.obs_dim))[:, None].expand(-1, agent.num_agents, -1)
+            action = agent.get_action(agent.normalize_obs(obs), deterministic=True)[:, self.agent_index]
+            return self.to_env(action if self.action_size is None else action[:, :self.action_size])
         return self.to_env(agent.get_action(agent.normalize_obs(obs), deterministic=True))
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
@@ -468,7 +476,8 @@ def export(agent: nn.Module, envs, ckpt: dict, checkpoint: Path, path: Path) -> 
         export_policy(DeployedPolicy(agent, envs), first, envs, ckpt, checkpoint, path)
     for i, name in enumerate(ckpt.get("agents", [])):
         agent_path = path.with_name(f"{path.stem}_{name}{path.suffix}")
-        export_policy(DeployedPolicy(agent, envs, i), first[:, i], envs, ckpt, checkpoint, agent_path, agent=name)
+        export_policy(DeployedPolicy(agent, envs, i), first[:, i], envs, ckpt, checkpoint, agent_path, agent=name,
+                      observation_space=ckpt["observation_spaces"][i], action_space=ckpt["action_spaces"][i])
     return 0
 
 
@@ -496,10 +505,10 @@ def export_policy(policy: DeployedPolicy, first, envs, ckpt: dict, checkpoint: P
     error = max(float(np.abs(out.astype(np.float64) - x.numpy()).max()) for out, x in zip(outputs, as_tuple(expected)))
     description = {
         "format": path.suffix[1:], "file": path.name, "checkpoint": str(checkpoint.resolve()),
-        "sha256": sha256(checkpoint), "trainer": ckpt["trainer"], "env_id": ckpt["args"]["env_id"], **about,
+        "sha256": sha256(checkpoint), "trainer": ckpt["trainer"], "env_id": ckpt["args"]["env_id"],
         "inputs": [tensor_spec(name, x) for name, x in zip(policy.input_names, inputs)],
         "outputs": [tensor_spec(name, x) for name, x in zip(policy.output_names, as_tuple(expected))],
-        "observation_space": ckpt["observation_space"], "action_space": ckpt["action_space"],
+        "observation_space": ckpt["observation_space"], "action_space": ckpt["action_space"], **about,
         "actions": "clamped to the action space's bounds" if policy.box else "counted from the space's start",
         "observation_normalization": "inside", "deterministic": True,
     }

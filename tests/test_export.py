@@ -25,6 +25,9 @@ CASES = {  # name: (trainer, env, flags)
     "lstm": (ppo_rnn, "tests.envs:PointMass-v0", dict(norm_obs=True, rnn_hidden_size=16)),
     "ippo": (ippo, "vmas:tests.vmas_scenarios:Clock", dict(norm_obs=True, hidden_sizes=16)),
     "ippo_shared": (ippo, "vmas:tests.vmas_scenarios:Clock", dict(norm_obs=True, share_parameters=True)),
+    "ippo_pz_apart": (ippo, "pz:tests.pz_envs:meet", dict(
+        norm_obs=True, centralized_critic=True, max_episode_steps=8,
+        env_kwargs="wide_b=True fast_b=True continuous=True with_state=True")),
     "box_critic": (ppo, "tests.envs:PointMassCritic-v0", dict(norm_obs=True, critic_obs=True)),
     "dict_critic": (ppo_rgb, "tests.envs:PointMassPixelsCritic-v0", dict(norm_obs=True, critic_obs=True)),
     "lstm_critic": (ppo_rnn, "tests.envs:PointMassCritic-v0", dict(norm_obs=True, critic_obs=True,
@@ -35,7 +38,9 @@ CASES = {  # name: (trainer, env, flags)
 def trained(tmp_path, name: str):
     """A short run's checkpoint, and its agent and eval envs rebuilt with the trainer's own code."""
     trainer, env_id, flags = CASES[name]
-    result = run_script(f"{trainer.TRAINER}.py", fast_args(env_id, "run", num_eval_envs=4, **flags), tmp_path)
+    argv = fast_args(env_id, "run", num_eval_envs=4, **{k: v for k, v in flags.items() if k != "env_kwargs"})
+    argv += ["--env_kwargs", *flags["env_kwargs"].split()] if "env_kwargs" in flags else []
+    result = run_script(f"{trainer.TRAINER}.py", argv, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     ckpt = load(tmp_path / "runs/run/final_ckpt.pt")
     args = ppo_eval.run_args(trainer, ckpt, ppo_eval.EvalArgs(checkpoint="unused"))
@@ -139,11 +144,12 @@ def test_export_refuses_another_suffix_in_one_line(tmp_path, capfd):
     assert "--export must be a file name ending in .onnx or .pt2" in capfd.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["ippo", "ippo_shared"])
+@pytest.mark.parametrize("name", ["ippo", "ippo_shared", "ippo_pz_apart"])
 def test_exported_multi_agent_policies_are_one_file_per_agent(tmp_path, name):
-    """ippo.py's checkpoint, with a network per agent or one shared: policy_<agent>.onnx takes that agent's
-    observation and acts as the trainer's agent on 100 recorded observations."""
-    pytest.importorskip("vmas")
+    """ippo.py's checkpoint, with a network per agent or one shared, or PettingZoo agents of different spaces and a
+    critic of the env's state(): policy_<agent>.onnx takes that agent's own observation, gives its own action, and
+    acts as the trainer's agent on 100 recorded observations."""
+    pytest.importorskip("vmas" if "pz" not in name else "pettingzoo")
     trainer, agent, envs = trained(tmp_path, name)
     obs, recorded = envs.reset(seed=0), []
     torch.manual_seed(0)
@@ -154,14 +160,19 @@ def test_exported_multi_agent_policies_are_one_file_per_agent(tmp_path, name):
     recorded = torch.cat(recorded)
     assert len(recorded) == 100  # 4 envs
     with torch.no_grad():
-        expected = to_env(agent.get_action(agent.normalize_obs(recorded), deterministic=True),
-                          envs.single_action_space)
+        expected = agent.get_action(agent.normalize_obs(recorded), deterministic=True)
     assert ppo_eval.cli([str(tmp_path / "runs/run"), "--export", str(tmp_path / "policy.onnx")]) == 0
     for i, agent_name in enumerate(envs.agents):
         run, description = exported(tmp_path, "onnx", f"_{agent_name}")
         assert description["agent"] == agent_name
-        (action,) = run({"obs": recorded[:, i].numpy()})
-        np.testing.assert_allclose(action, expected[:, i].numpy(), atol=1e-5, rtol=0)
+        space, obs_dim = envs.action_spaces[i], envs.agent_obs_dims[i]
+        assert description["observation_space"]["shape"] == [obs_dim]
+        (action,) = run({"obs": recorded[:, i, :obs_dim].numpy()})
+        want = to_env(expected[:, i, :space.shape[0]] if space.shape else expected[:, i], space)
+        np.testing.assert_allclose(action, want.numpy(), atol=1e-5, rtol=0)
+    if "pz" in name:  # b observes 4 entries and acts in 2, a 3 and 1; the critic reads state() besides
+        assert envs.agent_obs_dims == [3, 4] and envs.obs_dim == 8 and [s.shape for s in envs.action_spaces] == [
+            (1,), (2,)]
     envs.close()
 
 
