@@ -1577,8 +1577,9 @@ class PettingZooVectorEnv:
         self.blocks = np.array_split(np.arange(num_envs), num_workers)
         for block in self.blocks:
             pipe, worker_pipe = context.Pipe()
-            worker = context.Process(target=pettingzoo_worker, daemon=True,
-                                     args=(worker_pipe, env_id, len(block), max_steps, env_kwargs, state, block[0]))
+            # int(): PettingZoo envs (MPE's) refuse numpy integers as seeds
+            worker = context.Process(target=pettingzoo_worker, daemon=True, args=(
+                worker_pipe, env_id, len(block), max_steps, env_kwargs, state, int(block[0])))
             worker.start()
             worker_pipe.close()
             self.pipes.append(pipe)

@@ -56,6 +56,7 @@ class Meet(ParallelEnv):
 
     def reset(self, seed=None, options=None):
         if seed is not None:
+            assert type(seed) is int, f"PettingZoo's seeding takes Python integers, got {type(seed)}"  # as MPE's does
             self.rng = np.random.default_rng(seed)
         self.agents, self.t = list(self.possible_agents), 0
         self.cell = ({"a": -3, "b": 3} if self.fixed_start
