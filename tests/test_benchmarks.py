@@ -173,3 +173,17 @@ def test_gpu_kit_refuses_or_skips_without_a_gpu_and_reports_fake_runs(tmp_path):
     table = (tmp_path / "out/table.md").read_text()
     assert "| gpu_ppo_PushCube | 1 | 0.9" in table and "| gpu_ippo_TwoRobotPickCube | 1 |" in table, table
     assert (tmp_path / "out/eval_return.png").stat().st_size > 10_000
+
+
+def test_mpe_spread_benchmark_writes_its_table_and_plot(tmp_path):
+    """One MAPPO run of 64,000 frames on MPE simple_spread_v3 in worker processes (about 20 s here)."""
+    result = run([sys.executable, str(REPO / "benchmarks/mpe_spread.py"), "--variants", "mappo_continuous", "--seeds",
+                  "1", "--frames", "64000", "--out", str(tmp_path / "out")], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = (tmp_path / "out/table.md").read_text().splitlines()
+    assert table[0].startswith("ippo.py on PettingZoo MPE simple_spread_v3, ")
+    assert table[-1].startswith("| mappo_continuous | 1 | ")
+    assert (tmp_path / "out/eval_return.png").stat().st_size > 10_000
+    ckpt = load(next((tmp_path / "runs").glob("spread_mappo_continuous_s1_*")) / "final_ckpt.pt")
+    assert ckpt["agents"] == ["agent_0", "agent_1", "agent_2"] and ckpt["action_spaces"][0]["type"] == "Box"
+    assert ckpt["model"]["critic.0.weight"].shape[1] == 54 + 3  # state() and the agent id of the shared network
