@@ -1368,16 +1368,8 @@ class VmasVectorEnv:
         self.agent_views = {"agents": [agent.name for agent in self.env.agents],
                             "obs_index": np.arange(width).reshape(self.num_agents, -1).tolist(),
                             "state_index": list(range(width)), "action_spaces": action_spaces}
-        self.video_dir, self.frames = video_dir, None
         self.cuda_state = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-        if video_dir is not None:
-            # a resumed run adds to the videos already there
-            self.videos_written = len(list(Path(video_dir).glob("eval-episode-*.mp4")))
-            try:  # rendering needs a GL context, which fails only at the first frame: find out now, not mid-run
-                self.render()
-            except Exception as e:
-                raise UserError(f"{env_id} cannot render videos here ({type(e).__name__}: {e}); "
-                                "pass --no_capture_video") from e
+        self.video = None if video_dir is None else FirstEpisodeVideo(video_dir, self.render, env_id)
 
     def in_own_stream(self, method, *args, **kwargs):
         """VMAS draws every env's random numbers from one stream, a class attribute: each vector env swaps in a
@@ -1401,8 +1393,8 @@ class VmasVectorEnv:
         if seed is not None:
             self.in_own_stream(self.env.seed, seed)
         obs = self.in_own_stream(self.env.reset)
-        if self.video_dir is not None:
-            self.frames = [self.render()]
+        if self.video is not None:
+            self.video.start()
         return torch.cat(obs, dim=1), {}
 
     def step(self, action: torch.Tensor):
@@ -1410,10 +1402,8 @@ class VmasVectorEnv:
             self.env.step, list(action.reshape(self.num_envs, self.num_agents, -1).unbind(1)))
         obs, reward = torch.cat(obs, dim=1), torch.stack(rewards, dim=1)
         done = terminated | truncated
-        if self.frames is not None:
-            self.frames.append(self.render())
-            if done[0]:
-                self.flush_video()
+        if self.video is not None:
+            self.video.add(bool(done[0]))
         info = {}
         if done.any():
             info = {"final_observation": obs, "final_info": {}}
@@ -1431,6 +1421,36 @@ class VmasVectorEnv:
         return self.env.render(mode="rgb_array", env_index=0)
 
     def flush_video(self):
+        self.video.flush()
+
+    def close(self):
+        """VMAS holds nothing to release."""
+
+
+class FirstEpisodeVideo:
+    """VMAS's and PettingZoo's evaluation videos: the first episode of env 0 after each start() (its env's reset),
+    a frame after each step, saved as video_dir/eval-episode-<k>.mp4 when it ends or at flush() (an evaluation that
+    ends first). A resumed run numbers its videos on from those already there."""
+
+    def __init__(self, video_dir: str, render, env_id: str):
+        self.video_dir, self.render, self.frames = video_dir, render, None
+        self.videos_written = len(list(Path(video_dir).glob("eval-episode-*.mp4")))
+        try:  # rendering may need a GL context, which fails only at the first frame: find out now, not mid-run
+            render()
+        except Exception as e:
+            raise UserError(f"{env_id} cannot render videos here ({type(e).__name__}: {e}); "
+                            "pass --no_capture_video") from e
+
+    def start(self):
+        self.frames = [self.render()]
+
+    def add(self, episode_ended: bool):
+        if self.frames is not None:
+            self.frames.append(self.render())
+            if episode_ended:
+                self.flush()
+
+    def flush(self):
         if self.frames:
             from gymnasium.utils.save_video import save_video
 
@@ -1439,24 +1459,24 @@ class VmasVectorEnv:
             self.videos_written += 1
         self.frames = None
 
-    def close(self):
-        self.frames = None
-
 
 class PettingZooEnvs:
     """Copies of a PettingZoo Parallel env stepped one after another, numpy in and out, in this process or a worker's.
     Env k is reset with seed + first_index + k by reset(seed); it runs until all its agents' episodes have ended
     (each agent terminated or truncated by its own flags, all that remain truncated after max_steps steps), then
     starts the next. A flat observation holds each agent's observation, padded with zeros to the widest (an agent
-    that left: zeros throughout), then the env's state() where the critic reads it."""
+    that left: zeros throughout), then the env's state() where the critic reads it. With a video_dir, env 0 renders
+    (render_mode="rgb_array") the evaluation videos."""
 
     def __init__(self, env_id: str, num_envs: int, max_steps: Optional[int], env_kwargs: dict, state: bool,
-                 first_index: int = 0):
+                 first_index: int = 0, video_dir: Optional[str] = None):
         make = pettingzoo_env_fn(env_id)
         try:
-            self.envs = [make(**env_kwargs) for _ in range(num_envs)]
+            self.envs = [make(**env_kwargs, **({"render_mode": "rgb_array"} if video_dir and k == 0 else {}))
+                         for k in range(num_envs)]
         except TypeError as e:
-            raise UserError(f"cannot make {env_id} with --env_kwargs {env_kwargs}: {e}") from e
+            raise UserError(f"cannot make {env_id} with --env_kwargs {env_kwargs}"
+                            f"{' and render_mode=rgb_array for videos' if video_dir else ''}: {e}") from e
         env, self.env_id = self.envs[0], env_id
         self.agents, self.max_steps, self.first_index = list(env.possible_agents), max_steps, first_index
         obs_spaces = [env.observation_space(agent) for agent in self.agents]
@@ -1485,6 +1505,10 @@ class PettingZooEnvs:
                             "state_index": state_index, "actor_dim": self.width, "agent_obs_dims": self.obs_dims,
                             "critic_input": "state()" if self.state_dim else "all_observations"}
         self.flat_dim = agents_end + self.state_dim
+        self.video = None
+        if video_dir is not None:
+            env.reset()  # PettingZoo envs render once reset; the evaluation's reset seeds it anew
+            self.video = FirstEpisodeVideo(video_dir, env.render, env_id)
 
     def observe(self, env, obs: dict) -> np.ndarray:
         flat = np.zeros(self.flat_dim, dtype=np.float32)
@@ -1497,8 +1521,11 @@ class PettingZooEnvs:
 
     def reset(self, seed: Optional[int] = None) -> np.ndarray:
         self.steps[:] = 0
-        return np.stack([self.observe(env, env.reset(seed=None if seed is None else seed + self.first_index + k)[0])
-                         for k, env in enumerate(self.envs)])
+        obs = np.stack([self.observe(env, env.reset(seed=None if seed is None else seed + self.first_index + k)[0])
+                        for k, env in enumerate(self.envs)])
+        if self.video is not None:
+            self.video.start()
+        return obs
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, ...]:
         """actions (num_envs, num_agents, joint width); returns the next observations (reset where an env's episode
@@ -1522,6 +1549,8 @@ class PettingZooEnvs:
                     terminated[k, i] = agent_terminated.get(agent, False)
                     truncated[k, i] = not terminated[k, i] and (agent_truncated.get(agent, False) or time_up)
             final_obs[k] = self.observe(env, agent_obs)
+            if k == 0 and self.video is not None:
+                self.video.add(not env.agents or time_up)
             if not env.agents or time_up:
                 obs[k] = self.observe(env, env.reset()[0])
                 self.steps[k] = 0
@@ -1565,9 +1594,10 @@ class PettingZooVectorEnv:
     this process, or split over num_workers worker processes stepping at once."""
 
     def __init__(self, env_id: str, num_envs: int, max_steps: Optional[int], env_kwargs: dict, state: bool,
-                 num_workers: int = 0):
+                 num_workers: int = 0, video_dir: Optional[str] = None):
         self.num_envs, self.device, self.pipes, self.workers = num_envs, torch.device("cpu"), [], []
-        self.local = PettingZooEnvs(env_id, num_envs if num_workers == 0 else 1, max_steps, env_kwargs, state)
+        self.local = PettingZooEnvs(env_id, num_envs if num_workers == 0 else 1, max_steps, env_kwargs, state,
+                                    video_dir=video_dir)
         self.agent_views = self.local.agent_views
         self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (self.local.flat_dim,), np.float32)
         if num_workers == 0:
@@ -1613,6 +1643,9 @@ class PettingZooVectorEnv:
             info = {"final_observation": torch.from_numpy(final_obs), "final_info": {}}
         return (torch.from_numpy(obs), torch.from_numpy(rewards), torch.from_numpy(terminated),
                 torch.from_numpy(truncated), info)
+
+    def flush_video(self):
+        self.local.video.flush()
 
     def close(self):
         for pipe in self.pipes:
@@ -1835,12 +1868,11 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
     if trajectory_path is not None:
         raise UserError("trajectories are recorded by ManiSkill's RecordEpisode: VMAS and PettingZoo have none")
     if args.env_id.startswith(PZ_PREFIX):
-        if video_dir is not None:
-            raise UserError(f"{TRAINER}.py records no videos of PettingZoo envs yet; pass --no_capture_video")
         num_workers = min(num_envs, usable_cores()) if args.async_envs and not evaluation else 0
         env = PettingZooVectorEnv(args.env_id, num_envs, args.max_episode_steps, env_kwargs, args.centralized_critic,
-                                  num_workers)
-        return TorchVecEnv(env, device, torch_native=True, agent_views=env.agent_views)
+                                  num_workers, video_dir)
+        return TorchVecEnv(env, device, torch_native=True, agent_views=env.agent_views,
+                           video_recorder=env if video_dir is not None else None)
     env = VmasVectorEnv(args.env_id, num_envs, device, args.max_episode_steps, env_kwargs, video_dir)
     return TorchVecEnv(env, device, torch_native=True, agent_views=env.agent_views,
                        video_recorder=env if video_dir is not None else None)

@@ -66,7 +66,7 @@ def main():
             rows.append(f"| {variant} | {seed} | {evals[last]:.2f} | {sum(late_train) / len(late_train):.2f} | "
                         f"{tags['charts/SPS'][-1][1]:,.0f} | {wall / 60:.1f} min |")
             print(rows[-1], flush=True)
-    marks = range(EVERY, options.frames + 1, EVERY)
+    marks = range(EVERY, options.frames // 3200 * 3200 + 1, EVERY)  # the last evaluation's step at most
     table = [f"ippo.py on PettingZoo MPE simple_spread_v3, {time.strftime('%Y-%m-%d')}, {machine()}, one run at a time",
              f"command: {command}; variant flags: " + ", ".join(f"{v}: {f or 'none'}" for v, f in VARIANTS.items()), "",
              "Evaluation return (mean over the 3 agents of each agent's 25-step return, 32 episodes, deterministic) "

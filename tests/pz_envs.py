@@ -17,15 +17,16 @@ class Meet(ParallelEnv):
     continuous: actions are Boxes in [-1, 1] (the first entry, rounded, is the move). b_leaves: b's episode
     terminates after B_LEAVES_AFTER steps while a's goes on (an agent that leaves early). with_state: state() gives
     both cells, the time and a constant 1 (a state that is not the observations). fixed_start: a starts at -3 and b
-    at 3, whatever the seed."""
+    at 3, whatever the seed. render_mode="rgb_array": render() draws the line, 16 pixels a cell, a red and b blue.
+    """
 
     metadata = {"name": "meet_v0"}
 
     def __init__(self, wide_b: bool = False, fast_b: bool = False, continuous: bool = False, b_leaves: bool = False,
-                 with_state: bool = False, fixed_start: bool = False):
+                 with_state: bool = False, fixed_start: bool = False, render_mode=None):
         self.possible_agents = ["a", "b"]
         self.wide_b, self.fast_b, self.continuous, self.b_leaves = wide_b, fast_b, continuous, b_leaves
-        self.fixed_start = fixed_start
+        self.fixed_start, self.render_mode = fixed_start, render_mode
         if with_state:
             self.state_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
         self.rng = np.random.default_rng()
@@ -50,6 +51,13 @@ class Meet(ParallelEnv):
         if self.wide_b and "b" in obs:
             obs["b"].append(0.5)
         return {agent: np.array(o, dtype=np.float32) for agent, o in obs.items()}
+
+    def render(self) -> np.ndarray:
+        assert self.render_mode == "rgb_array"
+        frame = np.full((64, 7 * 16, 3), 255, dtype=np.uint8)
+        for agent, rows, color in (("a", slice(0, 32), (255, 0, 0)), ("b", slice(32, 64), (0, 0, 255))):
+            frame[rows, (self.cell[agent] + 3) * 16:(self.cell[agent] + 4) * 16] = color
+        return frame
 
     def state(self) -> np.ndarray:
         return np.array([self.cell["a"] / 3, self.cell["b"] / 3, self.t / MEET_STEPS, 1.0], dtype=np.float32)

@@ -608,7 +608,12 @@ def test_pettingzoo_sigterm_then_resume_with_workers_equals_uninterrupted_run(tm
     assert counts[0].item() == pytest.approx(32 * 300, abs=1) and counts[1].item() == pytest.approx(12 * 300, abs=1)
 
 
-def test_pettingzoo_videos_are_refused_in_one_line(tmp_path, capfd):
+def test_pettingzoo_evaluation_videos(tmp_path):
+    """As VMAS's: the first episode of evaluation env 0 in each evaluation, built with render_mode="rgb_array"."""
     pytest.importorskip("pettingzoo")
-    argv = fast_args(MEET, "video", max_episode_steps=8, capture_video=True)
-    assert "records no videos of PettingZoo" in refused_in_one_line(ippo, argv, tmp_path, capfd, whole_process=False)
+    argv = fast_args(MEET, "video", max_episode_steps=8, capture_video=True, total_timesteps=32 * 2, eval_freq=1)
+    result = run_script("ippo.py", argv + ["--env_kwargs", "b_leaves=True"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    videos = sorted((tmp_path / "runs/video/videos").glob("*.mp4"))
+    assert [p.name for p in videos] == ["eval-episode-0.mp4", "eval-episode-1.mp4"]
+    assert all(video_frames(p) == (9, (112, 64)) for p in videos)  # 8 steps and the reset's frame
