@@ -14,19 +14,19 @@ class Meet(ParallelEnv):
 
     Options: wide_b: agent b observes a fourth entry (agents of different observation spaces). fast_b: b also moves
     two cells (Discrete(5), or a second action entry when continuous: agents of different action spaces).
-    continuous: actions are Boxes in [-1, 1] (the first entry, rounded, is the move). b_leaves: b's episode
-    terminates after B_LEAVES_AFTER steps while a's goes on (an agent that leaves early). with_state: state() gives
-    both cells, the time and a constant 1 (a state that is not the observations). fixed_start: a starts at -3 and b
-    at 3, whatever the seed. render_mode="rgb_array": render() draws the line, 16 pixels a cell, a red and b blue.
-    """
+    continuous: actions are Boxes in [-1, 1] (the first entry, rounded, is the move); box_b: b's alone. b_leaves: b's
+    episode terminates after B_LEAVES_AFTER steps while a's goes on (an agent that leaves early). with_state: state()
+    gives both cells, the time and a constant 1 (a state that is not the observations). fixed_start: a starts at -3
+    and b at 3, whatever the seed. render_mode="rgb_array": render() draws the line, 16 pixels a cell, a red and b
+    blue."""
 
     metadata = {"name": "meet_v0"}
 
     def __init__(self, wide_b: bool = False, fast_b: bool = False, continuous: bool = False, b_leaves: bool = False,
-                 with_state: bool = False, fixed_start: bool = False, render_mode=None):
+                 with_state: bool = False, fixed_start: bool = False, render_mode=None, box_b: bool = False):
         self.possible_agents = ["a", "b"]
         self.wide_b, self.fast_b, self.continuous, self.b_leaves = wide_b, fast_b, continuous, b_leaves
-        self.fixed_start, self.render_mode = fixed_start, render_mode
+        self.fixed_start, self.render_mode, self.box_b = fixed_start, render_mode, box_b
         if with_state:
             self.state_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
         self.rng = np.random.default_rng()
@@ -36,12 +36,12 @@ class Meet(ParallelEnv):
 
     def action_space(self, agent):
         fast = self.fast_b and agent == "b"
-        if self.continuous:
+        if self.continuous or (self.box_b and agent == "b"):
             return gym.spaces.Box(-1.0, 1.0, (2 if fast else 1,), np.float32)
         return gym.spaces.Discrete(5 if fast else 3)
 
     def move(self, agent, action) -> int:
-        if self.continuous:
+        if self.continuous or (self.box_b and agent == "b"):
             return int(np.rint(action[0])) + (int(np.rint(action[1])) if len(action) > 1 else 0)
         return int(action) - (2 if self.fast_b and agent == "b" else 1)
 

@@ -400,6 +400,7 @@ BAD_INPUTS = [
     (["--env_id", MEET, "--max_episode_steps", "8", "--env_kwargs", "wide_b=True", "--share_parameters"],
      "needs them alike"),
     (["--env_id", "vmas:navigation", "--async_envs"], "--async_envs steps PettingZoo envs"),
+    (["--env_id", MEET, "--max_episode_steps", "8", "--env_kwargs", "box_b=True"], "but all of one kind"),
     (["--env_id", MEET], "--max_episode_steps or --num_eval_steps"),
 ]
 

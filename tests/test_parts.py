@@ -82,8 +82,10 @@ def test_cuda_rng_state_is_the_learner_gpus_alone(monkeypatch):
 
 def fake_envs() -> types.SimpleNamespace:
     """What make_agent and load_weights read of a trainer's envs (ippo's: per agent)."""
+    box = gym.spaces.Box(-1, 1, (2,))
     return types.SimpleNamespace(obs_dim=3, critic_dim=0, single_observation_space=gym.spaces.Box(-1, 1, (3,)),
-                                 single_action_space=gym.spaces.Box(-1, 1, (2,)), num_agents=2, agents=["a", "b"])
+                                 single_action_space=box, num_agents=2, agents=["a", "b"], action_spaces=[box, box],
+                                 joint_action_space=ippo.space_to_dict(box), agent_obs_dims=[3, 3], actor_dim=3)
 
 
 @pytest.mark.parametrize("trainer", [ppo, ppo_rnn, ippo])
@@ -106,6 +108,8 @@ def test_a_checkpoint_from_before_the_network_flags_loads_with_their_defaults(tr
     state = {"args": saved, "model": agent.state_dict(), "agents": envs.agents,
              "observation_space": trainer.space_to_dict(envs.single_observation_space),
              "action_space": trainer.space_to_dict(envs.single_action_space)}
+    if trainer is ippo:
+        state.update(ippo.agent_spaces(envs))
     run = ppo_eval.run_args(trainer, state, ppo_eval.EvalArgs(checkpoint="unused"))
     assert (run.activation, run.log_std_init) == ("tanh", -0.5)
     trainer.load_weights(trainer.make_agent(run, envs), state, run, envs)
