@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU acceptance run: what the CPU-only suite cannot reach, in one command on a machine with CUDA.
 #   bash benchmarks/gpu.sh [MINUTES] [PATH/TO/ManiSkill/examples/baselines/ppo/ppo.py]
-# Within MINUTES (default 60): (a) pytest -m gpu; (b) ppo.py with ManiSkill's baseline commands for PushCube-v1 and
-# PickCube-v1; (c) ppo_rnn.py on PushCube-v1, ippo.py on TwoRobotPickCube-v1 and ppo_rgb.py on PushCube-v1's
-# camera (ManiSkill's ppo_rgb.py command), a few minutes each; (d) given
-# ManiSkill's own ppo.py, its PushCube-v1 command beside ours; (e) ppo_rnn.py's update replay on the GPU.
+# Within MINUTES (default 60): (a) pytest -m gpu (tests/test_gpu.py); (b) ppo.py with ManiSkill's baseline commands for
+# PushCube-v1 and PickCube-v1; (c) ppo_rnn.py on PushCube-v1, ippo.py on TwoRobotPickCube-v1 and ppo_rgb.py on
+# PushCube-v1's camera (ManiSkill's ppo_rgb.py command), a few minutes each; (d) given ManiSkill's own ppo.py, its
+# PushCube-v1 command beside ours; (e) ppo_rnn.py's update replay on the GPU.
 # A run that reaches its share of the time is stopped with SIGTERM (the trainers save a checkpoint).
 # The runs go to ./runs/gpu_*; the results to benchmarks/results/gpu/DATE/ (OUT=... elsewhere): gpu.txt,
 # pytest_gpu.txt, rnn_replay.md, table.md (final SPS, eval success and return, steps and wall time of each run) and
@@ -43,7 +43,10 @@ train() {  # NAME PERCENT COMMAND...: runs/gpu_NAME, its output in runs/gpu_NAME
   echo "$(date +%T) gpu_$name: exit $?"
 }
 
-timeout --kill-after=60 "$(share 20)" "$PYTHON" -m pytest -m gpu -q -rs "$repo/tests" > "$out/pytest_gpu.txt" 2>&1
+parallel=()  # the GPU tests side by side where pytest-xdist is installed: a GPU machine has the cores
+"$PYTHON" -c 'import xdist' 2>/dev/null && parallel=(-n 8)
+timeout --kill-after=60 "$(share 20)" "$PYTHON" -m pytest -m gpu -q -rs "${parallel[@]}" "$repo/tests/test_gpu.py" \
+  > "$out/pytest_gpu.txt" 2>&1
 echo "pytest -m gpu: $(tail -n 1 "$out/pytest_gpu.txt")"
 "$PYTHON" "$repo/benchmarks/rnn_replay.py" --device cuda > "$out/rnn_replay.md"
 "$PYTHON" "$repo/benchmarks/rnn_replay.py" --device cuda --packed | tail -n 1 >> "$out/rnn_replay.md"

@@ -26,7 +26,15 @@ if not torch.cuda.is_available():
              "driver may be older than this torch build needs; see nvidia-smi's CUDA version")
 import gymnasium as gym
 import mani_skill.envs  # noqa: F401
+import sapien
 
+try:  # SAPIEN downloads PhysX's GPU library from GitHub at its first GPU simulation: here, not in a training run
+    sapien.physx.enable_gpu()
+except Exception as e:
+    home = f"~/.sapien/physx/{sapien.physx.version()}"
+    sys.exit(f"error: SAPIEN could not fetch PhysX's GPU library into {home} ({type(e).__name__}); without access to "
+             f"GitHub, download linux-so.zip of release {sapien.physx.version()} of sapien-sim/physx-precompiled "
+             f"elsewhere and unzip it into {home}")
 try:
     env = gym.make("PushCube-v1", num_envs=2, sim_backend="physx_cuda", render_backend="gpu", render_mode="rgb_array")
     env.reset(seed=0)
