@@ -687,6 +687,7 @@ class Setup:
     bootstrap_rule: str
     num_eval_steps: int
     num_iterations: int
+    time_limit_from: Optional[str]  # where max_episode_steps came from
 
 
 def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[TorchVecEnv],
@@ -861,7 +862,8 @@ def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Op
 
 def log_episode_metrics(writer: SummaryWriter, prefix: str, metrics: dict[str, torch.Tensor],
                         global_step: int) -> dict[str, float]:
-    means = {key: values.float().mean().item() for key, values in metrics.items() if values.numel() > 0}
+    # NaN: an agent absent from an episode (TorchVecEnv.step)
+    means = {key: values.float().nanmean().item() for key, values in metrics.items() if not values.isnan().all()}
     for key, value in means.items():
         writer.add_scalar(f"{prefix}/{key}", value, global_step)
     return means
@@ -891,6 +893,11 @@ class NonFiniteError(Exception):
 def main(args: Args) -> int:
     rank, local_rank, num_ranks, local_ranks = torchrun_ranks()
     maniskill, time_limit = find_env(args.env_id)
+    time_limit_from = "ManiSkill's registration" if maniskill else f"{TRAINER}.py's VMAS default"
+    if args.max_episode_steps is not None:
+        time_limit_from = "--max_episode_steps"
+    elif args.env_id.startswith(PZ_PREFIX):
+        time_limit, time_limit_from = pettingzoo_time_limit(args.env_id, parse_env_kwargs(args.env_kwargs, False))
     num_iterations = validate(args, maniskill, time_limit, num_ranks, local_ranks)
     bootstrap_rule = args.bootstrap_at_done
     if bootstrap_rule == "auto":
@@ -955,7 +962,8 @@ def main(args: Args) -> int:
             if rank == 0:
                 eval_envs = make_envs(args, maniskill, device, evaluation=True, run_dir=run_dir,
                                       num_eval_steps=num_eval_steps)
-            setup = Setup(run_name, run_dir, device, rank, bootstrap_rule, num_eval_steps, num_iterations)
+            setup = Setup(run_name, run_dir, device, rank, bootstrap_rule, num_eval_steps, num_iterations,
+                          time_limit_from)
             status = train(args, setup, envs, eval_envs, resume_state, init_state)
             if num_ranks > 1:
                 dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)  # rank 0's last writes
@@ -1134,7 +1142,7 @@ def find_env(env_id: str) -> tuple[bool, Optional[int]]:
         return False, VMAS_MAX_STEPS
     if env_id.startswith(PZ_PREFIX):
         pettingzoo_env_fn(env_id)
-        return False, None  # the env's own (MPE's max_cycles), or --max_episode_steps
+        return False, None  # the env's own (pettingzoo_time_limit, which builds one), or --max_episode_steps
     module, _, name = env_id.rpartition(":")
     if module:
         try:
@@ -1184,6 +1192,23 @@ def pettingzoo_env_fn(env_id: str):
         return getattr(importlib.import_module(module), name or "parallel_env")
     except (ImportError, AttributeError) as e:
         raise UserError(f"cannot load {name or 'parallel_env'!r} from module {module!r} of {env_id}: {e}") from e
+
+
+def pettingzoo_time_limit(env_id: str, env_kwargs: dict) -> tuple[Optional[int], Optional[str]]:
+    """The episode length a PettingZoo env states, and where: max_cycles (MPE's, SISL's, Butterfly's) on the env or
+    its unwrapped env, or spec.max_episode_steps; (None, None) where it states none."""
+    try:
+        env = pettingzoo_env_fn(env_id)(**env_kwargs)
+    except TypeError as e:
+        raise UserError(f"cannot make {env_id} with --env_kwargs {env_kwargs}: {e}") from e
+    try:
+        for holder, name in ((env, "the env's"), (env.unwrapped, "the unwrapped env's")):
+            if isinstance(getattr(holder, "max_cycles", None), int):
+                return holder.max_cycles, f"{name} max_cycles"
+        steps = getattr(getattr(env, "spec", None), "max_episode_steps", None)
+        return (steps, "the env's spec.max_episode_steps") if isinstance(steps, int) else (None, None)
+    finally:
+        env.close()
 
 
 def parse_env_kwargs(pairs: tuple[str, ...], maniskill: bool) -> dict:
@@ -1519,20 +1544,28 @@ class PettingZooEnvs:
             flat[len(self.agents) * self.width:] = np.ravel(env.state())
         return flat
 
-    def reset(self, seed: Optional[int] = None) -> np.ndarray:
+    def reset(self, seed: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+        """The first observations and which agents take part (num_envs, num_agents): those of env.agents."""
         self.steps[:] = 0
         obs = np.stack([self.observe(env, env.reset(seed=None if seed is None else seed + self.first_index + k)[0])
                         for k, env in enumerate(self.envs)])
         if self.video is not None:
             self.video.start()
-        return obs
+        return obs, np.stack([self.present(env) for env in self.envs])
+
+    def present(self, env) -> np.ndarray:
+        if not env.agents:
+            raise UserError(f"{self.env_id} began an episode with no agents (env.agents is empty after reset())")
+        return np.array([agent in env.agents for agent in self.agents])
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, ...]:
         """actions (num_envs, num_agents, joint width); returns the next observations (reset where an env's episode
-        ended), rewards, terminated and truncated (num_envs, num_agents), and the final observations."""
+        ended), rewards, terminated and truncated (num_envs, num_agents), the final observations, and the agents
+        that act next (num_envs, num_agents)."""
         shape = (len(self.envs), len(self.agents))
         rewards, terminated, truncated = np.zeros(shape, np.float32), np.zeros(shape, bool), np.zeros(shape, bool)
         obs, final_obs = (np.zeros((len(self.envs), self.flat_dim), np.float32) for _ in range(2))
+        alive = np.zeros(shape, bool)
         self.steps += 1
         for k, env in enumerate(self.envs):
             live = list(env.agents)
@@ -1554,9 +1587,11 @@ class PettingZooEnvs:
             if not env.agents or time_up:
                 obs[k] = self.observe(env, env.reset()[0])
                 self.steps[k] = 0
+                alive[k] = self.present(env)
             else:
                 obs[k] = self.observe(env, {agent: agent_obs[agent] for agent in env.agents})
-        return obs, rewards, terminated, truncated, final_obs
+                alive[k] = self.present(env) & ~terminated[k] & ~truncated[k]
+        return obs, rewards, terminated, truncated, final_obs, alive
 
     def close(self):
         for env in self.envs:
@@ -1628,19 +1663,21 @@ class PettingZooVectorEnv:
 
     def reset(self, seed: Optional[int] = None):
         if not self.pipes:
-            return torch.from_numpy(self.local.reset(seed)), {}
-        return torch.from_numpy(np.concatenate(self.in_workers("reset", [(seed,)] * len(self.pipes)))), {}
+            obs, alive = self.local.reset(seed)
+        else:
+            obs, alive = (np.concatenate(part) for part in zip(*self.in_workers("reset", [(seed,)] * len(self.pipes))))
+        return torch.from_numpy(obs), {"alive": torch.from_numpy(alive)}
 
     def step(self, action: torch.Tensor):
         actions = action.reshape(self.num_envs, len(self.agent_views["agents"]), -1).numpy()
         if self.pipes:
             parts = self.in_workers("step", [(actions[block],) for block in self.blocks])
-            obs, rewards, terminated, truncated, final_obs = (np.concatenate(part) for part in zip(*parts))
+            obs, rewards, terminated, truncated, final_obs, alive = (np.concatenate(part) for part in zip(*parts))
         else:
-            obs, rewards, terminated, truncated, final_obs = self.local.step(actions)
-        info = {}
+            obs, rewards, terminated, truncated, final_obs, alive = self.local.step(actions)
+        info = {"alive": torch.from_numpy(alive)}
         if (terminated | truncated).any():
-            info = {"final_observation": torch.from_numpy(final_obs), "final_info": {}}
+            info.update(final_observation=torch.from_numpy(final_obs), final_info={})
         return (torch.from_numpy(obs), torch.from_numpy(rewards), torch.from_numpy(terminated),
                 torch.from_numpy(truncated), info)
 
@@ -1698,14 +1735,17 @@ class TorchVecEnv:
     step(action (num_envs, num_agents, ...)) returns (next_obs, reward, terminated, truncated, final_obs, finished):
     next_obs (num_envs, num_agents, obs_dim) is already reset where an episode ended; reward, terminated and
     truncated are (num_envs, num_agents), a ManiSkill task's team reward going to every agent, and ManiSkill's and
-    VMAS's episode ends to every agent of the env; final_obs is the true last observation of the agents whose episode
-    ended in this step (next_obs elsewhere), or None when none did; finished maps metric names (return: the mean over
-    agents of their episode returns, <agent>/return, episode_len, and ManiSkill's success_once, success_at_end,
-    fail_once, fail_at_end) to one value per env whose episode ended in this step, or is None when none did.
+    VMAS's episode ends to every agent of the env; final_obs is the true last observation of every agent of an env in
+    which some agent's episode ended in this step (next_obs elsewhere), or None when none did; finished maps metric
+    names (return: the mean over the episode's agents of their returns, <agent>/return, episode_len, and ManiSkill's
+    success_once, success_at_end, fail_once, fail_at_end) to one value per env whose episode ended in this step, or
+    is None when none did.
 
-    A PettingZoo agent's episode may end before its env's, which ends once all its agents' have: alive (num_envs,
-    num_agents) marks the agents that act in the next step, ended (num_envs,) the envs whose episode ended in the
-    last one. An agent that left observes zeros and earns nothing until its env's next episode.
+    A PettingZoo agent's episode may end before its env's, which ends once all its agents' have, and an episode may
+    start without some of the env's possible agents: alive (num_envs, num_agents) marks the agents that act in the
+    next step (the env's info["alive"] where it gives one, PettingZoo's env.agents), ended (num_envs,) the envs whose
+    episode ended in the last one. An agent that left, or is absent, observes zeros, earns nothing and has no return
+    in finished (NaN) until its env's next episode.
 
     The env gives one flat observation per env; agent_views["obs_index"][i] lists agent i's entries of it (its
     observation, padded to the widest agent's, and the env's state where the critic reads it: the actor reads the
@@ -1766,6 +1806,7 @@ class TorchVecEnv:
         self.episode_return = torch.zeros((self.num_envs, self.num_agents), dtype=torch.float64, device=device)
         self.episode_length = torch.zeros(self.num_envs, dtype=torch.long, device=device)
         self.alive = torch.ones((self.num_envs, self.num_agents), dtype=torch.bool, device=device)
+        self.in_episode = self.alive.clone()  # the agents of each env's current episode
         self.ended = torch.zeros(self.num_envs, dtype=torch.bool, device=device)
 
     def _obs(self, obs) -> torch.Tensor:
@@ -1775,11 +1816,15 @@ class TorchVecEnv:
         return torch.as_tensor(x).to(self.device, dtype).reshape(shape)
 
     def reset(self, seed: Optional[int] = None) -> torch.Tensor:
-        obs, _ = self.env.reset(seed=seed)
+        obs, info = self.env.reset(seed=seed)
         self.episode_return.zero_()
         self.episode_length.zero_()
-        self.alive.fill_(True)
+        self.alive = self._alive(info, torch.ones_like(self.alive))
+        self.in_episode = self.alive.clone()
         return self._obs(obs)
+
+    def _alive(self, info: dict, otherwise: torch.Tensor) -> torch.Tensor:
+        return self._to_device(info["alive"], torch.bool, self.alive.shape) if "alive" in info else otherwise
 
     def step(self, action: torch.Tensor):
         if isinstance(self.action_spaces[0], gym.spaces.Box):
@@ -1799,22 +1844,23 @@ class TorchVecEnv:
                                                           (truncated, torch.bool)))
         agent_done = terminated | truncated
         self.ended = (agent_done | ~self.alive).all(1)
-        self.alive = self.ended[:, None] | (self.alive & ~agent_done)
+        self.alive = self._alive(info, self.ended[:, None] | (self.alive & ~agent_done))
         self.episode_return += reward
         self.episode_length += 1
 
         final_obs, finished = None, None
         if "final_info" in info:  # present only when some agent's episode ended
-            if self.torch_native:
-                final_obs = torch.where(agent_done[..., None], self._obs(info["final_observation"]), next_obs)
+            if self.torch_native:  # every row of such an env: each row holds the state, or all agents' observations
+                env_done = agent_done.any(1)[:, None, None]
+                final_obs = torch.where(env_done, self._obs(info["final_observation"]), next_obs)
             else:
                 ended = info["_final_obs"]
                 final_obs = next_obs.clone()
                 final_obs[torch.as_tensor(ended, device=self.device)] = self._obs(np.stack(info["final_obs"][ended]))
         done = self.ended
         if final_obs is not None and done.any():  # the indexing below waits for the GPU anyway
-            episode_return = self.episode_return[done].float()
-            finished = {"return": episode_return.mean(1), "episode_len": self.episode_length[done].float()}
+            episode_return = self.episode_return[done].float().masked_fill(~self.in_episode[done], float("nan"))
+            finished = {"return": episode_return.nanmean(1), "episode_len": self.episode_length[done].float()}
             finished.update({f"{name}/return": episode_return[:, i] for i, name in enumerate(self.agents)})
             episode = info["final_info"].get("episode", {})
             for key in self.EPISODE_KEYS:
@@ -1822,6 +1868,7 @@ class TorchVecEnv:
                     finished[key] = self._to_device(episode[key], torch.float32)[done]
             self.episode_return = torch.where(done[:, None], 0.0, self.episode_return)
             self.episode_length = torch.where(done, 0, self.episode_length)
+        self.in_episode = torch.where(self.ended[:, None], self.alive, self.in_episode)
         return next_obs, reward, terminated, truncated, final_obs, finished
 
     @contextlib.contextmanager
@@ -2016,7 +2063,8 @@ def open_run(args: Args, setup: Setup, resume_state: Optional[dict], critic_inpu
     derived = {"batch_size": batch_size, "minibatch_size": batch_size // args.num_minibatches,
                "num_iterations": setup.num_iterations, "bootstrap_rule": setup.bootstrap_rule,
                "num_eval_steps": setup.num_eval_steps, "device": str(setup.device), "world_size": world_size(),
-               "critic_input": critic_input}
+               "critic_input": critic_input,
+               "max_episode_steps": f"{args.max_episode_steps} (from {setup.time_limit_from})"}
     table = {**dataclasses.asdict(args), **derived}
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in table.items()))
     print(f"run {setup.run_name}: {setup.run_dir}  " + "  ".join(f"{k}={v}" for k, v in derived.items()), flush=True)

@@ -131,7 +131,9 @@ def summarize(metrics: dict[str, np.ndarray], bootstrap_samples: int, seed: int)
     rng = np.random.default_rng(seed)
     summary = {}
     for key, values in metrics.items():
-        n = len(values)
+        values = values[~np.isnan(values)]  # NaN: ippo.py's agent absent from an episode
+        if not (n := len(values)):
+            continue
         if key in RATE_METRICS:
             successes = int(values.sum())
             summary[key] = {"episodes": n, "successes": successes, "rate": successes / n,
@@ -423,11 +425,11 @@ EXPORT_FORMATS = (".onnx", ".pt2")
 class DeployedPolicy(nn.Module):
     """A checkpoint's deterministic policy, taking what its env gives and returning what its env takes: the
     observation normalization inside, Box actions clamped to their bounds, discrete actions counted from the space's
-    start. Inputs: ppo.py's observation; ppo_rgb.py's observation dict as one input a key, in input_names' order;
-    ppo_rnn.py's observation, recurrent state and episode start, with the next state as a second output; the
-    observation of ippo.py's agent agent_index, and its own action (agents of different spaces share padded ones in
-    training). A --critic_obs policy takes the actor's observation alone: the observation without the critic's
-    privileged part."""
+    start, all in the action space's dtype. Inputs: ppo.py's observation; ppo_rgb.py's observation dict as one input
+    a key, in input_names' order; ppo_rnn.py's observation, recurrent state and episode start, with the next state as
+    a second output; the observation of ippo.py's agent agent_index, and its own action (agents of different spaces
+    share padded ones in training). A --critic_obs policy takes the actor's observation alone: the observation
+    without the critic's privileged part."""
 
     def __init__(self, agent: nn.Module, envs, agent_index: Optional[int] = None):
         super().__init__()
@@ -438,13 +440,16 @@ class DeployedPolicy(nn.Module):
         self.obs_dim = getattr(agent, "obs_dim", None)  # the actor's first dims of ppo.py's and ppo_rnn.py's
         self.box = hasattr(envs, "action_low")
         self.action_size = None  # ippo.py's agent's own entries of the joint action (all of a Discrete one's)
+        space = envs.single_action_space if agent_index is None else envs.action_spaces[agent_index]
+        self.action_dtype = torch.from_numpy(np.zeros(0, space.dtype)).dtype  # MultiBinary's int8, say
         if agent_index is not None:
             self.obs_dim, self.row_dim = envs.agent_obs_dims[agent_index], envs.obs_dim
-            own_space = envs.action_spaces[agent_index]
-            self.action_size = own_space.shape[0] if own_space.shape else None
+            self.action_size = space.shape[0] if space.shape else None
         for name in ("action_low", "action_high") if self.box else ("action_start",):
-            bound = getattr(envs, name).cpu()  # ippo.py's: a row per agent
-            self.register_buffer(name, bound if agent_index is None else bound[agent_index, ..., :self.action_size])
+            bound = getattr(envs, name).cpu()  # ippo.py's: a row per agent, padded to the joint action's width
+            if agent_index is not None:
+                bound = bound[agent_index] if self.action_size is None else bound[agent_index, :self.action_size]
+            self.register_buffer(name, bound)
         self.input_names = (self.keys or ["obs"]) + (["rnn_state", "episode_start"] if self.recurrent else [])
         self.output_names = ["action"] + (["next_rnn_state"] if self.recurrent else [])
 
@@ -464,8 +469,8 @@ class DeployedPolicy(nn.Module):
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
         if self.box:
-            return torch.clamp(action, self.action_low, self.action_high)
-        return action + self.action_start
+            return torch.clamp(action, self.action_low, self.action_high).to(self.action_dtype)
+        return (action + self.action_start).to(self.action_dtype)
 
 
 def export(agent: nn.Module, envs, ckpt: dict, checkpoint: Path, path: Path) -> int:
@@ -554,6 +559,8 @@ def tensor_spec(name: str, x: torch.Tensor) -> dict:
 
 
 def episode_value(key: str, value: float):
+    if np.isnan(value):  # ippo.py's agent absent from this episode
+        return None
     if key in RATE_METRICS:
         return bool(value)
     return int(value) if key == "episode_len" else float(value)

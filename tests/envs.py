@@ -18,6 +18,7 @@ class PointMass(gym.Env):
     nan_only_on_rank: only in the process of this torchrun rank.
     terminate_odd_episodes: the 1st, 3rd, ... episodes terminate after half the time limit; the others are truncated.
     critic: info["critic"] holds x^2 and the step count, a privileged critic's vector (--critic_obs).
+    actions: a key of ACTION_KINDS, the push in another action space.
     """
 
     observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
@@ -26,12 +27,14 @@ class PointMass(gym.Env):
     metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
 
     def __init__(self, nan_reward_after=None, render_mode=None, terminate_odd_episodes=False, nan_only_on_rank=None,
-                 critic=False):
+                 critic=False, actions=None):
         on_this_rank = nan_only_on_rank is None or int(os.environ.get("RANK", "0")) == nan_only_on_rank
         self.nan_reward_after = nan_reward_after if on_this_rank else None
         self.render_mode = render_mode
         self.terminate_odd_episodes = terminate_odd_episodes
         self.critic = critic
+        if actions is not None:
+            self.action_space = ACTION_KINDS[actions]
         self.total_steps = 0
         self.episodes = 0
 
@@ -55,7 +58,10 @@ class PointMass(gym.Env):
         return frame
 
     def step(self, action):
-        self.x += 0.1 * float(np.clip(action[0], -1.0, 1.0))
+        action = np.asarray(action)
+        if isinstance(self.action_space, gym.spaces.MultiBinary):
+            action = action[:1] - action[1:2]
+        self.x += 0.1 * float(np.clip(action.reshape(-1)[0], -1.0, 1.0))
         self.t += 1
         self.total_steps += 1
         reward = -self.x**2
@@ -73,6 +79,15 @@ gym.register("PointMassNaN-v0", entry_point=PointMass, max_episode_steps=EPISODE
              kwargs={"nan_reward_after": 200})
 gym.register("PointMassNaNOnRank1-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS,
              kwargs={"nan_reward_after": 200, "nan_only_on_rank": 1})
+
+
+# PointMass's push in the other action kinds: the first entry (Discrete's only one), MultiBinary's b0 - b1
+ACTION_KINDS = {"Discrete": gym.spaces.Discrete(3, start=-1),
+                "MultiDiscrete": gym.spaces.MultiDiscrete([3, 2], start=[-1, 0]),
+                "MultiBinary": gym.spaces.MultiBinary(2)}
+for kind in ACTION_KINDS:
+    gym.register(f"PointMass{kind}-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS,
+                 kwargs={"actions": kind})
 
 
 class PointMassButtons(PointMass):
@@ -98,6 +113,9 @@ class PointMassPixels(PointMass):
 gym.register("PointMassPixels-v0", entry_point=PointMassPixels, max_episode_steps=EPISODE_STEPS)
 gym.register("PointMassPixelsCritic-v0", entry_point=PointMassPixels, max_episode_steps=EPISODE_STEPS,
              kwargs={"critic": True})
+for kind in ACTION_KINDS:
+    gym.register(f"PointMassPixels{kind}-v0", entry_point=PointMassPixels, max_episode_steps=EPISODE_STEPS,
+                 kwargs={"actions": kind})
 
 
 class PointMassNoVideo(PointMass):

@@ -6,6 +6,7 @@ from pettingzoo import ParallelEnv
 
 MEET_STEPS = 8
 B_LEAVES_AFTER = 3
+A_LEAVES_AFTER = 3
 
 
 class Meet(ParallelEnv):
@@ -14,19 +15,24 @@ class Meet(ParallelEnv):
 
     Options: wide_b: agent b observes a fourth entry (agents of different observation spaces). fast_b: b also moves
     two cells (Discrete(5), or a second action entry when continuous: agents of different action spaces).
-    continuous: actions are Boxes in [-1, 1] (the first entry, rounded, is the move); box_b: b's alone. b_leaves: b's
-    episode terminates after B_LEAVES_AFTER steps while a's goes on (an agent that leaves early). with_state: state()
-    gives both cells, the time and a constant 1 (a state that is not the observations). fixed_start: a starts at -3
-    and b at 3, whatever the seed. render_mode="rgb_array": render() draws the line, 16 pixels a cell, a red and b
-    blue."""
+    continuous: actions are Boxes in [-1, 1] (the first entry, rounded, is the move); box_b: b's alone.
+    multi="MultiDiscrete": actions are MultiDiscrete([3, 2]) (the move: the first entry - 1); multi="MultiBinary":
+    MultiBinary(2), b's MultiBinary(3) with fast_b (the move: first - second entry). b_leaves: b's episode terminates
+    after B_LEAVES_AFTER steps while a's goes on (an agent that leaves early); a_leaves: a's after A_LEAVES_AFTER
+    (the agent whose row carries the critic's state). b_every_other: b takes part in the env's 1st, 3rd, ... episodes
+    only (an episode that starts without one of possible_agents). with_state: state() gives both cells, the time and
+    a constant 1 (a state that is not the observations). fixed_start: a starts at -3 and b at 3, whatever the seed.
+    render_mode="rgb_array": render() draws the line, 16 pixels a cell, a red and b blue."""
 
     metadata = {"name": "meet_v0"}
 
     def __init__(self, wide_b: bool = False, fast_b: bool = False, continuous: bool = False, b_leaves: bool = False,
-                 with_state: bool = False, fixed_start: bool = False, render_mode=None, box_b: bool = False):
+                 with_state: bool = False, fixed_start: bool = False, render_mode=None, box_b: bool = False,
+                 multi: str = "", a_leaves: bool = False, b_every_other: bool = False):
         self.possible_agents = ["a", "b"]
         self.wide_b, self.fast_b, self.continuous, self.b_leaves = wide_b, fast_b, continuous, b_leaves
         self.fixed_start, self.render_mode, self.box_b = fixed_start, render_mode, box_b
+        self.multi, self.a_leaves, self.b_every_other, self.episodes = multi, a_leaves, b_every_other, 0
         if with_state:
             self.state_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
         self.rng = np.random.default_rng()
@@ -36,11 +42,17 @@ class Meet(ParallelEnv):
 
     def action_space(self, agent):
         fast = self.fast_b and agent == "b"
+        if self.multi == "MultiDiscrete":
+            return gym.spaces.MultiDiscrete([3, 2])
+        if self.multi == "MultiBinary":
+            return gym.spaces.MultiBinary(3 if fast else 2)
         if self.continuous or (self.box_b and agent == "b"):
             return gym.spaces.Box(-1.0, 1.0, (2 if fast else 1,), np.float32)
         return gym.spaces.Discrete(5 if fast else 3)
 
     def move(self, agent, action) -> int:
+        if self.multi:
+            return int(action[0]) - (1 if self.multi == "MultiDiscrete" else int(action[1]))
         if self.continuous or (self.box_b and agent == "b"):
             return int(np.rint(action[0])) + (int(np.rint(action[1])) if len(action) > 1 else 0)
         return int(action) - (2 if self.fast_b and agent == "b" else 1)
@@ -67,8 +79,11 @@ class Meet(ParallelEnv):
             assert type(seed) is int, f"PettingZoo's seeding takes Python integers, got {type(seed)}"  # as MPE's does
             self.rng = np.random.default_rng(seed)
         self.agents, self.t = list(self.possible_agents), 0
+        if self.b_every_other and self.episodes % 2:
+            self.agents = ["a"]
+        self.episodes += 1
         self.cell = ({"a": -3, "b": 3} if self.fixed_start
-                     else {agent: int(self.rng.integers(-3, 4)) for agent in self.agents})
+                     else {agent: int(self.rng.integers(-3, 4)) for agent in self.possible_agents})
         return self.observations(), {agent: {} for agent in self.agents}
 
     def step(self, actions):
@@ -79,7 +94,8 @@ class Meet(ParallelEnv):
         reward = -abs(self.cell["a"] - self.cell["b"]) / 6
         obs = self.observations()
         truncated = {agent: self.t == MEET_STEPS for agent in self.agents}
-        terminated = {agent: self.b_leaves and agent == "b" and self.t == B_LEAVES_AFTER for agent in self.agents}
+        terminated = {agent: (self.b_leaves and agent == "b" and self.t == B_LEAVES_AFTER)
+                      or (self.a_leaves and agent == "a" and self.t == A_LEAVES_AFTER) for agent in self.agents}
         rewards = {agent: reward for agent in self.agents}
         self.agents = [agent for agent in self.agents if not (terminated[agent] or truncated[agent])]
         return obs, rewards, terminated, truncated, {agent: {} for agent in obs}

@@ -1,6 +1,7 @@
 """ppo_eval.py --export: the deterministic policy of a checkpoint as ONNX (run with onnxruntime) and as a torch.export
-program, against the trainer's own actions, as its env takes them, on 100 recorded observations; a recurrent policy
-stepped through episodes with its exported state; a privileged critic's policy, which takes no privileged input."""
+program, against the trainer's own actions, as its env takes them (values and dtype), on 100 recorded observations,
+for every action kind of every trainer; a recurrent policy stepped through episodes with its exported state; a
+privileged critic's policy, which takes no privileged input."""
 
 import json
 
@@ -17,17 +18,22 @@ import tests.envs  # noqa: F401  (registers the test envs)
 from tests.util import fast_args, load, run_script
 
 onnxruntime = pytest.importorskip("onnxruntime")
+EXPORT_FORMATS = ("onnx", "pt2")
 
+KINDS = ("Box", "Discrete", "MultiDiscrete", "MultiBinary")
 CASES = {  # name: (trainer, env, flags)
-    "box": (ppo, "tests.envs:PointMass-v0", dict(norm_obs=True)),
-    "multidiscrete": (ppo, "tests.envs:MultiDiscreteTargets-v0", {}),
-    "dict_of_image_and_vector": (ppo_rgb, "tests.envs:PixelSideCue-v0", dict(norm_obs=True)),
-    "lstm": (ppo_rnn, "tests.envs:PointMass-v0", dict(norm_obs=True, rnn_hidden_size=16)),
+    **{f"{trainer.TRAINER}_{kind}": (trainer, f"tests.envs:{env}{'' if kind == 'Box' else kind}-v0", dict(
+        norm_obs=True, **(dict(rnn_hidden_size=16) if trainer is ppo_rnn else {})))
+       for trainer, env in ((ppo, "PointMass"), (ppo_rgb, "PointMassPixels"), (ppo_rnn, "PointMass"))
+       for kind in KINDS},
     "ippo": (ippo, "vmas:tests.vmas_scenarios:Clock", dict(norm_obs=True, hidden_sizes=16)),
     "ippo_shared": (ippo, "vmas:tests.vmas_scenarios:Clock", dict(norm_obs=True, share_parameters=True)),
     "ippo_pz_apart": (ippo, "pz:tests.pz_envs:meet", dict(
         norm_obs=True, centralized_critic=True, max_episode_steps=8,
         env_kwargs="wide_b=True fast_b=True continuous=True with_state=True")),
+    **{f"ippo_pz_{kind.lower()}": (ippo, "pz:tests.pz_envs:meet", dict(max_episode_steps=8, env_kwargs=kwargs))
+       for kind, kwargs in (("Discrete", "wide_b=True fast_b=True"), ("MultiDiscrete", "multi=MultiDiscrete"),
+                            ("MultiBinary", "multi=MultiBinary fast_b=True"))},
     "box_critic": (ppo, "tests.envs:PointMassCritic-v0", dict(norm_obs=True, critic_obs=True)),
     "dict_critic": (ppo_rgb, "tests.envs:PointMassPixelsCritic-v0", dict(norm_obs=True, critic_obs=True)),
     "lstm_critic": (ppo_rnn, "tests.envs:PointMassCritic-v0", dict(norm_obs=True, critic_obs=True,
@@ -54,7 +60,7 @@ def to_env(action: torch.Tensor, space) -> torch.Tensor:
     """What the env takes, written out from its space: Box actions clamped, discrete ones from the start."""
     if hasattr(space, "low"):
         return torch.clamp(action, torch.as_tensor(space.low), torch.as_tensor(space.high))
-    return action + torch.as_tensor(getattr(space, "start", 0))
+    return (action + torch.as_tensor(getattr(space, "start", 0))).to(torch.from_numpy(np.zeros(0, space.dtype)).dtype)
 
 
 def exported(tmp_path, fmt: str, agent: str = ""):
@@ -91,52 +97,65 @@ def record(agent, envs):
     return torch.cat(recorded)
 
 
-@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
-@pytest.mark.parametrize("name", ["box", "multidiscrete", "dict_of_image_and_vector"])
-def test_exported_policy_acts_as_the_trainer_on_recorded_observations(tmp_path, name, fmt):
-    trainer, agent, envs = trained(tmp_path, name)
+def assert_acts_as(action: np.ndarray, expected: torch.Tensor, space):
+    """The exported action equals what the env takes from the trainer, in the env's action dtype."""
+    assert action.dtype == space.dtype, (action.dtype, space)
+    assert action.shape == tuple(expected.shape)
+    np.testing.assert_allclose(action.astype(np.float64), expected.double().numpy(), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("trainer", ["ppo", "ppo_rgb"])
+def test_exported_policy_acts_as_the_trainer_on_recorded_observations(tmp_path, trainer, kind):
+    """ppo.py's vector and ppo_rgb.py's image-and-vector PointMass in each action kind, ONNX and .pt2."""
+    trainer, agent, envs = trained(tmp_path, f"{trainer}_{kind}")
     recorded = record(agent, envs)
+    space = envs.single_action_space
     with torch.no_grad():
-        expected = to_env(agent.get_action(agent.normalize_obs(recorded), deterministic=True),
-                          envs.single_action_space)
+        expected = to_env(agent.get_action(agent.normalize_obs(recorded), deterministic=True), space)
     envs.close()
-    run, description = exported(tmp_path, fmt)
     inputs = ({key: x.numpy() for key, x in recorded.items()} if isinstance(recorded, dict)
               else {"obs": recorded.numpy()})
-    assert [spec["name"] for spec in description["inputs"]] == list(inputs)
-    assert all(spec["shape"][0] == "batch" for spec in description["inputs"])
-    (action,) = run(inputs)
-    assert action.shape == tuple(expected.shape) and len(action) == 100
-    np.testing.assert_allclose(action, expected.numpy(), atol=1e-5, rtol=0)
-    assert description["action_space"] == load(tmp_path / "runs/run/final_ckpt.pt")["action_space"]
+    for fmt in EXPORT_FORMATS:
+        run, description = exported(tmp_path, fmt)
+        assert [spec["name"] for spec in description["inputs"]] == list(inputs)
+        assert all(spec["shape"][0] == "batch" for spec in description["inputs"])
+        (action,) = run(inputs)
+        assert len(action) == 100
+        assert_acts_as(action, expected, space)
+        assert description["action_space"] == load(tmp_path / "runs/run/final_ckpt.pt")["action_space"]
+        assert description["outputs"][0]["dtype"] == str(space.dtype)
 
 
-@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
-def test_exported_recurrent_policy_carries_its_state_through_episodes(tmp_path, fmt):
-    """24 steps of 4 envs across PointMass's 16-step episodes: the exported policy, fed back its own next_rnn_state
-    and the episode starts, acts as the trainer's policy with the trainer's state."""
-    trainer, agent, envs = trained(tmp_path, "lstm")
-    run, description = exported(tmp_path, fmt)
-    assert [spec["name"] for spec in description["inputs"]] == ["obs", "rnn_state", "episode_start"]
-    assert description["inputs"][1]["shape"] == [1, "batch", 64]  # h and c of the actor's and the critic's LSTM
-    obs = envs.reset(seed=0)
-    state = agent.initial_state(4, torch.device("cpu"))
-    exported_state = state.numpy()
-    start = torch.ones(4, dtype=torch.bool)
-    starts_seen = 0
-    for _ in range(24):
-        with torch.no_grad():
-            action, state = agent.get_action(agent.normalize_obs(obs)[None], state, start[None], deterministic=True)
-        exported_action, exported_state = run({"obs": obs.numpy(), "rnn_state": exported_state,
-                                               "episode_start": start.numpy()})
-        np.testing.assert_allclose(exported_action, to_env(action[0], envs.single_action_space).numpy(), atol=1e-5,
-                                   rtol=0)
-        np.testing.assert_allclose(exported_state, state.numpy(), atol=1e-5, rtol=0)
-        obs, _, terminated, truncated, _, _ = envs.step(action[0])
-        start = terminated | truncated
-        starts_seen += int(start.sum())
+@pytest.mark.parametrize("kind", KINDS)
+def test_exported_recurrent_policy_carries_its_state_through_episodes(tmp_path, kind):
+    """24 steps of 4 envs across PointMass's 16-step episodes, in each action kind: the exported policy (ONNX and
+    .pt2), fed back its own next_rnn_state and the episode starts, acts as the trainer's policy with the trainer's
+    state."""
+    trainer, agent, envs = trained(tmp_path, f"ppo_rnn_{kind}")
+    space = envs.single_action_space
+    for fmt in EXPORT_FORMATS:
+        run, description = exported(tmp_path, fmt)
+        assert [spec["name"] for spec in description["inputs"]] == ["obs", "rnn_state", "episode_start"]
+        assert description["inputs"][1]["shape"] == [1, "batch", 64]  # h and c of the actor's and the critic's LSTM
+        obs = envs.reset(seed=0)
+        state = agent.initial_state(4, torch.device("cpu"))
+        exported_state = state.numpy()
+        start = torch.ones(4, dtype=torch.bool)
+        starts_seen = 0
+        for _ in range(24):
+            with torch.no_grad():
+                action, state = agent.get_action(agent.normalize_obs(obs)[None], state, start[None],
+                                                 deterministic=True)
+            exported_action, exported_state = run({"obs": obs.numpy(), "rnn_state": exported_state,
+                                                   "episode_start": start.numpy()})
+            assert_acts_as(exported_action, to_env(action[0], space), space)
+            np.testing.assert_allclose(exported_state, state.numpy(), atol=1e-5, rtol=0)
+            obs, _, terminated, truncated, _, _ = envs.step(action[0])
+            start = terminated | truncated
+            starts_seen += int(start.sum())
+        assert starts_seen == 4  # every env began a second episode on the way
     envs.close()
-    assert starts_seen == 4  # every env began a second episode on the way
 
 
 def test_export_refuses_another_suffix_in_one_line(tmp_path, capfd):
@@ -144,11 +163,12 @@ def test_export_refuses_another_suffix_in_one_line(tmp_path, capfd):
     assert "--export must be a file name ending in .onnx or .pt2" in capfd.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["ippo", "ippo_shared", "ippo_pz_apart"])
+@pytest.mark.parametrize("name", ["ippo", "ippo_shared", "ippo_pz_apart", "ippo_pz_discrete", "ippo_pz_multidiscrete",
+                                  "ippo_pz_multibinary"])
 def test_exported_multi_agent_policies_are_one_file_per_agent(tmp_path, name):
     """ippo.py's checkpoint, with a network per agent or one shared, or PettingZoo agents of different spaces and a
-    critic of the env's state(): policy_<agent>.onnx takes that agent's own observation, gives its own action, and
-    acts as the trainer's agent on 100 recorded observations."""
+    critic of the env's state(), in each action kind: policy_<agent>.onnx and .pt2 take that agent's own
+    observation, give its own action, and act as the trainer's agent on 100 recorded observations."""
     pytest.importorskip("vmas" if "pz" not in name else "pettingzoo")
     trainer, agent, envs = trained(tmp_path, name)
     obs, recorded = envs.reset(seed=0), []
@@ -161,16 +181,17 @@ def test_exported_multi_agent_policies_are_one_file_per_agent(tmp_path, name):
     assert len(recorded) == 100  # 4 envs
     with torch.no_grad():
         expected = agent.get_action(agent.normalize_obs(recorded), deterministic=True)
-    assert ppo_eval.cli([str(tmp_path / "runs/run"), "--export", str(tmp_path / "policy.onnx")]) == 0
-    for i, agent_name in enumerate(envs.agents):
-        run, description = exported(tmp_path, "onnx", f"_{agent_name}")
-        assert description["agent"] == agent_name
-        space, obs_dim = envs.action_spaces[i], envs.agent_obs_dims[i]
-        assert description["observation_space"]["shape"] == [obs_dim]
-        (action,) = run({"obs": recorded[:, i, :obs_dim].numpy()})
-        want = to_env(expected[:, i, :space.shape[0]] if space.shape else expected[:, i], space)
-        np.testing.assert_allclose(action, want.numpy(), atol=1e-5, rtol=0)
-    if "pz" in name:  # b observes 4 entries and acts in 2, a 3 and 1; the critic reads state() besides
+    for fmt in EXPORT_FORMATS:
+        assert ppo_eval.cli([str(tmp_path / "runs/run"), "--export", str(tmp_path / f"policy.{fmt}")]) == 0
+        for i, agent_name in enumerate(envs.agents):
+            run, description = exported(tmp_path, fmt, f"_{agent_name}")
+            assert description["agent"] == agent_name
+            space, obs_dim = envs.action_spaces[i], envs.agent_obs_dims[i]
+            assert description["observation_space"]["shape"] == [obs_dim]
+            (action,) = run({"obs": recorded[:, i, :obs_dim].numpy()})
+            assert_acts_as(action, to_env(expected[:, i, :space.shape[0]] if space.shape else expected[:, i], space),
+                           space)
+    if name == "ippo_pz_apart":  # b observes 4 entries and acts in 2, a 3 and 1; the critic reads state() besides
         assert envs.agent_obs_dims == [3, 4] and envs.obs_dim == 8 and [s.shape for s in envs.action_spaces] == [
             (1,), (2,)]
     envs.close()

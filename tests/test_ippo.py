@@ -2,6 +2,7 @@
 and ManiSkill end to end, determinism, resume, --compile, non-finite guard, bad input."""
 
 import importlib.util
+import json
 import signal
 
 import numpy as np
@@ -541,6 +542,112 @@ def test_pettingzoo_agents_that_leave_are_masked_and_bootstrap_on_their_own(tmp_
                                  np.full(ended.shape, 1000.0 if agent == 0 else 375.0), np.zeros(1), rule, False)
                 np.testing.assert_allclose(call["advantages"][steps, env, agent].numpy(), want[:, 0], rtol=1e-5,
                                            atol=1e-3)
+
+
+def record_meet_transitions(monkeypatch) -> list[list[dict]]:
+    """Every Meet env's own transitions, one list per env in the order the envs were made: after each step, the
+    observations it returned and its state()."""
+    from tests.pz_envs import Meet
+
+    envs, make, step = [], Meet.__init__, Meet.step
+
+    def recording_init(self, **kwargs):
+        make(self, **kwargs)
+        self.transitions = []
+        envs.append(self.transitions)
+
+    def recording_step(self, actions):
+        result = step(self, actions)
+        self.transitions.append({"obs": result[0], "state": self.state()})
+        return result
+
+    monkeypatch.setattr(Meet, "__init__", recording_init)
+    monkeypatch.setattr(Meet, "step", recording_step)
+    return envs
+
+
+@pytest.mark.parametrize("rule", ["always", "truncated"])
+@pytest.mark.parametrize("critic", ["state()", "all_observations"])
+def test_a_centralized_critic_bootstraps_from_its_episodes_last_state(tmp_path, monkeypatch, critic, rule):
+    """Meet with a, the agent whose row carries the critic's state, leaving after 3 of the episode's 8 steps, and b
+    truncated after 8. The critic is replaced by the weights 10^k over its input's entries, so that its value tells
+    which entries of which row it read. Every bootstrap value equals that critic on the input made from the env's own
+    transitions: its state() after the episode's last step, or the agents' last observations laid end to end, zeros
+    for a, which had left; never the next episode's start."""
+    pytest.importorskip("pettingzoo")
+    captured = spy_on_advantages(monkeypatch, ippo)
+    transitions = record_meet_transitions(monkeypatch)
+    run = ippo.Agent.run
+
+    def linear_critic(self, net, x):
+        if net is not self.critic:
+            return run(self, net, x)
+        return (x * 10.0 ** torch.arange(x.shape[-1], dtype=x.dtype)).sum(-1, keepdim=True)
+
+    monkeypatch.setattr(ippo.Agent, "run", linear_critic)
+    monkeypatch.chdir(tmp_path)
+    argv = fast_args(MEET, "run", num_steps=16, total_timesteps=2 * 16 * 2, bootstrap_at_done=rule, save_model=False,
+                     max_episode_steps=8, centralized_critic=True)
+    kwargs = ["a_leaves=True"] + (["with_state=True"] if critic == "state()" else [])
+    assert ippo.cli(argv + ["--env_kwargs", *kwargs]) == 0
+    training = [env for env in transitions if len(env) == 32]  # 2 envs x 2 rollouts of 16 steps
+    assert len(training) == 2 and len(captured) == 2
+
+    def critic_of(transition) -> float:
+        if critic == "state()":
+            x = transition["state"]
+        else:
+            x = np.concatenate([transition["obs"].get(agent, np.zeros(3, np.float32)) for agent in ("a", "b")])
+        return float((x.astype(np.float64) * 10.0 ** np.arange(len(x))).sum())
+
+    for iteration, call in enumerate(captured):
+        dones, bootstrap_values = call["dones"], call["bootstrap_values"]
+        assert dones[:, :, 0].nonzero()[:, 0].tolist() == [2, 2, 10, 10]  # a terminated
+        assert dones[:, :, 1].nonzero()[:, 0].tolist() == [7, 7, 15, 15]  # b truncated
+        bootstraps = [(t, 1) for t in (7, 15)] + ([(t, 0) for t in (2, 10)] if rule == "always" else [])
+        assert bootstrap_values.count_nonzero() == 2 * len(bootstraps)
+        for env, env_transitions in enumerate(training):
+            for t, agent in bootstraps:
+                want = critic_of(env_transitions[16 * iteration + t])
+                assert bootstrap_values[t, env, agent].item() == pytest.approx(want, rel=1e-6), (t, env, agent)
+
+
+def test_an_agent_absent_from_an_episode_is_out_of_it_and_the_others_end_it(tmp_path, monkeypatch):
+    """Meet with b in every other episode only (absent from reset on). b is not alive in its absent episodes (zero
+    observations and rewards, no episode end), a is alive throughout, every episode ends at its 8th step and is
+    logged: a return (the mean over the episode's agents: a's alone when b is absent) per episode, b's own only for
+    the episodes it took part in. ppo_eval.py counts b's return over those alone and writes null for the others."""
+    pytest.importorskip("pettingzoo")
+    captured = spy_on_advantages(monkeypatch, ippo)
+    buffers, rollout_buffer, rollout = [], ippo.RolloutBuffer, ippo.rollout
+    monkeypatch.setattr(ippo, "RolloutBuffer", lambda *a: buffers.append(rollout_buffer(*a)) or buffers[-1])
+    episodes = []
+    monkeypatch.setattr(ippo, "rollout", lambda *a: (result := rollout(*a), episodes.append(result[1]))[0])
+    alive_seen = []
+    compute_advantages = ippo.compute_advantages
+    monkeypatch.setattr(ippo, "compute_advantages",
+                        lambda *a: alive_seen.append(buffers[-1].alive.clone()) or compute_advantages(*a))
+    monkeypatch.chdir(tmp_path)
+    argv = fast_args(MEET, "run", num_steps=16, total_timesteps=2 * 16 * 2, max_episode_steps=8, num_eval_envs=1)
+    assert ippo.cli(argv + ["--env_kwargs", "b_every_other=True"]) == 0
+    assert len(captured) == 2
+    for iteration, (call, alive, finished) in enumerate(zip(captured, alive_seen, episodes)):
+        b_present = [t < 8 for t in range(16)]  # the env's episodes 1 and 3 with b, 2 and 4 without
+        assert alive[..., 0].all() and alive[..., 1].tolist() == [[b] * 2 for b in b_present]
+        assert not call["rewards"][~alive].any()
+        assert call["dones"][:, :, 0].nonzero()[:, 0].tolist() == [7, 7, 15, 15]
+        assert call["dones"][:, :, 1].nonzero()[:, 0].tolist() == [7, 7]
+        assert len(finished["return"]) == 4 and len(finished["episode_len"]) == 4
+        b_return = finished["b/return"]
+        assert b_return.isnan().tolist() == [False, False, True, True]
+        both = finished["return"][:2], (finished["a/return"][:2] + b_return[:2]) / 2
+        torch.testing.assert_close(*both)
+        torch.testing.assert_close(finished["return"][2:], finished["a/return"][2:])
+    results = tmp_path / "results.json"
+    assert ppo_eval.cli(["runs/run", "--num_episodes", "2", "--no_capture_video", "--output", str(results)]) == 0
+    evaluation = json.loads(results.read_text())
+    assert evaluation["metrics"]["b/return"]["episodes"] == 1 and evaluation["metrics"]["a/return"]["episodes"] == 2
+    assert [episode["b/return"] is None for episode in evaluation["episodes"]] == [False, True]
 
 
 def test_steps_of_agents_that_left_count_in_no_loss_or_statistic():
