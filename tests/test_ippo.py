@@ -403,6 +403,7 @@ BAD_INPUTS = [
     (["--env_id", "vmas:navigation", "--async_envs"], "--async_envs steps PettingZoo envs"),
     (["--env_id", MEET, "--max_episode_steps", "8", "--env_kwargs", "box_b=True"], "but all of one kind"),
     (["--env_id", MEET], "--max_episode_steps or --num_eval_steps"),
+    (["--env_id", MEET, "--env_kwargs", "no_such_option=1"], "cannot make pz:tests.pz_envs:meet"),
 ]
 
 
@@ -478,6 +479,20 @@ def test_a_pettingzoo_env_trains_and_ppo_eval_evaluates_each_agent(tmp_path):
         else:
             assert ckpt["action_space"] == {"type": "Discrete", "n": 3, "start": 0}
         assert ppo_eval.cli([str(tmp_path / "runs" / name), "--num_episodes", "4", "--no_capture_video"]) == 0
+
+
+@pytest.mark.parametrize("max_cycles", [None, 10])
+def test_a_pettingzoo_envs_own_horizon_is_the_time_limit(tmp_path, monkeypatch, capsys, max_cycles):
+    """MPE states its episode length (max_cycles, 25 by default): without --max_episode_steps, that is the time
+    limit, the startup line says where it came from, and evaluation episodes last that long."""
+    pytest.importorskip("mpe2")
+    monkeypatch.chdir(tmp_path)
+    argv = fast_args("pz:mpe2.simple_spread_v3", "spread", num_steps=25, num_minibatches=5, total_timesteps=2 * 25 * 2,
+                     eval_freq=2, capture_video=False)
+    assert ippo.cli(argv + (["--env_kwargs", f"max_cycles={max_cycles}"] if max_cycles else [])) == 0
+    steps = max_cycles or 25
+    assert f"max_episode_steps={steps} (from the unwrapped env's max_cycles)" in capsys.readouterr().out
+    assert [value for _, value in scalars(tmp_path / "runs/spread")["eval/episode_len"]] == [steps]
 
 
 def test_pettingzoo_workers_give_the_numbers_of_one_process(tmp_path):
