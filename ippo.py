@@ -299,6 +299,7 @@ class RewardNormalizer(nn.Module):
         return torch.clamp(reward / torch.sqrt(self.return_rms.var + 1e-8), -self.clip, self.clip).float()
 
 
+# Copied from ppo.py
 class DiscreteActions(nn.Module):
     """The policy's distribution over Discrete, MultiDiscrete and MultiBinary actions, from the actor's logits: a
     Categorical; a Categorical per dimension (each dimension's logits a row of a grid, padded with -inf); a Bernoulli
@@ -511,6 +512,7 @@ def rollout(agent: Agent, envs: TorchVecEnv, buf: RolloutBuffer, next_obs: torch
     return next_obs, {key: torch.cat(values) for key, values in episodes.items()}
 
 
+# Copied from ppo.py
 def bootstrap_mask(rule: str, terminated: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
     """Which finished episodes take V(final obs) as the value after their last step."""
     if rule == "always":
@@ -644,6 +646,7 @@ def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, a
     return logged
 
 
+# Copied from ppo.py
 def minibatch_indices(batch_size: int, minibatch_size: int, epochs: int, device: torch.device):
     """Each epoch a new permutation of the batch, cut into minibatches; drawn as needed, so that an update stopped
     early draws no further permutations from the random stream."""
@@ -664,6 +667,7 @@ def clip_grad_norm_per_net(agent: Agent, max_norm: float) -> torch.Tensor:
     return norms
 
 
+# Copied from ppo.py
 def adapt_learning_rate(lr: float, approx_kl: float, args: Args) -> float:
     """rsl_rl's adaptive schedule: steer the KL of each minibatch step towards kl_target."""
     if approx_kl > 2.0 * args.kl_target:
@@ -869,6 +873,7 @@ def log_episode_metrics(writer: SummaryWriter, prefix: str, metrics: dict[str, t
     return means
 
 
+# Copied from ppo.py
 def progress_items(prefix: str, means: dict[str, float]) -> dict[str, float]:
     return {f"{prefix}_{key}": round(value, 3) for key, value in means.items() if key in ("return", "success_once")}
 
@@ -882,10 +887,12 @@ def progress_items(prefix: str, means: dict[str, float]) -> dict[str, float]:
 # Startup: errors, arguments, the run
 # ---------------------------------------------------------------------------------------------
 
+# Copied from ppo.py
 class UserError(Exception):
     """A mistake the user can fix: reported as one line and exit status 2."""
 
 
+# Copied from ppo.py
 class NonFiniteError(Exception):
     """A non-finite loss, gradient or parameter: the run stops before anything is saved."""
 
@@ -984,16 +991,19 @@ def main(args: Args) -> int:
             dist.destroy_process_group()
 
 
+# Copied from ppo.py
 def torchrun_ranks() -> tuple[int, int, int, int]:
     """(rank, local rank, number of ranks, ranks on this node), as torchrun sets them; a plain run is 0 of 1."""
     return tuple(int(os.environ.get(name, default)) for name, default in
                  (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_WORLD_SIZE", 1)))
 
 
+# Copied from ppo.py
 def finite(value) -> bool:
     return value is not None and math.isfinite(value)
 
 
+# Copied from ppo.py
 def plain_name(name: Optional[str]) -> bool:
     return name is None or (name not in ("", ".", "..") and "/" not in name and os.sep not in name and "\0" not in name)
 
@@ -1103,10 +1113,12 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     return num_iterations
 
 
+# Copied from ppo.py
 def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+# Copied from ppo.py
 def resolve_sim_backend(sim_backend: str) -> str:
     if sim_backend == "auto":
         return "gpu" if torch.cuda.is_available() else "cpu"
@@ -1227,6 +1239,7 @@ def parse_env_kwargs(pairs: tuple[str, ...], maniskill: bool) -> dict:
     return kwargs
 
 
+# Copied from ppo.py
 def refuse_asset_download(env_id: str):
     """ManiSkill asks with input() to download missing assets; a training run must never block or download."""
     from mani_skill.utils import download_asset
@@ -1240,6 +1253,7 @@ def refuse_asset_download(env_id: str):
     download_asset.prompt_yes_no = refuse
 
 
+# Copied from ppo.py
 def in_recorded_rollout(elapsed_steps: int, num_steps: int, freq: int) -> bool:
     """ManiSkill RecordEpisode's trigger: record every step of every freq-th rollout."""
     return (elapsed_steps // num_steps) % freq == 0
@@ -1717,6 +1731,7 @@ def gymnasium_space(space):
     return space
 
 
+# Copied from ppo.py
 def space_to_dict(space: gym.Space) -> dict:
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
@@ -2002,6 +2017,7 @@ RESUME_CHANGEABLE_FIELDS = ("total_timesteps", "eval_freq", "checkpoint_freq", "
                             "torch_threads", "cuda", "torch_deterministic", "async_envs")
 
 
+# Copied from ppo.py
 def load_states(agent: Agent, optimizer: torch.optim.Optimizer, reward_normalizer: Optional[RewardNormalizer],
                 init_state: Optional[dict], resume_state: Optional[dict], args: Args,
                 envs: TorchVecEnv) -> tuple[int, int]:
@@ -2107,6 +2123,7 @@ def agent_spaces(envs: TorchVecEnv) -> dict:
             "action_spaces": [space_to_dict(space) for space in envs.action_spaces]}
 
 
+# Copied from ppo.py
 def print_how_to_resume(signum: int, checkpoint: Optional[Path], iteration: int, run_dir: Path):
     resume = f"{shlex.quote(sys.argv[0])} --resume {shlex.quote(str(run_dir))}"
     how = f"python {resume}" if world_size() == 1 else f"torchrun (the same options) {resume}"
@@ -2114,6 +2131,7 @@ def print_how_to_resume(signum: int, checkpoint: Optional[Path], iteration: int,
           file=sys.stderr)
 
 
+# Copied from ppo.py
 def parse_args(argv: list[str]) -> Args:
     args = tyro.cli(Args, args=argv, use_underscores=True, description=__doc__)
     if args.resume is None:
@@ -2133,6 +2151,7 @@ def parse_args(argv: list[str]) -> Args:
     return args
 
 
+# Copied from ppo.py
 def cli_flag(name: str, value) -> str:
     """How a user writes name=value on the command line."""
     if isinstance(value, bool):
@@ -2142,11 +2161,13 @@ def cli_flag(name: str, value) -> str:
     return f"--{name}={value}"
 
 
+# Copied from ppo.py
 def numbered_checkpoints(run_dir: Path) -> dict[int, Path]:
     """The run's ckpt_<iteration>.pt files by iteration."""
     return {int(m.group(1)): p for p in run_dir.iterdir() if (m := re.fullmatch(r"ckpt_(\d+)\.pt", p.name))}
 
 
+# Copied from ppo.py
 def find_resume_checkpoint(path: str) -> Path:
     """A checkpoint file as given, or a run directory's newest ckpt_<iteration>.pt."""
     path = Path(path)
@@ -2161,6 +2182,7 @@ def find_resume_checkpoint(path: str) -> Path:
 TORCH_LOAD_ADVICE = ("Weights only load failed", "Please file an issue", "Check the documentation of torch.load")
 
 
+# Copied from ppo.py
 def read_checkpoint(path) -> dict:
     """A checkpoint of any of the trainers, read without running anything in it."""
     path = Path(path)
@@ -2191,6 +2213,7 @@ def read_checkpoint(path) -> dict:
     return ckpt
 
 
+# Copied from ppo.py
 def load_checkpoint(path) -> dict:
     """A checkpoint this trainer can continue or start from."""
     ckpt = read_checkpoint(path)
@@ -2203,6 +2226,7 @@ def load_checkpoint(path) -> dict:
     return ckpt
 
 
+# Copied from ppo.py
 def set_aside_later_checkpoints(run_dir: Path, iteration: int):
     """Resuming from an older checkpoint abandons what came after it. Its checkpoints move to a subdirectory
     (nothing is deleted), so that `--resume RUN_DIR` and final_ckpt.pt refer to the continued run."""
@@ -2219,6 +2243,7 @@ def set_aside_later_checkpoints(run_dir: Path, iteration: int):
     print(f"resuming from iteration {iteration}: moved the {len(later)} later checkpoints to {aside}", file=sys.stderr)
 
 
+# Copied from ppo.py
 class RunDirLock:
     """One process at a time writes a run directory: an exclusive flock on its .lock file, which the kernel releases
     when the process ends, however it ends."""
@@ -2274,6 +2299,7 @@ class RunDirLock:
             self.release()
 
 
+# Copied from ppo.py
 def save_checkpoint(path: Path, state: dict):
     """Write to a temporary file, put it on disk, then rename it: a kill mid-write (or a power cut after the rename)
     never leaves a truncated checkpoint, only a stray .tmp that the next resume removes. Serialized in memory first:
@@ -2297,6 +2323,7 @@ def save_checkpoint(path: Path, state: dict):
         os.close(directory)
 
 
+# Copied from ppo.py
 def rng_states(device: torch.device) -> dict:
     np_state = np.random.get_state()
     return {
@@ -2309,6 +2336,7 @@ def rng_states(device: torch.device) -> dict:
     }
 
 
+# Copied from ppo.py
 def set_rng_states(states: dict, device: torch.device):
     torch.set_rng_state(states["torch"])
     if device.type == "cuda" and len(states["cuda"]) > 0:
@@ -2320,6 +2348,7 @@ def set_rng_states(states: dict, device: torch.device):
     random.setstate((version, tuple(internal), gauss))
 
 
+# Copied from ppo.py
 def all_finite(module: nn.Module) -> bool:
     tensors = [t for t in module.state_dict().values() if t.is_floating_point()]
     return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
@@ -2330,10 +2359,12 @@ def all_finite(module: nn.Module) -> bool:
 # Whatever decides the course of the run is computed from numbers every rank shares, so that all ranks take it alike.
 # ---------------------------------------------------------------------------------------------
 
+# Copied from ppo.py
 def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
+# Copied from ppo.py
 def gather_rows(x: torch.Tensor) -> torch.Tensor:
     """Every rank's x, concatenated along the first dimension in rank order (x itself in a plain run)."""
     if world_size() == 1:
@@ -2343,6 +2374,7 @@ def gather_rows(x: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts)
 
 
+# Copied from ppo.py
 def mean_over_ranks(x: torch.Tensor) -> torch.Tensor:
     if world_size() == 1:
         return x
@@ -2351,6 +2383,7 @@ def mean_over_ranks(x: torch.Tensor) -> torch.Tensor:
     return total / world_size()
 
 
+# Copied from ppo.py
 def average_gradients(agent: nn.Module, loss_finite: torch.Tensor) -> torch.Tensor:
     """Replace each rank's gradients by their mean over all ranks, in one all-reduce (every rank then clips and steps
     alike); returns whether every rank's loss was finite."""
@@ -2363,6 +2396,7 @@ def average_gradients(agent: nn.Module, loss_finite: torch.Tensor) -> torch.Tens
     return flat[-1] == 0
 
 
+# Copied from ppo.py
 def parameters_finite(agent: nn.Module, iteration: int) -> bool:
     """Whether every rank's parameters and observation statistics are finite; under torchrun every rank must also
     hold rank 0's, bit for bit (else RuntimeError). All ranks reach the same answer, so they stop together."""
@@ -2383,6 +2417,7 @@ def parameters_finite(agent: nn.Module, iteration: int) -> bool:
     return True
 
 
+# Copied from ppo.py
 def agree_on_signal(signum: Optional[int], device: torch.device) -> Optional[int]:
     """A stop signal that reached any rank stops every rank after the same iteration."""
     if world_size() == 1:
@@ -2392,6 +2427,7 @@ def agree_on_signal(signum: Optional[int], device: torch.device) -> Optional[int
     return int(received.item()) or None
 
 
+# Copied from ppo.py
 def gather_objects(obj) -> list:
     """Every rank's obj (plain data and CPU tensors), in rank order."""
     if world_size() == 1:
@@ -2401,6 +2437,7 @@ def gather_objects(obj) -> list:
     return objects
 
 
+# Copied from ppo.py
 def gather_episodes(episodes: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Every rank's finished episodes (metric -> values), for rank 0's logs."""
     if world_size() == 1:
@@ -2414,6 +2451,7 @@ def gather_episodes(episodes: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
 # Compiling, signals, the command line
 # ---------------------------------------------------------------------------------------------
 
+# Copied from ppo.py
 def compile_unless_unavailable(fn, enabled: bool):
     """torch.compile(fn) under --compile, else fn. Where compiling fails (the CPU backend needs a C++ compiler; some
     Python versions have no torch.compile), one line says so and fn runs eagerly from then on."""
@@ -2437,6 +2475,7 @@ def compile_unless_unavailable(fn, enabled: bool):
     return call
 
 
+# Copied from ppo.py
 class StopSignal:
     """SIGINT/SIGTERM end the run at the next iteration boundary, after a checkpoint; a second signal exits at once."""
 
@@ -2458,6 +2497,7 @@ class StopSignal:
               file=sys.stderr)
 
 
+# Copied from ppo.py
 def cli(argv: Optional[list[str]] = None) -> int:
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)

@@ -223,6 +223,7 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.
     return layer
 
 
+# Copied from ppo.py
 def mlp(in_dim: int, hidden_sizes: tuple[int, ...], activation: str, out_dim: int, out_std: float) -> nn.Sequential:
     layers, width = [], in_dim
     for size in hidden_sizes:
@@ -261,6 +262,7 @@ class RunningMeanStd(nn.Module):
         return (x.double() * self.std() + self.mean).float()
 
 
+# Copied from ppo.py
 class RewardNormalizer(nn.Module):
     """Divides rewards by the running std of each env's discounted return (SB3's VecNormalize): the critic then
     learns values of about unit scale whatever the task's reward scale. The return restarts when an episode ends."""
@@ -279,6 +281,7 @@ class RewardNormalizer(nn.Module):
         return torch.clamp(reward / torch.sqrt(self.return_rms.var + 1e-8), -self.clip, self.clip).float()
 
 
+# Copied from ppo.py
 class DiscreteActions(nn.Module):
     """The policy's distribution over Discrete, MultiDiscrete and MultiBinary actions, from the actor's logits: a
     Categorical; a Categorical per dimension (each dimension's logits a row of a grid, padded with -inf); a Bernoulli
@@ -495,6 +498,7 @@ def rollout(agent: Agent, envs: TorchVecEnv, buf: RolloutBuffer, next_obs: dict[
     return next_obs, {key: torch.cat(values) for key, values in episodes.items()}
 
 
+# Copied from ppo.py
 def bootstrap_mask(rule: str, terminated: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
     """Which finished episodes take V(final obs) as the value after their last step."""
     if rule == "always":
@@ -504,6 +508,7 @@ def bootstrap_mask(rule: str, terminated: torch.Tensor, truncated: torch.Tensor)
     return torch.zeros_like(terminated)
 
 
+# Copied from ppo.py
 def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, bootstrap_values: torch.Tensor,
                        next_value: torch.Tensor, gamma: float, gae_lambda: float, finite_horizon: bool) -> torch.Tensor:
     """GAE over a (num_steps, num_envs) rollout; next_value = V(obs after the last step). Nothing crosses an episode
@@ -532,6 +537,7 @@ def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch
     return advantages
 
 
+# Copied from ppo.py
 def ppo_loss(agent: Agent, args: Args, obs, actions, old_logprobs, advantages, returns, old_values):
     """The clipped surrogate, value and entropy terms of one minibatch; its log-ratios and ratios, detached."""
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
@@ -615,6 +621,7 @@ def random_shift(images: torch.Tensor, pad: int) -> torch.Tensor:
     return padded[torch.arange(num, device=images.device)[:, None, None], rows, columns].to(images.dtype)
 
 
+# Copied from ppo.py
 def minibatch_indices(batch_size: int, minibatch_size: int, epochs: int, device: torch.device):
     """Each epoch a new permutation of the batch, cut into minibatches; drawn as needed, so that an update stopped
     early draws no further permutations from the random stream."""
@@ -624,6 +631,7 @@ def minibatch_indices(batch_size: int, minibatch_size: int, epochs: int, device:
             yield permutation[start:start + minibatch_size]
 
 
+# Copied from ppo.py
 def adapt_learning_rate(lr: float, approx_kl: float, args: Args) -> float:
     """rsl_rl's adaptive schedule: steer the KL of each minibatch step towards kl_target."""
     if approx_kl > 2.0 * args.kl_target:
@@ -637,6 +645,7 @@ def adapt_learning_rate(lr: float, approx_kl: float, args: Args) -> float:
 # The training loop and evaluation
 # ---------------------------------------------------------------------------------------------
 
+# Copied from ppo.py
 @dataclass
 class Setup:
     """What main() resolved for train(): the run, this process's device and rank, the derived settings."""
@@ -780,6 +789,7 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
     return 0
 
 
+# Copied from ppo.py
 def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Optional[int],
              episodes_per_env: Optional[torch.Tensor] = None, deterministic: bool = True) -> dict[str, torch.Tensor]:
     """Env i contributes its first episodes_per_env[i] episodes (default: one each) that finish within num_eval_steps
@@ -812,6 +822,7 @@ def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Op
     return metrics
 
 
+# Copied from ppo.py
 def log_episode_metrics(writer: SummaryWriter, prefix: str, metrics: dict[str, torch.Tensor],
                         global_step: int) -> dict[str, float]:
     means = {key: values.float().mean().item() for key, values in metrics.items() if values.numel() > 0}
@@ -820,6 +831,7 @@ def log_episode_metrics(writer: SummaryWriter, prefix: str, metrics: dict[str, t
     return means
 
 
+# Copied from ppo.py
 def progress_items(prefix: str, means: dict[str, float]) -> dict[str, float]:
     return {f"{prefix}_{key}": round(value, 3) for key, value in means.items() if key in ("return", "success_once")}
 
@@ -833,14 +845,17 @@ def progress_items(prefix: str, means: dict[str, float]) -> dict[str, float]:
 # Startup: errors, arguments, the run
 # ---------------------------------------------------------------------------------------------
 
+# Copied from ppo.py
 class UserError(Exception):
     """A mistake the user can fix: reported as one line and exit status 2."""
 
 
+# Copied from ppo.py
 class NonFiniteError(Exception):
     """A non-finite loss, gradient or parameter: the run stops before anything is saved."""
 
 
+# Copied from ppo.py
 def main(args: Args) -> int:
     rank, local_rank, num_ranks, local_ranks = torchrun_ranks()
     maniskill, time_limit = find_env(args.env_id)
@@ -929,16 +944,19 @@ def main(args: Args) -> int:
             dist.destroy_process_group()
 
 
+# Copied from ppo.py
 def torchrun_ranks() -> tuple[int, int, int, int]:
     """(rank, local rank, number of ranks, ranks on this node), as torchrun sets them; a plain run is 0 of 1."""
     return tuple(int(os.environ.get(name, default)) for name, default in
                  (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_WORLD_SIZE", 1)))
 
 
+# Copied from ppo.py
 def finite(value) -> bool:
     return value is not None and math.isfinite(value)
 
 
+# Copied from ppo.py
 def plain_name(name: Optional[str]) -> bool:
     return name is None or (name not in ("", ".", "..") and "/" not in name and os.sep not in name and "\0" not in name)
 
@@ -1038,10 +1056,12 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     return num_iterations
 
 
+# Copied from ppo.py
 def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+# Copied from ppo.py
 def resolve_sim_backend(sim_backend: str) -> str:
     if sim_backend == "auto":
         return "gpu" if torch.cuda.is_available() else "cpu"
@@ -1088,6 +1108,7 @@ def find_env(env_id: str) -> tuple[bool, Optional[int]]:
     return False, spec.max_episode_steps
 
 
+# Copied from ppo.py
 def refuse_asset_download(env_id: str):
     """ManiSkill asks with input() to download missing assets; a training run must never block or download."""
     from mani_skill.utils import download_asset
@@ -1101,11 +1122,13 @@ def refuse_asset_download(env_id: str):
     download_asset.prompt_yes_no = refuse
 
 
+# Copied from ppo.py
 def in_recorded_rollout(elapsed_steps: int, num_steps: int, freq: int) -> bool:
     """ManiSkill RecordEpisode's trigger: record every step of every freq-th rollout."""
     return (elapsed_steps // num_steps) % freq == 0
 
 
+# Copied from ppo.py
 def starts_recorded_rollout(step: int, num_steps: int, freq: int) -> bool:
     """Gymnasium RecordVideo's trigger: start a recording at the first step of every freq-th rollout."""
     return step % (num_steps * freq) == 0
@@ -1163,6 +1186,7 @@ def build_maniskill_cpu_worker_env(env_id: str, env_kwargs: dict, include_state:
     return CPUGymWrapper(env, ignore_terminations=ignore_terminations, record_metrics=True)
 
 
+# Copied from ppo.py
 class ResetEpisodeTrigger:
     """Gymnasium eval videos: record the episode that an explicit reset starts, not those that autoresets start,
     which the end of an evaluation would cut off after a frame or two."""
@@ -1566,6 +1590,7 @@ RESUME_CHANGEABLE_FIELDS = ("total_timesteps", "eval_freq", "checkpoint_freq", "
                             "torch_threads", "cuda", "torch_deterministic")
 
 
+# Copied from ppo.py
 def load_states(agent: Agent, optimizer: torch.optim.Optimizer, reward_normalizer: Optional[RewardNormalizer],
                 init_state: Optional[dict], resume_state: Optional[dict], args: Args,
                 envs: TorchVecEnv) -> tuple[int, int]:
@@ -1613,6 +1638,7 @@ def space_shapes(space: dict):
     return space["shape"]
 
 
+# Copied from ppo.py
 def open_run(args: Args, setup: Setup, resume_state: Optional[dict]) -> SummaryWriter:
     """Rank 0's start of the run's logs; on --resume, what came after the checkpoint is set aside first."""
     if args.track:
@@ -1639,6 +1665,7 @@ def open_run(args: Args, setup: Setup, resume_state: Optional[dict]) -> SummaryW
     return writer
 
 
+# Copied from ppo.py
 def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: torch.optim.Optimizer,
                      reward_normalizer: Optional[RewardNormalizer], global_step: int, iteration: int,
                      final: bool = False) -> Optional[Path]:
@@ -1666,6 +1693,7 @@ def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, 
     return path
 
 
+# Copied from ppo.py
 def print_how_to_resume(signum: int, checkpoint: Optional[Path], iteration: int, run_dir: Path):
     resume = f"{shlex.quote(sys.argv[0])} --resume {shlex.quote(str(run_dir))}"
     how = f"python {resume}" if world_size() == 1 else f"torchrun (the same options) {resume}"
@@ -1673,6 +1701,7 @@ def print_how_to_resume(signum: int, checkpoint: Optional[Path], iteration: int,
           file=sys.stderr)
 
 
+# Copied from ppo.py
 def parse_args(argv: list[str]) -> Args:
     args = tyro.cli(Args, args=argv, use_underscores=True, description=__doc__)
     if args.resume is None:
@@ -1692,6 +1721,7 @@ def parse_args(argv: list[str]) -> Args:
     return args
 
 
+# Copied from ppo.py
 def cli_flag(name: str, value) -> str:
     """How a user writes name=value on the command line."""
     if isinstance(value, bool):
@@ -1701,11 +1731,13 @@ def cli_flag(name: str, value) -> str:
     return f"--{name}={value}"
 
 
+# Copied from ppo.py
 def numbered_checkpoints(run_dir: Path) -> dict[int, Path]:
     """The run's ckpt_<iteration>.pt files by iteration."""
     return {int(m.group(1)): p for p in run_dir.iterdir() if (m := re.fullmatch(r"ckpt_(\d+)\.pt", p.name))}
 
 
+# Copied from ppo.py
 def find_resume_checkpoint(path: str) -> Path:
     """A checkpoint file as given, or a run directory's newest ckpt_<iteration>.pt."""
     path = Path(path)
@@ -1720,6 +1752,7 @@ def find_resume_checkpoint(path: str) -> Path:
 TORCH_LOAD_ADVICE = ("Weights only load failed", "Please file an issue", "Check the documentation of torch.load")
 
 
+# Copied from ppo.py
 def read_checkpoint(path) -> dict:
     """A checkpoint of any of the trainers, read without running anything in it."""
     path = Path(path)
@@ -1750,6 +1783,7 @@ def read_checkpoint(path) -> dict:
     return ckpt
 
 
+# Copied from ppo.py
 def load_checkpoint(path) -> dict:
     """A checkpoint this trainer can continue or start from."""
     ckpt = read_checkpoint(path)
@@ -1762,6 +1796,7 @@ def load_checkpoint(path) -> dict:
     return ckpt
 
 
+# Copied from ppo.py
 def set_aside_later_checkpoints(run_dir: Path, iteration: int):
     """Resuming from an older checkpoint abandons what came after it. Its checkpoints move to a subdirectory
     (nothing is deleted), so that `--resume RUN_DIR` and final_ckpt.pt refer to the continued run."""
@@ -1778,6 +1813,7 @@ def set_aside_later_checkpoints(run_dir: Path, iteration: int):
     print(f"resuming from iteration {iteration}: moved the {len(later)} later checkpoints to {aside}", file=sys.stderr)
 
 
+# Copied from ppo.py
 class RunDirLock:
     """One process at a time writes a run directory: an exclusive flock on its .lock file, which the kernel releases
     when the process ends, however it ends."""
@@ -1833,6 +1869,7 @@ class RunDirLock:
             self.release()
 
 
+# Copied from ppo.py
 def save_checkpoint(path: Path, state: dict):
     """Write to a temporary file, put it on disk, then rename it: a kill mid-write (or a power cut after the rename)
     never leaves a truncated checkpoint, only a stray .tmp that the next resume removes. Serialized in memory first:
@@ -1856,6 +1893,7 @@ def save_checkpoint(path: Path, state: dict):
         os.close(directory)
 
 
+# Copied from ppo.py
 def rng_states(device: torch.device) -> dict:
     np_state = np.random.get_state()
     return {
@@ -1868,6 +1906,7 @@ def rng_states(device: torch.device) -> dict:
     }
 
 
+# Copied from ppo.py
 def set_rng_states(states: dict, device: torch.device):
     torch.set_rng_state(states["torch"])
     if device.type == "cuda" and len(states["cuda"]) > 0:
@@ -1879,6 +1918,7 @@ def set_rng_states(states: dict, device: torch.device):
     random.setstate((version, tuple(internal), gauss))
 
 
+# Copied from ppo.py
 def all_finite(module: nn.Module) -> bool:
     tensors = [t for t in module.state_dict().values() if t.is_floating_point()]
     return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
@@ -1889,10 +1929,12 @@ def all_finite(module: nn.Module) -> bool:
 # Whatever decides the course of the run is computed from numbers every rank shares, so that all ranks take it alike.
 # ---------------------------------------------------------------------------------------------
 
+# Copied from ppo.py
 def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
+# Copied from ppo.py
 def gather_rows(x: torch.Tensor) -> torch.Tensor:
     """Every rank's x, concatenated along the first dimension in rank order (x itself in a plain run)."""
     if world_size() == 1:
@@ -1902,6 +1944,7 @@ def gather_rows(x: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts)
 
 
+# Copied from ppo.py
 def mean_over_ranks(x: torch.Tensor) -> torch.Tensor:
     if world_size() == 1:
         return x
@@ -1910,6 +1953,7 @@ def mean_over_ranks(x: torch.Tensor) -> torch.Tensor:
     return total / world_size()
 
 
+# Copied from ppo.py
 def average_gradients(agent: nn.Module, loss_finite: torch.Tensor) -> torch.Tensor:
     """Replace each rank's gradients by their mean over all ranks, in one all-reduce (every rank then clips and steps
     alike); returns whether every rank's loss was finite."""
@@ -1922,6 +1966,7 @@ def average_gradients(agent: nn.Module, loss_finite: torch.Tensor) -> torch.Tens
     return flat[-1] == 0
 
 
+# Copied from ppo.py
 def parameters_finite(agent: nn.Module, iteration: int) -> bool:
     """Whether every rank's parameters and observation statistics are finite; under torchrun every rank must also
     hold rank 0's, bit for bit (else RuntimeError). All ranks reach the same answer, so they stop together."""
@@ -1942,6 +1987,7 @@ def parameters_finite(agent: nn.Module, iteration: int) -> bool:
     return True
 
 
+# Copied from ppo.py
 def agree_on_signal(signum: Optional[int], device: torch.device) -> Optional[int]:
     """A stop signal that reached any rank stops every rank after the same iteration."""
     if world_size() == 1:
@@ -1951,6 +1997,7 @@ def agree_on_signal(signum: Optional[int], device: torch.device) -> Optional[int
     return int(received.item()) or None
 
 
+# Copied from ppo.py
 def gather_objects(obj) -> list:
     """Every rank's obj (plain data and CPU tensors), in rank order."""
     if world_size() == 1:
@@ -1960,6 +2007,7 @@ def gather_objects(obj) -> list:
     return objects
 
 
+# Copied from ppo.py
 def gather_episodes(episodes: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Every rank's finished episodes (metric -> values), for rank 0's logs."""
     if world_size() == 1:
@@ -1973,6 +2021,7 @@ def gather_episodes(episodes: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
 # Compiling, signals, the command line
 # ---------------------------------------------------------------------------------------------
 
+# Copied from ppo.py
 def compile_unless_unavailable(fn, enabled: bool):
     """torch.compile(fn) under --compile, else fn. Where compiling fails (the CPU backend needs a C++ compiler; some
     Python versions have no torch.compile), one line says so and fn runs eagerly from then on."""
@@ -1996,6 +2045,7 @@ def compile_unless_unavailable(fn, enabled: bool):
     return call
 
 
+# Copied from ppo.py
 class StopSignal:
     """SIGINT/SIGTERM end the run at the next iteration boundary, after a checkpoint; a second signal exits at once."""
 
@@ -2017,6 +2067,7 @@ class StopSignal:
               file=sys.stderr)
 
 
+# Copied from ppo.py
 def cli(argv: Optional[list[str]] = None) -> int:
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)

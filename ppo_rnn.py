@@ -209,6 +209,7 @@ class Args:
 # Agent: recurrent cores, actor and critic, running normalization
 # ---------------------------------------------------------------------------------------------
 
+# Copied from ppo.py
 def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -286,6 +287,7 @@ class RecurrentCore(nn.Module):
         return self.rnn(inputs, state.contiguous())
 
 
+# Copied from ppo.py
 class RunningMeanStd(nn.Module):
     """Running mean and variance in float64 (parallel-variance merge); buffers, so checkpoints carry them."""
 
@@ -317,6 +319,7 @@ class RunningMeanStd(nn.Module):
         return (x.double() * self.std() + self.mean).float()
 
 
+# Copied from ppo.py
 class RewardNormalizer(nn.Module):
     """Divides rewards by the running std of each env's discounted return (SB3's VecNormalize): the critic then
     learns values of about unit scale whatever the task's reward scale. The return restarts when an episode ends."""
@@ -335,6 +338,7 @@ class RewardNormalizer(nn.Module):
         return torch.clamp(reward / torch.sqrt(self.return_rms.var + 1e-8), -self.clip, self.clip).float()
 
 
+# Copied from ppo.py
 class DiscreteActions(nn.Module):
     """The policy's distribution over Discrete, MultiDiscrete and MultiBinary actions, from the actor's logits: a
     Categorical; a Categorical per dimension (each dimension's logits a row of a grid, padded with -inf); a Bernoulli
@@ -542,6 +546,7 @@ def rollout(agent: Agent, envs: TorchVecEnv, buf: RolloutBuffer, next_obs: torch
     return next_obs, state, next_start, {key: torch.cat(values) for key, values in episodes.items()}
 
 
+# Copied from ppo.py
 def bootstrap_mask(rule: str, terminated: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
     """Which finished episodes take V(final obs) as the value after their last step."""
     if rule == "always":
@@ -551,6 +556,7 @@ def bootstrap_mask(rule: str, terminated: torch.Tensor, truncated: torch.Tensor)
     return torch.zeros_like(terminated)
 
 
+# Copied from ppo.py
 def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, bootstrap_values: torch.Tensor,
                        next_value: torch.Tensor, gamma: float, gae_lambda: float, finite_horizon: bool) -> torch.Tensor:
     """GAE over a (num_steps, num_envs) rollout; next_value = V(obs after the last step). Nothing crosses an episode
@@ -655,6 +661,7 @@ def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, a
     return stats
 
 
+# Copied from ppo.py
 def minibatch_indices(batch_size: int, minibatch_size: int, epochs: int, device: torch.device):
     """Each epoch a new permutation of the batch, cut into minibatches; drawn as needed, so that an update stopped
     early draws no further permutations from the random stream."""
@@ -664,6 +671,7 @@ def minibatch_indices(batch_size: int, minibatch_size: int, epochs: int, device:
             yield permutation[start:start + minibatch_size]
 
 
+# Copied from ppo.py
 def adapt_learning_rate(lr: float, approx_kl: float, args: Args) -> float:
     """rsl_rl's adaptive schedule: steer the KL of each minibatch step towards kl_target."""
     if approx_kl > 2.0 * args.kl_target:
@@ -677,6 +685,7 @@ def adapt_learning_rate(lr: float, approx_kl: float, args: Args) -> float:
 # The training loop and evaluation
 # ---------------------------------------------------------------------------------------------
 
+# Copied from ppo.py
 @dataclass
 class Setup:
     """What main() resolved for train(): the run, this process's device and rank, the derived settings."""
@@ -858,6 +867,7 @@ def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Op
     return metrics
 
 
+# Copied from ppo.py
 def log_episode_metrics(writer: SummaryWriter, prefix: str, metrics: dict[str, torch.Tensor],
                         global_step: int) -> dict[str, float]:
     means = {key: values.float().mean().item() for key, values in metrics.items() if values.numel() > 0}
@@ -866,6 +876,7 @@ def log_episode_metrics(writer: SummaryWriter, prefix: str, metrics: dict[str, t
     return means
 
 
+# Copied from ppo.py
 def progress_items(prefix: str, means: dict[str, float]) -> dict[str, float]:
     return {f"{prefix}_{key}": round(value, 3) for key, value in means.items() if key in ("return", "success_once")}
 
@@ -879,14 +890,17 @@ def progress_items(prefix: str, means: dict[str, float]) -> dict[str, float]:
 # Startup: errors, arguments, the run
 # ---------------------------------------------------------------------------------------------
 
+# Copied from ppo.py
 class UserError(Exception):
     """A mistake the user can fix: reported as one line and exit status 2."""
 
 
+# Copied from ppo.py
 class NonFiniteError(Exception):
     """A non-finite loss, gradient or parameter: the run stops before anything is saved."""
 
 
+# Copied from ppo.py
 def main(args: Args) -> int:
     rank, local_rank, num_ranks, local_ranks = torchrun_ranks()
     maniskill, time_limit = find_env(args.env_id)
@@ -975,16 +989,19 @@ def main(args: Args) -> int:
             dist.destroy_process_group()
 
 
+# Copied from ppo.py
 def torchrun_ranks() -> tuple[int, int, int, int]:
     """(rank, local rank, number of ranks, ranks on this node), as torchrun sets them; a plain run is 0 of 1."""
     return tuple(int(os.environ.get(name, default)) for name, default in
                  (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_WORLD_SIZE", 1)))
 
 
+# Copied from ppo.py
 def finite(value) -> bool:
     return value is not None and math.isfinite(value)
 
 
+# Copied from ppo.py
 def plain_name(name: Optional[str]) -> bool:
     return name is None or (name not in ("", ".", "..") and "/" not in name and os.sep not in name and "\0" not in name)
 
@@ -1095,10 +1112,12 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     return num_iterations
 
 
+# Copied from ppo.py
 def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+# Copied from ppo.py
 def resolve_sim_backend(sim_backend: str) -> str:
     if sim_backend == "auto":
         return "gpu" if torch.cuda.is_available() else "cpu"
@@ -1111,6 +1130,7 @@ def resolve_sim_backend(sim_backend: str) -> str:
 # Environments: one torch interface over ManiSkill's GPU/CPU vector envs and Gymnasium vector envs
 # ---------------------------------------------------------------------------------------------
 
+# Copied from ppo.py
 def find_env(env_id: str) -> tuple[bool, Optional[int]]:
     """Whether env_id is a ManiSkill task, and its time limit (None: none), from the registries before any env is built.
 
@@ -1141,6 +1161,7 @@ def find_env(env_id: str) -> tuple[bool, Optional[int]]:
         raise UserError(f"unknown env id {env_id!r}: {e}") from e
 
 
+# Copied from ppo.py
 def refuse_asset_download(env_id: str):
     """ManiSkill asks with input() to download missing assets; a training run must never block or download."""
     from mani_skill.utils import download_asset
@@ -1154,16 +1175,19 @@ def refuse_asset_download(env_id: str):
     download_asset.prompt_yes_no = refuse
 
 
+# Copied from ppo.py
 def in_recorded_rollout(elapsed_steps: int, num_steps: int, freq: int) -> bool:
     """ManiSkill RecordEpisode's trigger: record every step of every freq-th rollout."""
     return (elapsed_steps // num_steps) % freq == 0
 
 
+# Copied from ppo.py
 def starts_recorded_rollout(step: int, num_steps: int, freq: int) -> bool:
     """Gymnasium RecordVideo's trigger: start a recording at the first step of every freq-th rollout."""
     return step % (num_steps * freq) == 0
 
 
+# Copied from ppo.py
 def build_maniskill_env(env_id: str, num_envs: int, env_kwargs: dict, video_dir: Optional[str],
                         video_trigger, max_steps_per_video: Optional[int],
                         trajectory_path: Optional[Path] = None) -> gym.Env:
@@ -1187,6 +1211,7 @@ def build_maniskill_env(env_id: str, num_envs: int, env_kwargs: dict, video_dir:
     return env
 
 
+# Copied from ppo.py
 def build_maniskill_cpu_worker_env(env_id: str, env_kwargs: dict, ignore_terminations: bool,
                                    video_dir: Optional[str], video_trigger,
                                    max_steps_per_video: Optional[int]) -> gym.Env:
@@ -1207,6 +1232,7 @@ def build_maniskill_cpu_worker_env(env_id: str, env_kwargs: dict, ignore_termina
     return CPUGymWrapper(env, ignore_terminations=ignore_terminations, record_metrics=True)
 
 
+# Copied from ppo.py
 class ResetEpisodeTrigger:
     """Gymnasium eval videos: record the episode that an explicit reset starts, not those that autoresets start,
     which the end of an evaluation would cut off after a frame or two."""
@@ -1219,6 +1245,7 @@ class ResetEpisodeTrigger:
         return fired
 
 
+# Copied from ppo.py
 def build_gym_env(env_id: str, max_episode_steps: Optional[int], video_dir: Optional[str], video_trigger,
                   video_length: Optional[int], name_prefix: str, critic_obs: bool = False) -> gym.Env:
     if video_dir is None:  # not every env's constructor takes a render_mode
@@ -1242,6 +1269,7 @@ def build_gym_env(env_id: str, max_episode_steps: Optional[int], video_dir: Opti
     return gym.wrappers.RecordVideo(env, video_dir, name_prefix=name_prefix, disable_logger=True, **trigger)
 
 
+# Copied from ppo.py
 class CriticObservation(gym.Wrapper):
     """--critic_obs: the vector that the env puts in info["critic"] at reset and at every step (its full state),
     appended to the observation; the agent's actor reads the observation's own dims only."""
@@ -1273,6 +1301,7 @@ class CriticObservation(gym.Wrapper):
         return np.concatenate([np.ravel(obs), np.ravel(info["critic"])]).astype(np.float32)
 
 
+# Copied from ppo.py
 def space_to_dict(space: gym.Space) -> dict:
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
@@ -1285,6 +1314,7 @@ def space_to_dict(space: gym.Space) -> dict:
             "high": np.asarray(space.high, dtype=np.float64).ravel().tolist()}
 
 
+# Copied from ppo.py
 class TorchVecEnv:
     """Tensors in, tensors out, on the learner's device, whatever runs the simulation.
 
@@ -1403,6 +1433,7 @@ class TorchVecEnv:
         self.env.close()
 
 
+# Copied from ppo.py
 def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: bool, run_dir: Path,
               num_eval_steps: int, trajectory_path: Optional[Path] = None) -> TorchVecEnv:
     """trajectory_path: ManiSkill only; record every episode there (.h5 and .json) with RecordEpisode."""
@@ -1441,6 +1472,7 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
         raise UserError(f"cannot make env {args.env_id!r}: {e}") from e
 
 
+# Copied from ppo.py
 def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluation: bool, video_dir: Optional[str],
                         video_trigger, max_steps_per_video: Optional[int],
                         trajectory_path: Optional[Path]) -> TorchVecEnv:
@@ -1515,6 +1547,7 @@ RESUME_CHANGEABLE_FIELDS = ("total_timesteps", "eval_freq", "checkpoint_freq", "
                             "torch_threads", "cuda", "torch_deterministic")
 
 
+# Copied from ppo.py
 def load_states(agent: Agent, optimizer: torch.optim.Optimizer, reward_normalizer: Optional[RewardNormalizer],
                 init_state: Optional[dict], resume_state: Optional[dict], args: Args,
                 envs: TorchVecEnv) -> tuple[int, int]:
@@ -1534,6 +1567,7 @@ def load_states(agent: Agent, optimizer: torch.optim.Optimizer, reward_normalize
     return resume_state["global_step"], resume_state["iteration"]
 
 
+# Copied from ppo.py
 def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
     """Load a checkpoint's weights and observation statistics; refuse one whose spaces or network differ."""
     observation_space = space_to_dict(envs.single_observation_space)
@@ -1555,6 +1589,7 @@ def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
                         f"evaluate or continue it with the file that wrote it") from e
 
 
+# Copied from ppo.py
 def open_run(args: Args, setup: Setup, resume_state: Optional[dict]) -> SummaryWriter:
     """Rank 0's start of the run's logs; on --resume, what came after the checkpoint is set aside first."""
     if args.track:
@@ -1581,6 +1616,7 @@ def open_run(args: Args, setup: Setup, resume_state: Optional[dict]) -> SummaryW
     return writer
 
 
+# Copied from ppo.py
 def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: torch.optim.Optimizer,
                      reward_normalizer: Optional[RewardNormalizer], global_step: int, iteration: int,
                      final: bool = False) -> Optional[Path]:
@@ -1608,6 +1644,7 @@ def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, 
     return path
 
 
+# Copied from ppo.py
 def print_how_to_resume(signum: int, checkpoint: Optional[Path], iteration: int, run_dir: Path):
     resume = f"{shlex.quote(sys.argv[0])} --resume {shlex.quote(str(run_dir))}"
     how = f"python {resume}" if world_size() == 1 else f"torchrun (the same options) {resume}"
@@ -1615,6 +1652,7 @@ def print_how_to_resume(signum: int, checkpoint: Optional[Path], iteration: int,
           file=sys.stderr)
 
 
+# Copied from ppo.py
 def parse_args(argv: list[str]) -> Args:
     args = tyro.cli(Args, args=argv, use_underscores=True, description=__doc__)
     if args.resume is None:
@@ -1641,11 +1679,13 @@ def cli_flag(name: str, value) -> str:
     return f"--{name}={value}"
 
 
+# Copied from ppo.py
 def numbered_checkpoints(run_dir: Path) -> dict[int, Path]:
     """The run's ckpt_<iteration>.pt files by iteration."""
     return {int(m.group(1)): p for p in run_dir.iterdir() if (m := re.fullmatch(r"ckpt_(\d+)\.pt", p.name))}
 
 
+# Copied from ppo.py
 def find_resume_checkpoint(path: str) -> Path:
     """A checkpoint file as given, or a run directory's newest ckpt_<iteration>.pt."""
     path = Path(path)
@@ -1660,6 +1700,7 @@ def find_resume_checkpoint(path: str) -> Path:
 TORCH_LOAD_ADVICE = ("Weights only load failed", "Please file an issue", "Check the documentation of torch.load")
 
 
+# Copied from ppo.py
 def read_checkpoint(path) -> dict:
     """A checkpoint of any of the trainers, read without running anything in it."""
     path = Path(path)
@@ -1690,6 +1731,7 @@ def read_checkpoint(path) -> dict:
     return ckpt
 
 
+# Copied from ppo.py
 def load_checkpoint(path) -> dict:
     """A checkpoint this trainer can continue or start from."""
     ckpt = read_checkpoint(path)
@@ -1702,6 +1744,7 @@ def load_checkpoint(path) -> dict:
     return ckpt
 
 
+# Copied from ppo.py
 def set_aside_later_checkpoints(run_dir: Path, iteration: int):
     """Resuming from an older checkpoint abandons what came after it. Its checkpoints move to a subdirectory
     (nothing is deleted), so that `--resume RUN_DIR` and final_ckpt.pt refer to the continued run."""
@@ -1718,6 +1761,7 @@ def set_aside_later_checkpoints(run_dir: Path, iteration: int):
     print(f"resuming from iteration {iteration}: moved the {len(later)} later checkpoints to {aside}", file=sys.stderr)
 
 
+# Copied from ppo.py
 class RunDirLock:
     """One process at a time writes a run directory: an exclusive flock on its .lock file, which the kernel releases
     when the process ends, however it ends."""
@@ -1773,6 +1817,7 @@ class RunDirLock:
             self.release()
 
 
+# Copied from ppo.py
 def save_checkpoint(path: Path, state: dict):
     """Write to a temporary file, put it on disk, then rename it: a kill mid-write (or a power cut after the rename)
     never leaves a truncated checkpoint, only a stray .tmp that the next resume removes. Serialized in memory first:
@@ -1796,6 +1841,7 @@ def save_checkpoint(path: Path, state: dict):
         os.close(directory)
 
 
+# Copied from ppo.py
 def rng_states(device: torch.device) -> dict:
     np_state = np.random.get_state()
     return {
@@ -1808,6 +1854,7 @@ def rng_states(device: torch.device) -> dict:
     }
 
 
+# Copied from ppo.py
 def set_rng_states(states: dict, device: torch.device):
     torch.set_rng_state(states["torch"])
     if device.type == "cuda" and len(states["cuda"]) > 0:
@@ -1819,6 +1866,7 @@ def set_rng_states(states: dict, device: torch.device):
     random.setstate((version, tuple(internal), gauss))
 
 
+# Copied from ppo.py
 def all_finite(module: nn.Module) -> bool:
     tensors = [t for t in module.state_dict().values() if t.is_floating_point()]
     return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
@@ -1829,10 +1877,12 @@ def all_finite(module: nn.Module) -> bool:
 # Whatever decides the course of the run is computed from numbers every rank shares, so that all ranks take it alike.
 # ---------------------------------------------------------------------------------------------
 
+# Copied from ppo.py
 def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
+# Copied from ppo.py
 def gather_rows(x: torch.Tensor) -> torch.Tensor:
     """Every rank's x, concatenated along the first dimension in rank order (x itself in a plain run)."""
     if world_size() == 1:
@@ -1842,6 +1892,7 @@ def gather_rows(x: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts)
 
 
+# Copied from ppo.py
 def mean_over_ranks(x: torch.Tensor) -> torch.Tensor:
     if world_size() == 1:
         return x
@@ -1850,6 +1901,7 @@ def mean_over_ranks(x: torch.Tensor) -> torch.Tensor:
     return total / world_size()
 
 
+# Copied from ppo.py
 def average_gradients(agent: nn.Module, loss_finite: torch.Tensor) -> torch.Tensor:
     """Replace each rank's gradients by their mean over all ranks, in one all-reduce (every rank then clips and steps
     alike); returns whether every rank's loss was finite."""
@@ -1862,6 +1914,7 @@ def average_gradients(agent: nn.Module, loss_finite: torch.Tensor) -> torch.Tens
     return flat[-1] == 0
 
 
+# Copied from ppo.py
 def parameters_finite(agent: nn.Module, iteration: int) -> bool:
     """Whether every rank's parameters and observation statistics are finite; under torchrun every rank must also
     hold rank 0's, bit for bit (else RuntimeError). All ranks reach the same answer, so they stop together."""
@@ -1882,6 +1935,7 @@ def parameters_finite(agent: nn.Module, iteration: int) -> bool:
     return True
 
 
+# Copied from ppo.py
 def agree_on_signal(signum: Optional[int], device: torch.device) -> Optional[int]:
     """A stop signal that reached any rank stops every rank after the same iteration."""
     if world_size() == 1:
@@ -1891,6 +1945,7 @@ def agree_on_signal(signum: Optional[int], device: torch.device) -> Optional[int
     return int(received.item()) or None
 
 
+# Copied from ppo.py
 def gather_objects(obj) -> list:
     """Every rank's obj (plain data and CPU tensors), in rank order."""
     if world_size() == 1:
@@ -1900,6 +1955,7 @@ def gather_objects(obj) -> list:
     return objects
 
 
+# Copied from ppo.py
 def gather_episodes(episodes: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Every rank's finished episodes (metric -> values), for rank 0's logs."""
     if world_size() == 1:
@@ -1913,6 +1969,7 @@ def gather_episodes(episodes: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
 # Compiling, signals, the command line
 # ---------------------------------------------------------------------------------------------
 
+# Copied from ppo.py
 def compile_unless_unavailable(fn, enabled: bool):
     """torch.compile(fn) under --compile, else fn. Where compiling fails (the CPU backend needs a C++ compiler; some
     Python versions have no torch.compile), one line says so and fn runs eagerly from then on."""
@@ -1936,6 +1993,7 @@ def compile_unless_unavailable(fn, enabled: bool):
     return call
 
 
+# Copied from ppo.py
 class StopSignal:
     """SIGINT/SIGTERM end the run at the next iteration boundary, after a checkpoint; a second signal exits at once."""
 
@@ -1957,6 +2015,7 @@ class StopSignal:
               file=sys.stderr)
 
 
+# Copied from ppo.py
 def cli(argv: Optional[list[str]] = None) -> int:
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
