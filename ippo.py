@@ -692,6 +692,7 @@ class Setup:
     num_eval_steps: int
     num_iterations: int
     time_limit_from: Optional[str]  # where max_episode_steps came from
+    checkpoint_trainer: Optional[str]  # the file that wrote --checkpoint
 
 
 def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[TorchVecEnv],
@@ -930,14 +931,15 @@ def main(args: Args) -> int:
         env_name = re.sub("[:/]", "_", args.env_id)  # ALE/Pong-v5 and module:EnvId name one directory
         run_name = args.exp_name or f"{env_name}__{TRAINER}__{args.seed}__{int(time.time())}"
         run_dir = Path("runs") / run_name
-    init_state = load_checkpoint(args.checkpoint) if args.checkpoint is not None else None
+    init_state = load_checkpoint(args.checkpoint, any_trainer=True) if args.checkpoint is not None else None
 
     lock = RunDirLock(run_dir) if rank == 0 else None  # rank 0 alone writes the run directory
     try:
-        holds_a_run = any(run_dir.glob("*.pt")) or any(run_dir.glob("events.out.tfevents.*"))
-        if rank == 0 and resume_state is None and holds_a_run:
-            raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or pick another "
-                            "--exp_name")
+        if rank == 0 and resume_state is None:
+            if any(run_dir.rglob("*.pt")):
+                raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or pick "
+                                "another --exp_name")
+            set_aside_unfinished_start(run_dir)
         random.seed(args.seed + rank)
         np.random.seed(args.seed + rank)
         torch.manual_seed(args.seed + rank)
@@ -970,7 +972,7 @@ def main(args: Args) -> int:
                 eval_envs = make_envs(args, maniskill, device, evaluation=True, run_dir=run_dir,
                                       num_eval_steps=num_eval_steps)
             setup = Setup(run_name, run_dir, device, rank, bootstrap_rule, num_eval_steps, num_iterations,
-                          time_limit_from)
+                          time_limit_from, init_state and init_state["trainer"])
             status = train(args, setup, envs, eval_envs, resume_state, init_state)
             if num_ranks > 1:
                 dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)  # rank 0's last writes
@@ -2081,6 +2083,8 @@ def open_run(args: Args, setup: Setup, resume_state: Optional[dict], critic_inpu
                "num_eval_steps": setup.num_eval_steps, "device": str(setup.device), "world_size": world_size(),
                "critic_input": critic_input,
                "max_episode_steps": f"{args.max_episode_steps} (from {setup.time_limit_from})"}
+    if setup.checkpoint_trainer is not None:
+        derived["checkpoint_written_by"] = f"{setup.checkpoint_trainer}.py"
     table = {**dataclasses.asdict(args), **derived}
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in table.items()))
     print(f"run {setup.run_name}: {setup.run_dir}  " + "  ".join(f"{k}={v}" for k, v in derived.items()), flush=True)
@@ -2146,8 +2150,8 @@ def parse_args(argv: list[str]) -> Args:
     changed = [f"--{name}" for name in fixed if getattr(args, name) != getattr(saved_args, name)]
     if changed:
         raise UserError(f"--resume continues the same experiment and only its run-control flags may change, but "
-                        f"{', '.join(changed)} differ from the run's; start a new run from its weights with "
-                        "--checkpoint")
+                        f"{', '.join(changed)} {'differs' if len(changed) == 1 else 'differ'} from the run's; start "
+                        "a new run from its weights with --checkpoint")
     return args
 
 
@@ -2214,16 +2218,33 @@ def read_checkpoint(path) -> dict:
 
 
 # Copied from ppo.py
-def load_checkpoint(path) -> dict:
-    """A checkpoint this trainer can continue or start from."""
+def load_checkpoint(path, any_trainer: bool = False) -> dict:
+    """A checkpoint this trainer can continue, or (any_trainer) start from: another file's too, such as the baseline
+    a copy of this file starts from, where its network fits (load_weights says where it does not)."""
     ckpt = read_checkpoint(path)
     if ckpt["format"] != CHECKPOINT_FORMAT:
         raise UserError(f"{path} has checkpoint format {ckpt['format']}; this {TRAINER}.py reads format "
                         f"{CHECKPOINT_FORMAT}")
-    if ckpt.get("trainer") != TRAINER:
+    if ckpt.get("trainer") != TRAINER and not any_trainer:
         raise UserError(f"{path} was written by {ckpt.get('trainer')}.py, not {TRAINER}.py: continue or start from it "
                         f"with {ckpt.get('trainer')}.py")
     return ckpt
+
+
+# Copied from ppo.py
+def set_aside_unfinished_start(run_dir: Path):
+    """A start killed before its first checkpoint leaves logs (and videos) but nothing to resume from. Starting the
+    same run again moves them to a subdirectory (nothing is deleted) and begins afresh."""
+    if not run_dir.is_dir():
+        return
+    left = [path for path in run_dir.iterdir() if not path.name.startswith((".", "unfinished_start_"))]
+    if not left:
+        return
+    aside = run_dir / f"unfinished_start_{int(time.time())}"
+    aside.mkdir()
+    for path in left:
+        path.rename(aside / path.name)
+    print(f"{run_dir} held a start that wrote no checkpoint: moved what it wrote to {aside}", file=sys.stderr)
 
 
 # Copied from ppo.py

@@ -7,8 +7,9 @@
 #
 # Each run is named NAME[__flag=value...]__seed{S} and writes runs/<that name>, its output in runs/<that name>.log.
 # A run whose final checkpoint exists is skipped; one that was interrupted is resumed (--resume). Run it again after
-# a crash or a reboot and it finishes what is missing. Then: python scripts/summarize.py runs/NAME__* and
-# python scripts/plot.py runs/NAME__* --out plots/NAME, which group the seeds of each combination.
+# a crash or a reboot and it finishes what is missing (a run killed before its first checkpoint starts again). Then:
+# python scripts/summarize.py runs/NAME__*/ and python scripts/plot.py runs/NAME__*/ --out plots/NAME (the run
+# directories, not their .log files), which group the seeds of each combination.
 set -euo pipefail
 
 usage() { echo "usage: $0 [--seeds \"1 2 3\"] [--vary \"--flag=a --flag=b\"]... [--jobs N] NAME -- COMMAND..." >&2; exit 2; }

@@ -63,12 +63,15 @@ def test_a_copy_trains_resumes_and_evaluates_as_itself(tmp_path, trainer, capfd)
     assert ckpt["trainer"] == name and ckpt["iteration"] == 2
     assert CHANGED_NETWORK[trainer][2] in ckpt["model"]
 
-    # The original file neither continues the copy's run nor starts from its weights, and leaves the run as it was.
+    # The original file neither continues the copy's run nor starts from its weights, which do not fit its network,
+    # and leaves the run as it was.
     before = snapshot(run)
     module = TRAINERS[trainer]
-    for refused_argv in (["--resume", str(run)], argv + ["--checkpoint", str(run / "final_ckpt.pt")]):
+    for refused_argv, says in ((["--resume", str(run)], f"written by {name}.py, not {trainer}.py"),
+                               (argv + ["--checkpoint", str(run / "final_ckpt.pt")],
+                                f"do not fit {trainer}.py's network")):
         line = refused_in_one_line(module, refused_argv, tmp_path, capfd, whole_process=False)
-        assert f"written by {name}.py, not {trainer}.py" in line, line
+        assert says in line, line
     assert snapshot(run) == before and len(list((tmp_path / "runs").iterdir())) == 1
 
     # The copy continues its run exactly as an uninterrupted run of the copy.
@@ -109,6 +112,50 @@ def test_a_copy_trains_resumes_and_evaluates_as_itself(tmp_path, trainer, capfd)
         line = refused_in_one_line(module, refused_argv, tmp_path, capfd, whole_process=False)
         assert f"do not fit {trainer}.py's network" in line, line
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("trainer", ["ppo", "ippo"])
+def test_a_copy_starts_from_the_originals_checkpoint_where_its_network_fits(tmp_path, trainer):
+    """Fine-tuning the baseline with a change: a copy whose network is the original's starts a run of its own from
+    the original's checkpoint (--checkpoint), which its startup line and hyperparameters name; --resume across files
+    stays refused."""
+    source = (REPO / f"{trainer}.py").read_text()
+    copy = tmp_path / f"my_{trainer}.py"
+    copy.write_text(source.replace('"""', '"""A copy with the same network. ', 1))
+    argv = fast_args(ENV[trainer], "base", total_timesteps=32 * 2, **FLAGS[trainer])
+    assert run_script(f"{trainer}.py", argv, tmp_path).returncode == 0
+    base = load(tmp_path / "runs/base/final_ckpt.pt")
+    started = run_copy(copy, fast_args(ENV[trainer], "tuned", total_timesteps=32 * 2, **FLAGS[trainer])
+                       + ["--checkpoint", "runs/base/final_ckpt.pt", "--learning_rate", "1e-30"], tmp_path)
+    assert f"checkpoint_written_by={trainer}.py" in started.stdout
+    tuned = load(tmp_path / "runs/tuned/final_ckpt.pt")
+    assert tuned["trainer"] == copy.stem
+    for key in base["model"]:  # a learning rate of 1e-30 keeps the weights it started from
+        torch.testing.assert_close(base["model"][key], tuned["model"][key], rtol=0, atol=1e-20)
+    refused = run_script(str(copy), ["--resume", "runs/base"], tmp_path)
+    assert refused.returncode == 2 and f"written by {trainer}.py, not {copy.stem}.py" in refused.stderr
+
+
+def test_a_start_killed_before_its_first_checkpoint_is_started_again(tmp_path):
+    """A start that a kill stopped before its first checkpoint left its TensorBoard file and videos: the same command
+    starts the run afresh, what the killed start wrote moved aside; a run with a checkpoint is never touched."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    run = tmp_path / "runs/r"
+    writer = SummaryWriter(str(run))
+    writer.add_scalar("charts/SPS", 1.0, 0)
+    writer.close()
+    (run / "videos").mkdir()
+    argv = fast_args(ENV["ppo"], "r", **FLAGS["ppo"])
+    result = run_script("ppo.py", argv, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (aside,) = run.glob("unfinished_start_*")
+    assert "held a start that wrote no checkpoint" in result.stderr
+    assert {p.name for p in aside.iterdir()} >= {"videos"} and len(list(aside.glob("events.out.tfevents.*"))) == 1
+    assert (run / "final_ckpt.pt").is_file() and len(list(run.glob("events.out.tfevents.*"))) == 1
+    before = snapshot(run)
+    again = run_script("ppo.py", argv, tmp_path)
+    assert again.returncode == 2 and "already holds a run" in again.stderr and snapshot(run) == before
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")

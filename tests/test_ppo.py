@@ -287,6 +287,8 @@ def test_resume_refuses_a_different_experiment(tmp_path):
         if flag.startswith("--"):
             assert (flag.replace("--no_", "--") + " " in errors[0]
                     or flag.replace("--no_", "--") + "," in errors[0]), flag
+    one = run_script("ppo.py", ["--resume", "runs/r", "--gamma", "0.5"], tmp_path)
+    assert one.returncode == 2 and "but --gamma differs from the run's" in one.stderr
     assert snapshot(tmp_path / "runs/r") == before
     finished = run_script("ppo.py", ["--resume", "runs/r"], tmp_path)
     assert finished.returncode == 2 and "--total_timesteps" in finished.stderr

@@ -38,13 +38,18 @@ def test_sweep_runs_every_combination_then_finishes_what_is_missing(tmp_path):
 
     for checkpoint in ("ckpt_4.pt", "final_ckpt.pt"):  # as if that run had been killed after ckpt_2.pt
         (tmp_path / "runs" / names[0] / checkpoint).unlink()
+    for checkpoint in (tmp_path / "runs" / names[1]).glob("*.pt"):  # killed before its first checkpoint
+        checkpoint.unlink()
     again = sweep(tmp_path, "--seeds", "1 2", "--vary", "--learning_rate=1e-3 --learning_rate=3e-4")
     assert again.returncode == 0, again.stderr
-    assert again.stdout.count("done already") == 3 and f"resuming: runs/{names[0]}" in again.stdout
-    assert (tmp_path / "runs" / names[0] / "final_ckpt.pt").exists()
+    assert again.stdout.count("done already") == 2 and f"resuming: runs/{names[0]}" in again.stdout
+    assert f"starting: runs/{names[1]}" in again.stdout
+    for name in names[:2]:
+        assert (tmp_path / "runs" / name / "final_ckpt.pt").exists()
 
-    # the table: final eval/return of each pair of seeds, mean ± std
-    table = run_tool(tmp_path, "summarize.py", *[f"runs/{name}" for name in names])
+    # the table: final eval/return of each pair of seeds, mean ± std; sweep.sh's example takes the run directories
+    table = subprocess.run(f"{sys.executable} {REPO}/scripts/summarize.py runs/pend__*/", shell=True, cwd=tmp_path,
+                           env=script_env(), capture_output=True, text=True, timeout=300)
     assert table.returncode == 0, table.stderr
     rows = table.stdout.strip().splitlines()
     assert rows[0].startswith("| runs | n | eval/return (final) |") and len(rows) == 4
