@@ -187,3 +187,22 @@ def test_mpe_spread_benchmark_writes_its_table_and_plot(tmp_path):
     ckpt = load(next((tmp_path / "runs").glob("spread_mappo_continuous_s1_*")) / "final_ckpt.pt")
     assert ckpt["agents"] == ["agent_0", "agent_1", "agent_2"] and ckpt["action_spaces"][0]["type"] == "Box"
     assert ckpt["model"]["critic.0.weight"].shape[1] == 54 + 3  # state() and the agent id of the shared network
+
+
+def test_same_numbers_holds_against_head_and_tells_runs_apart(tmp_path):
+    """benchmarks/same_numbers.py: ppo.py of the working tree gives HEAD's numbers where it is HEAD's (a clean
+    checkout, as CI's); two runs of different seeds differ in their weights and losses."""
+    result = run([sys.executable, str(REPO / "benchmarks/same_numbers.py"), "--trainers", "ppo"], tmp_path)
+    assert result.stdout.splitlines()[0] == "| trainer | experiment | same numbers as HEAD |", result.stderr
+    row = result.stdout.splitlines()[2]
+    assert row.startswith("| ppo | tests.envs:PointMass-v0 | ")
+    if subprocess.run(["git", "-C", str(REPO), "diff", "--quiet", "HEAD", "--", "ppo.py"]).returncode == 0:
+        assert row.endswith("| yes |") and result.returncode == 0, row
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import same_numbers
+
+    argv = same_numbers.EXPERIMENTS["ppo"][0]
+    runs = [same_numbers.run(REPO / "ppo.py", argv + ["--seed", str(seed)], tmp_path / f"seed{seed}")
+            for seed in (1, 2)]
+    found = same_numbers.differences(*runs)
+    assert "model actor_logstd" in found and "scalar losses/value_loss" in found, found
