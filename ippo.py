@@ -691,7 +691,7 @@ class Setup:
     bootstrap_rule: str
     num_eval_steps: int
     num_iterations: int
-    time_limit_from: Optional[str]  # where max_episode_steps came from
+    time_limit_from: Optional[str]  # where a PettingZoo env's default max_episode_steps came from
     checkpoint_trainer: Optional[str]  # the file that wrote --checkpoint
 
 
@@ -901,10 +901,8 @@ class NonFiniteError(Exception):
 def main(args: Args) -> int:
     rank, local_rank, num_ranks, local_ranks = torchrun_ranks()
     maniskill, time_limit = find_env(args.env_id)
-    time_limit_from = "ManiSkill's registration" if maniskill else f"{TRAINER}.py's VMAS default"
-    if args.max_episode_steps is not None:
-        time_limit_from = "--max_episode_steps"
-    elif args.env_id.startswith(PZ_PREFIX):
+    time_limit_from = None  # where the default came from, for the run's first line; None: given, or none at all
+    if args.max_episode_steps is None and args.env_id.startswith(PZ_PREFIX):
         time_limit, time_limit_from = pettingzoo_time_limit(args.env_id, parse_env_kwargs(args.env_kwargs, False))
     num_iterations = validate(args, maniskill, time_limit, num_ranks, local_ranks)
     bootstrap_rule = args.bootstrap_at_done
@@ -939,7 +937,7 @@ def main(args: Args) -> int:
             if any(run_dir.rglob("*.pt")):
                 raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or pick "
                                 "another --exp_name")
-            set_aside_unfinished_start(run_dir)
+            lock.moved_aside = set_aside_unfinished_start(run_dir)
         random.seed(args.seed + rank)
         np.random.seed(args.seed + rank)
         torch.manual_seed(args.seed + rank)
@@ -972,7 +970,7 @@ def main(args: Args) -> int:
                 eval_envs = make_envs(args, maniskill, device, evaluation=True, run_dir=run_dir,
                                       num_eval_steps=num_eval_steps)
             setup = Setup(run_name, run_dir, device, rank, bootstrap_rule, num_eval_steps, num_iterations,
-                          time_limit_from, init_state and init_state["trainer"])
+                          time_limit_from, init_state and init_state.get("trainer"))
             status = train(args, setup, envs, eval_envs, resume_state, init_state)
             if num_ranks > 1:
                 dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)  # rank 0's last writes
@@ -1216,7 +1214,7 @@ def pettingzoo_time_limit(env_id: str, env_kwargs: dict) -> tuple[Optional[int],
     except TypeError as e:
         raise UserError(f"cannot make {env_id} with --env_kwargs {env_kwargs}: {e}") from e
     try:
-        for holder, name in ((env, "the env's"), (env.unwrapped, "the unwrapped env's")):
+        for holder, name in ((env, "the env's"), (getattr(env, "unwrapped", env), "the unwrapped env's")):
             if isinstance(getattr(holder, "max_cycles", None), int):
                 return holder.max_cycles, f"{name} max_cycles"
         steps = getattr(getattr(env, "spec", None), "max_episode_steps", None)
@@ -2081,8 +2079,9 @@ def open_run(args: Args, setup: Setup, resume_state: Optional[dict], critic_inpu
     derived = {"batch_size": batch_size, "minibatch_size": batch_size // args.num_minibatches,
                "num_iterations": setup.num_iterations, "bootstrap_rule": setup.bootstrap_rule,
                "num_eval_steps": setup.num_eval_steps, "device": str(setup.device), "world_size": world_size(),
-               "critic_input": critic_input,
-               "max_episode_steps": f"{args.max_episode_steps} (from {setup.time_limit_from})"}
+               "critic_input": critic_input, "max_episode_steps": args.max_episode_steps}
+    if setup.time_limit_from is not None:
+        derived["max_episode_steps"] = f"{args.max_episode_steps} (from {setup.time_limit_from})"
     if setup.checkpoint_trainer is not None:
         derived["checkpoint_written_by"] = f"{setup.checkpoint_trainer}.py"
     table = {**dataclasses.asdict(args), **derived}
@@ -2232,19 +2231,20 @@ def load_checkpoint(path, any_trainer: bool = False) -> dict:
 
 
 # Copied from ppo.py
-def set_aside_unfinished_start(run_dir: Path):
-    """A start killed before its first checkpoint leaves logs (and videos) but nothing to resume from. Starting the
-    same run again moves them to a subdirectory (nothing is deleted) and begins afresh."""
-    if not run_dir.is_dir():
-        return
+def set_aside_unfinished_start(run_dir: Path) -> Optional[Path]:
+    """A start killed before its first checkpoint leaves logs (and videos) but nothing to resume from, as does a run
+    with --no_save_model. Starting the same run again moves them to a subdirectory (nothing is deleted; a start that
+    fails moves them back) and begins afresh; main() refuses a directory with any checkpoint first."""
     left = [path for path in run_dir.iterdir() if not path.name.startswith((".", "unfinished_start_"))]
     if not left:
-        return
+        return None
     aside = run_dir / f"unfinished_start_{int(time.time())}"
     aside.mkdir()
     for path in left:
         path.rename(aside / path.name)
-    print(f"{run_dir} held a start that wrote no checkpoint: moved what it wrote to {aside}", file=sys.stderr)
+    print(f"{run_dir} held no checkpoint to continue from (a start stopped before its first one, or a run without "
+          f"--save_model): moved its logs and videos to {aside} and starting afresh", file=sys.stderr)
+    return aside
 
 
 # Copied from ppo.py
@@ -2271,6 +2271,7 @@ class RunDirLock:
 
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
+        self.moved_aside: Optional[Path] = None  # set_aside_unfinished_start's, which undo() moves back
         self.new_dirs = [path for path in (run_dir, *run_dir.parents) if not path.exists()]
         self.entries_before = set(run_dir.iterdir()) if run_dir.is_dir() else set()
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -2302,7 +2303,7 @@ class RunDirLock:
 
     def undo(self):
         """A start that failed leaves the disk as it found it: what it created (the lock file, empty video
-        directories, a new run directory) goes, and nothing else is touched."""
+        directories, a new run directory) goes, what it set aside comes back, and nothing else is touched."""
         new_entries = set(self.run_dir.iterdir()) - self.entries_before
         try:
             if self.run_dir / ".lock" in new_entries:
@@ -2310,6 +2311,10 @@ class RunDirLock:
             for path in new_entries:
                 if path.is_dir() and not any(path.iterdir()):
                     path.rmdir()
+            if self.moved_aside is not None:
+                for path in self.moved_aside.iterdir():
+                    path.rename(self.run_dir / path.name)
+                self.moved_aside.rmdir()
             for path in self.new_dirs:
                 if any(path.iterdir()):
                     break

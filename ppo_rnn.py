@@ -938,7 +938,7 @@ def main(args: Args) -> int:
             if any(run_dir.rglob("*.pt")):
                 raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or pick "
                                 "another --exp_name")
-            set_aside_unfinished_start(run_dir)
+            lock.moved_aside = set_aside_unfinished_start(run_dir)
         random.seed(args.seed + rank)
         np.random.seed(args.seed + rank)
         torch.manual_seed(args.seed + rank)
@@ -971,7 +971,7 @@ def main(args: Args) -> int:
                 eval_envs = make_envs(args, maniskill, device, evaluation=True, run_dir=run_dir,
                                       num_eval_steps=num_eval_steps)
             setup = Setup(run_name, run_dir, device, rank, bootstrap_rule, num_eval_steps, num_iterations,
-                          init_state and init_state["trainer"])
+                          init_state and init_state.get("trainer"))
             status = train(args, setup, envs, eval_envs, resume_state, init_state)
             if num_ranks > 1:
                 dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)  # rank 0's last writes
@@ -1576,8 +1576,9 @@ def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
     observation_space = space_to_dict(envs.single_observation_space)
     action_space = space_to_dict(envs.single_action_space)
     if state["observation_space"] != observation_space or state["action_space"] != action_space:
-        raise UserError(f"the checkpoint's spaces ({state['observation_space']['shape']}, {state['action_space']}) "
-                        f"do not match {args.env_id}'s ({observation_space['shape']}, {action_space})")
+        theirs = state["observation_space"].get("shape", state["observation_space"]["type"])  # ppo_rgb.py's Dict
+        raise UserError(f"the checkpoint's spaces ({theirs}, {state['action_space']}) do not match {args.env_id}'s "
+                        f"({observation_space['shape']}, {action_space})")
     defaults = {field.name: field.default for field in dataclasses.fields(Args)}
     for name in NETWORK_FIELDS:
         trained = state["args"].get(name, defaults[name])  # checkpoints older than the flag used its default
@@ -1751,19 +1752,20 @@ def load_checkpoint(path, any_trainer: bool = False) -> dict:
 
 
 # Copied from ppo.py
-def set_aside_unfinished_start(run_dir: Path):
-    """A start killed before its first checkpoint leaves logs (and videos) but nothing to resume from. Starting the
-    same run again moves them to a subdirectory (nothing is deleted) and begins afresh."""
-    if not run_dir.is_dir():
-        return
+def set_aside_unfinished_start(run_dir: Path) -> Optional[Path]:
+    """A start killed before its first checkpoint leaves logs (and videos) but nothing to resume from, as does a run
+    with --no_save_model. Starting the same run again moves them to a subdirectory (nothing is deleted; a start that
+    fails moves them back) and begins afresh; main() refuses a directory with any checkpoint first."""
     left = [path for path in run_dir.iterdir() if not path.name.startswith((".", "unfinished_start_"))]
     if not left:
-        return
+        return None
     aside = run_dir / f"unfinished_start_{int(time.time())}"
     aside.mkdir()
     for path in left:
         path.rename(aside / path.name)
-    print(f"{run_dir} held a start that wrote no checkpoint: moved what it wrote to {aside}", file=sys.stderr)
+    print(f"{run_dir} held no checkpoint to continue from (a start stopped before its first one, or a run without "
+          f"--save_model): moved its logs and videos to {aside} and starting afresh", file=sys.stderr)
+    return aside
 
 
 # Copied from ppo.py
@@ -1790,6 +1792,7 @@ class RunDirLock:
 
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
+        self.moved_aside: Optional[Path] = None  # set_aside_unfinished_start's, which undo() moves back
         self.new_dirs = [path for path in (run_dir, *run_dir.parents) if not path.exists()]
         self.entries_before = set(run_dir.iterdir()) if run_dir.is_dir() else set()
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -1821,7 +1824,7 @@ class RunDirLock:
 
     def undo(self):
         """A start that failed leaves the disk as it found it: what it created (the lock file, empty video
-        directories, a new run directory) goes, and nothing else is touched."""
+        directories, a new run directory) goes, what it set aside comes back, and nothing else is touched."""
         new_entries = set(self.run_dir.iterdir()) - self.entries_before
         try:
             if self.run_dir / ".lock" in new_entries:
@@ -1829,6 +1832,10 @@ class RunDirLock:
             for path in new_entries:
                 if path.is_dir() and not any(path.iterdir()):
                     path.rmdir()
+            if self.moved_aside is not None:
+                for path in self.moved_aside.iterdir():
+                    path.rename(self.run_dir / path.name)
+                self.moved_aside.rmdir()
             for path in self.new_dirs:
                 if any(path.iterdir()):
                     break

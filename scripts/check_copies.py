@@ -51,7 +51,12 @@ def copies(root: Path, path: Path) -> list[dict]:
     """The marked copies of one file, each with its span and the text its source says it must have."""
     lines = path.read_text().splitlines(keepends=True)
     sources, found = {}, []
-    for name, (first, end) in definitions("".join(lines), path.name).items():
+    spans = definitions("".join(lines), path.name)
+    markers = {i for i, line in enumerate(lines) if MARKER.match(line.rstrip("\n"))}
+    for stray in sorted(markers - {first - 1 for first, _ in spans.values()}):
+        raise ValueError(f"{path.name}:{stray + 1}: a 'Copied from' line must stand directly above a top-level def "
+                         "or class (or its decorators)")
+    for name, (first, end) in spans.items():
         match = MARKER.match(lines[first - 1].rstrip("\n")) if first > 0 else None
         if match is None:
             continue
@@ -68,8 +73,11 @@ def copies(root: Path, path: Path) -> list[dict]:
             raise ValueError(f"{where}: {match['source']} has no top-level {source_name}")
         source_first, source_end = source_spans[source_name]
         expected = "".join(source_lines[source_first:source_end])
-        if source_name != name:  # the copy's own name in its def or class line
-            expected = re.sub(rf"\b{source_name}\b", name, expected, count=1)
+        if source_name != name:  # the copy's own name in its def or class line, and nowhere else
+            expected = re.sub(rf"^((?:async )?def|class) {source_name}\b", rf"\1 {name}", expected, count=1,
+                              flags=re.MULTILINE)
+        if not expected.endswith("\n"):  # a source that ends its file without one
+            expected += "\n"
         for old, new in replacements(match["pairs"]) if match["pairs"] else []:
             expected = expected.replace(old, new)
         found.append({"where": where, "span": (first, end), "expected": expected,

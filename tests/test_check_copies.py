@@ -103,3 +103,8 @@ def test_renamed_copies_and_replacements(tmp_path):
     (tmp_path / "ippo.py").write_text(copy.replace("# Copied from ppo.py: scale", "# Copied from ppo.py: nothing"))
     refused = check(tmp_path)
     assert refused.returncode == 2 and refused.stderr.startswith("error: ippo.py:2 double: ppo.py has no top-level")
+    # a mark that stands above no definition would leave its copy unchecked
+    marked = "# Copied from ppo.py: scale\n"
+    (tmp_path / "ippo.py").write_text(copy.replace(marked, marked + "# a comment between the mark and its copy\n"))
+    stray = check(tmp_path)
+    assert stray.returncode == 2 and stray.stderr.startswith("error: ippo.py:1: a 'Copied from' line must stand")

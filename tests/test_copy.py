@@ -147,10 +147,16 @@ def test_a_start_killed_before_its_first_checkpoint_is_started_again(tmp_path):
     writer.close()
     (run / "videos").mkdir()
     argv = fast_args(ENV["ppo"], "r", **FLAGS["ppo"])
+    # A start that fails after setting them aside (weights that do not fit) puts them back
+    assert run_script("ppo.py", fast_args(ENV["ppo"], "small", hidden_sizes=8), tmp_path).returncode == 0
+    killed = snapshot(run)
+    failed = run_script("ppo.py", argv + ["--checkpoint", "runs/small/final_ckpt.pt"], tmp_path)
+    assert failed.returncode == 2 and "--hidden_sizes 8" in failed.stderr and "held no checkpoint" in failed.stderr
+    assert snapshot(run) == killed and not list(run.glob("unfinished_start_*"))
     result = run_script("ppo.py", argv, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     (aside,) = run.glob("unfinished_start_*")
-    assert "held a start that wrote no checkpoint" in result.stderr
+    assert "held no checkpoint to continue from" in result.stderr
     assert {p.name for p in aside.iterdir()} >= {"videos"} and len(list(aside.glob("events.out.tfevents.*"))) == 1
     assert (run / "final_ckpt.pt").is_file() and len(list(run.glob("events.out.tfevents.*"))) == 1
     before = snapshot(run)
