@@ -160,12 +160,16 @@ def test_checkpoint_contents(tmp_path):
     assert mismatch.returncode == 2
     assert mismatch.stderr.strip().splitlines()[-1] == ("error: the checkpoint was trained with --norm_obs, and its "
                                                         "network needs the same: pass --norm_obs")
-    # a checkpoint of another trainer or checkpoint format is refused in words
-    for key, value, mention in (("trainer", "ppo_rnn", "written by ppo_rnn.py"),
-                                ("format", 1, "has checkpoint format 1")):
-        torch.save({**ckpt, key: value}, tmp_path / "other.pt")
-        other = run_script("ppo.py", fast_args("CartPole-v1", "other", norm_obs=True, checkpoint="other.pt"), tmp_path)
-        assert other.returncode == 2 and mention in other.stderr.strip().splitlines()[-1], other.stderr
+    # a checkpoint of another format is refused in words; one of another trainer file whose network fits (a copy's
+    # baseline) starts a run, which says where it came from; resuming it is refused in words
+    torch.save({**ckpt, "format": 1}, tmp_path / "other.pt")
+    other = run_script("ppo.py", fast_args("CartPole-v1", "other", norm_obs=True, checkpoint="other.pt"), tmp_path)
+    assert other.returncode == 2 and "has checkpoint format 1" in other.stderr.strip().splitlines()[-1], other.stderr
+    torch.save({**ckpt, "trainer": "my_idea"}, tmp_path / "other.pt")
+    other = run_script("ppo.py", fast_args("CartPole-v1", "other", norm_obs=True, checkpoint="other.pt"), tmp_path)
+    assert other.returncode == 0 and "checkpoint_written_by=my_idea.py" in other.stdout, other.stderr
+    other = run_script("ppo.py", ["--resume", "other.pt"], tmp_path)
+    assert other.returncode == 2 and "written by my_idea.py" in other.stderr.strip().splitlines()[-1], other.stderr
     # ... and that run can be resumed without naming the checkpoint it started from
     longer = run_script("ppo.py", ["--resume", "runs/from_ckpt", "--total_timesteps", "64"], tmp_path)
     assert longer.returncode == 0, longer.stderr

@@ -235,14 +235,14 @@ def test_same_seed_same_numbers_and_checkpoint_contents(tmp_path):
                           log_std_init=saved["log_std_init"], **network_flags(saved))
     agent.load_state_dict(ckpt["model"])
 
-    # --checkpoint needs the same network, said in words; a ppo.py checkpoint is refused
+    # --checkpoint needs the same network, said in words; resuming from a ppo.py checkpoint is refused
     mismatch = run_script("ppo_rnn.py", rnn_args("Pendulum-v1", "c", norm_obs=True, rnn_num_layers=2,
                                                  checkpoint="runs/a/final_ckpt.pt"), tmp_path)
     assert mismatch.returncode == 2
     assert mismatch.stderr.strip().splitlines()[-1] == ("error: the checkpoint was trained with --rnn_type=gru, and "
                                                         "its network needs the same: pass --rnn_type=gru")
     torch.save({**ckpt, "trainer": "ppo"}, tmp_path / "ppo.pt")
-    foreign = run_script("ppo_rnn.py", rnn_args("Pendulum-v1", "d", checkpoint="ppo.pt"), tmp_path)
+    foreign = run_script("ppo_rnn.py", ["--resume", "ppo.pt"], tmp_path)
     assert foreign.returncode == 2 and "written by ppo.py" in foreign.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "runs/c").exists() and not (tmp_path / "runs/d").exists()
     # a resume continues one experiment: the network and the sequence scheme are fixed (SIGTERM and resume: test_ppo.py)
