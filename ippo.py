@@ -2079,9 +2079,8 @@ def open_run(args: Args, setup: Setup, resume_state: Optional[dict], critic_inpu
     derived = {"batch_size": batch_size, "minibatch_size": batch_size // args.num_minibatches,
                "num_iterations": setup.num_iterations, "bootstrap_rule": setup.bootstrap_rule,
                "num_eval_steps": setup.num_eval_steps, "device": str(setup.device), "world_size": world_size(),
-               "critic_input": critic_input, "max_episode_steps": args.max_episode_steps}
-    if setup.time_limit_from is not None:
-        derived["max_episode_steps"] = f"{args.max_episode_steps} (from {setup.time_limit_from})"
+               "critic_input": critic_input, "max_episode_steps": args.max_episode_steps
+               if setup.time_limit_from is None else f"{args.max_episode_steps} (from {setup.time_limit_from})"}
     if setup.checkpoint_trainer is not None:
         derived["checkpoint_written_by"] = f"{setup.checkpoint_trainer}.py"
     table = {**dataclasses.asdict(args), **derived}

@@ -53,9 +53,9 @@ def copies(root: Path, path: Path) -> list[dict]:
     sources, found = {}, []
     spans = definitions("".join(lines), path.name)
     markers = {i for i, line in enumerate(lines) if MARKER.match(line.rstrip("\n"))}
-    for stray in sorted(markers - {first - 1 for first, _ in spans.values()}):
-        raise ValueError(f"{path.name}:{stray + 1}: a 'Copied from' line must stand directly above a top-level def "
-                         "or class (or its decorators)")
+    if strays := sorted(markers - {first - 1 for first, _ in spans.values()}):
+        raise ValueError(f"{path.name}:{strays[0] + 1}: a 'Copied from' line must stand directly above a top-level "
+                         "def or class (or its decorators)")
     for name, (first, end) in spans.items():
         match = MARKER.match(lines[first - 1].rstrip("\n")) if first > 0 else None
         if match is None:
