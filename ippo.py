@@ -204,6 +204,14 @@ class Args:
     """with capture_video, record a ManiSkill training video every this many iterations"""
 
 
+# --resume continues one experiment: only the flags that say how long it runs and how it is run, watched and stored
+# may change. Any other difference (the task, the algorithm, the evaluation) is another experiment: start it from the
+# run's weights with --checkpoint.
+RESUME_CHANGEABLE_FIELDS = ("total_timesteps", "eval_freq", "checkpoint_freq", "keep_checkpoints", "capture_video",
+                            "save_train_video_freq", "save_model", "track", "wandb_project_name", "wandb_entity",
+                            "torch_threads", "cuda", "torch_deterministic", "async_envs")
+
+
 # ---------------------------------------------------------------------------------------------
 # Agent: every agent's actor and critic, running normalization
 # ---------------------------------------------------------------------------------------------
@@ -778,7 +786,7 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
                 postfix = {"step": global_step, "SPS": sps, **progress_items("train", train_means)}
                 if iteration % args.eval_freq == 0 or iteration == num_iterations:
                     agent.eval()
-                    with eval_envs.own_random_stream():
+                    with own_random_stream(eval_envs):
                         eval_episodes = evaluate(agent, eval_envs, setup.num_eval_steps, eval_seed)
                     eval_means = log_episode_metrics(writer, "eval", eval_episodes, global_step)
                     eval_seed = None
@@ -879,6 +887,327 @@ def progress_items(prefix: str, means: dict[str, float]) -> dict[str, float]:
     return {f"{prefix}_{key}": round(value, 3) for key, value in means.items() if key in ("return", "success_once")}
 
 
+# ---------------------------------------------------------------------------------------------
+# The run's settings: what the flags leave open, seeds and devices, what the envs are made with and receive, what
+# the critic sees, evaluation's random stream
+# ---------------------------------------------------------------------------------------------
+
+def settings(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: int) -> dict:
+    """What the flags leave to the task, settled once (validate() calls it and checks the result): the episodes'
+    time limit (the task's own unless --max_episode_steps), --anneal_lr as the linear schedule, the bootstrap rule
+    (auto: always for ManiSkill tasks, whose defaults are tuned with it, truncated otherwise; docs/bootstrap.md), the
+    evaluation's length (the time limit unless --num_eval_steps) and the iterations of num_ranks processes; a
+    ManiSkill task's agents observe its full state unless --agent_obs=local."""
+    if maniskill:
+        args.agent_obs = args.agent_obs or "full"
+    if args.max_episode_steps is None:
+        args.max_episode_steps = time_limit
+    if args.anneal_lr:
+        args.lr_schedule = "linear"
+    bootstrap_rule = args.bootstrap_at_done
+    if bootstrap_rule == "auto":
+        bootstrap_rule = "always" if maniskill else "truncated"
+    return dict(bootstrap_rule=bootstrap_rule, num_eval_steps=args.num_eval_steps or args.max_episode_steps,
+                num_iterations=args.total_timesteps // (args.num_envs * args.num_steps * num_ranks))
+
+
+# Copied from ppo.py
+def seed_process(args: Args, rank: int, local_rank: int, num_ranks: int) -> torch.device:
+    """Seed this process (rank r with seed + r), make cuDNN, torch's CPU threads and --compile's random draws
+    deterministic, and return its device."""
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+    torch.manual_seed(args.seed + rank)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
+    if args.compile:  # the policy's samples come from torch's own generator, as in eager mode
+        torch._inductor.config.fallback_random = True
+    if torch.cuda.is_available() and args.cuda:
+        return torch.device("cuda", local_rank) if num_ranks > 1 else torch.device("cuda")
+    return torch.device("cpu")
+
+
+# Copied from ppo.py
+def resolve_sim_backend(sim_backend: str) -> str:
+    if sim_backend == "auto":
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    if sim_backend == "gpu" and not torch.cuda.is_available():
+        raise UserError("--sim_backend=gpu needs CUDA, which this machine does not have; use --sim_backend=cpu")
+    return sim_backend
+
+
+def maniskill_env_kwargs(args: Args, num_envs: int, device: torch.device, evaluation: bool,
+                         user_env_kwargs: dict) -> tuple[dict, bool]:
+    """gym.make's kwargs for a ManiSkill task (--env_kwargs first, observations as a state_dict that AgentViews
+    splits), and ignore_terminations (--no_partial_reset: episodes run to the time
+    limit). The simulation runs on the learner's GPU (each torchrun rank's own) or on the CPU; CPU envs beyond one are
+    worker processes, whose unseeded resets (every autoreset) would draw on an unseeded torch stream:
+    enhanced_determinism draws their seeds from the env's own, seeded, stream instead."""
+    gpu = resolve_sim_backend(args.sim_backend) == "gpu"
+    on_device = "" if device.index is None else f":{device.index}"
+    env_kwargs = dict(user_env_kwargs, obs_mode="state_dict",
+                      sim_backend=f"physx_cuda{on_device}" if gpu else "physx_cpu",
+                      # the default render backend falls back to the CPU with one warning per env; --no_cuda with
+                      # the CPU simulation keeps rendering off the GPU too
+                      render_backend=f"gpu{on_device}" if torch.cuda.is_available() and (gpu or args.cuda) else "cpu",
+                      reconfiguration_freq=args.eval_reconfiguration_freq if evaluation else args.reconfiguration_freq,
+                      max_episode_steps=args.max_episode_steps)
+    if args.control_mode is not None:
+        env_kwargs["control_mode"] = args.control_mode
+    if not gpu and num_envs > 1:
+        env_kwargs["enhanced_determinism"] = True
+    return env_kwargs, not (args.eval_partial_reset if evaluation else args.partial_reset)
+
+
+# Copied from ppo.py with single_action_space->action_spaces[0]
+def env_action(envs: TorchVecEnv, action: torch.Tensor) -> torch.Tensor:
+    """The action the envs receive: a Box action clamped to the space's bounds (its log-prob stays the sampled
+    one's); a discrete one shifted from the agent's count from 0 to the space's start."""
+    if isinstance(envs.action_spaces[0], gym.spaces.Box):
+        return torch.clamp(action, envs.action_low, envs.action_high)
+    return action.long() + envs.action_start
+
+
+class AgentViews(gym.ObservationWrapper):
+    """A ManiSkill multi-agent task's state_dict observation, flattened as obs_mode="state" flattens it, and which
+    of its entries each agent observes (agent_views; docs/multi_agent.md, "What each agent observes").
+
+    full: every agent observes the whole state. local: agent i observes obs["agent"][<its uid>] and the obs["extra"]
+    entries that belong to no other agent. An extra entry belongs to the agent whose uid its name contains; in a
+    two-agent task, one named left_* to agent 0 and right_* to agent 1 (the two-robot tasks' left_agent and
+    right_agent). The other extra entries (the objects, the goal) are shared.
+    """
+
+    SIDES = ("left", "right")
+
+    def __init__(self, env: gym.Env, env_id: str, agent_obs: str):
+        super().__init__(env)
+        from mani_skill.utils import common
+
+        self.flatten_state_dict = functools.partial(common.flatten_state_dict, use_torch=True)
+        base = env.unwrapped
+        if not isinstance(base.single_action_space, gym.spaces.Dict):
+            raise UserError(f"{env_id} is a single-agent task (its action space is not a Dict keyed by agent); "
+                            "train it with ppo.py")
+        agents, action_spaces = list(base.single_action_space.keys()), list(base.single_action_space.values())
+        if any(space != action_spaces[0] for space in action_spaces):
+            raise UserError(f"{env_id}'s agents have different action spaces ({action_spaces}); {TRAINER}.py stacks "
+                            "the agents' networks and needs one action space")
+
+        def owner(path: tuple[str, ...]) -> Optional[int]:
+            if path[0] == "agent" and path[1] in agents:
+                return agents.index(path[1])
+            for i, uid in enumerate(agents):
+                # The Dict's keys are sorted; a uid's suffix "-<k>" is its place in the task's agents (left is 0).
+                place = int(uid.rpartition("-")[2]) if uid.rpartition("-")[2].isdigit() else i
+                if uid in path[-1] or (len(agents) == len(self.SIDES) and path[-1].startswith(self.SIDES[place] + "_")):
+                    return i
+            return None
+
+        entries, width = [], 0  # (path, flat columns) in flatten order
+        for path, value in state_dict_leaves(base._init_raw_obs):
+            size = int(np.prod(value.shape[1:]))
+            entries.append((path, range(width, width + size)))
+            width += size
+        flat = self.observation(base._init_raw_obs)
+        assert flat.shape[1] == width, f"the flattened state has {flat.shape[1]} entries, its parts {width}"
+        base.update_obs_space(flat)
+        obs_index = [[column for path, columns in entries if agent_obs == "full" or owner(path) in (None, i)
+                      for column in columns] for i in range(len(agents))]
+        if len({len(index) for index in obs_index}) > 1:
+            raise UserError(f"{env_id}'s agents observe {[len(index) for index in obs_index]} entries with "
+                            f"--agent_obs={agent_obs}; {TRAINER}.py stacks the agents' networks and needs equal sizes")
+        # The global state out of all agents' observations laid end to end: each entry from the first agent that has it.
+        position = {}
+        for i, index in enumerate(obs_index):
+            for j, column in enumerate(index):
+                position.setdefault(column, i * len(index) + j)
+        self.agent_views = {"agents": agents, "obs_index": obs_index,
+                            "state_index": [position[c] for c in range(width)],
+                            "action_spaces": action_spaces}
+
+    def observation(self, observation: dict) -> torch.Tensor:
+        return self.flatten_state_dict(observation)
+
+
+class TorchVecEnv:
+    """Tensors in, tensors out, on the learner's device, whatever runs the simulation; a row per agent.
+
+    step(action (num_envs, num_agents, ...)) returns (next_obs, reward, terminated, truncated, final_obs, finished):
+    next_obs (num_envs, num_agents, obs_dim) is already reset where an episode ended; reward, terminated and
+    truncated are (num_envs, num_agents), a ManiSkill task's team reward going to every agent, and ManiSkill's and
+    VMAS's episode ends to every agent of the env; final_obs is the true last observation of every agent of an env in
+    which some agent's episode ended in this step (next_obs elsewhere), or None when none did; finished maps metric
+    names (return: the mean over the episode's agents of their returns, <agent>/return, episode_len, and ManiSkill's
+    success_once, success_at_end, fail_once, fail_at_end) to one value per env whose episode ended in this step, or
+    is None when none did.
+
+    A PettingZoo agent's episode may end before its env's, which ends once all its agents' have, and an episode may
+    start without some of the env's possible agents: alive (num_envs, num_agents) marks the agents that act in the
+    next step (the env's info["alive"] where it gives one, PettingZoo's env.agents), ended (num_envs,) the envs whose
+    episode ended in the last one. An agent that left, or is absent, observes zeros, earns nothing and has no return
+    in finished (NaN) until its env's next episode.
+
+    The env gives one flat observation per env; agent_views["obs_index"][i] lists agent i's entries of it (its
+    observation, padded to the widest agent's, and the env's state where the critic reads it: the actor reads the
+    first actor_dim entries, the agent's own observation those of agent_obs_dims[i]), agent_views["state_index"]
+    the global state's entries of all agents' observations laid end to end, and agent_views["action_spaces"] each
+    agent's action space. Actions are the joint action space's (joint_action_space), each agent's first entries
+    its own.
+    """
+
+    EPISODE_KEYS = ("success_once", "success_at_end", "fail_once", "fail_at_end")
+
+    def __init__(self, env, device: torch.device, torch_native: bool, agent_views: dict, video_recorder=None):
+        self.env = env
+        self.video_recorder = video_recorder
+        self.device = device
+        self.torch_native = torch_native
+        self.sim_device = torch.device(env.device) if torch_native else torch.device("cpu")
+        self.random_states: Optional[list[torch.Tensor]] = None
+        self.num_envs = env.num_envs
+        self.agents = list(agent_views["agents"])
+        self.num_agents = len(self.agents)
+        self.obs_index = torch.as_tensor(agent_views["obs_index"], dtype=torch.long, device=device)
+        self.state_index = torch.as_tensor(agent_views["state_index"], dtype=torch.long, device=device)
+        self.flat_obs_dim = int(np.prod(env.single_observation_space.shape))
+        self.obs_dim = self.obs_index.shape[1]
+        self.actor_dim = agent_views.get("actor_dim", self.obs_dim)
+        self.agent_obs_dims = agent_views.get("agent_obs_dims", [self.obs_dim] * self.num_agents)
+        self.critic_input = agent_views.get("critic_input", "all_observations")
+        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (self.obs_dim,), np.float32)
+        self.action_spaces = list(agent_views["action_spaces"])
+        kinds = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+        for space in self.action_spaces:
+            one_dimensional = len(space.shape) == (0 if isinstance(space, gym.spaces.Discrete) else 1)
+            if not isinstance(space, kinds) or not one_dimensional:
+                raise UserError(f"action space {space} is not supported; {TRAINER}.py handles Box, Discrete, "
+                                "MultiDiscrete and MultiBinary actions of one dimension")
+        if len({type(space) for space in self.action_spaces}) > 1 or (
+                isinstance(self.action_spaces[0], gym.spaces.MultiDiscrete)
+                and any(space != self.action_spaces[0] for space in self.action_spaces)):
+            raise UserError(f"the agents act in {self.action_spaces}; {TRAINER}.py's agents may differ in the size of "
+                            "their actions, but all of one kind (and MultiDiscrete ones alike)")
+        self.joint_action_space = joint_action_space([space_to_dict(space) for space in self.action_spaces])
+        # Each agent's row of its action's bounds or starts, padded to the joint space's width
+        width = None if self.joint_action_space["type"] == "Discrete" else self.joint_action_space["shape"][0]
+
+        def rows(values) -> torch.Tensor:
+            values = [np.ravel(np.asarray(v, dtype=np.float64)) for v in values]
+            if width is not None:
+                values = [np.pad(v, (0, width - len(v))) for v in values]
+            return torch.as_tensor(np.stack(values), device=device)
+
+        if isinstance(self.action_spaces[0], gym.spaces.Box):
+            self.action_low = rows([space.low for space in self.action_spaces]).float()
+            self.action_high = rows([space.high for space in self.action_spaces]).float()
+        else:  # the agent's actions count from 0 in each dimension, the env's from start
+            starts = rows([getattr(space, "start", np.zeros(space.shape)) for space in self.action_spaces]).long()
+            self.action_start = starts[:, 0] if width is None else starts
+        self.episode_return = torch.zeros((self.num_envs, self.num_agents), dtype=torch.float64, device=device)
+        self.episode_length = torch.zeros(self.num_envs, dtype=torch.long, device=device)
+        self.alive = torch.ones((self.num_envs, self.num_agents), dtype=torch.bool, device=device)
+        self.in_episode = self.alive.clone()  # the agents of each env's current episode
+        self.ended = torch.zeros(self.num_envs, dtype=torch.bool, device=device)
+
+    def _obs(self, obs) -> torch.Tensor:
+        return self._to_device(obs, torch.float32, (-1, self.flat_obs_dim))[:, self.obs_index]
+
+    def _to_device(self, x, dtype: torch.dtype, shape: tuple = (-1,)) -> torch.Tensor:
+        return torch.as_tensor(x).to(self.device, dtype).reshape(shape)
+
+    def reset(self, seed: Optional[int] = None) -> torch.Tensor:
+        obs, info = self.env.reset(seed=seed)
+        self.episode_return.zero_()
+        self.episode_length.zero_()
+        self.alive = self._alive(info, torch.ones_like(self.alive))
+        self.in_episode = self.alive.clone()
+        return self._obs(obs)
+
+    def _alive(self, info: dict, otherwise: torch.Tensor) -> torch.Tensor:
+        return self._to_device(info["alive"], torch.bool, self.alive.shape) if "alive" in info else otherwise
+
+    def step(self, action: torch.Tensor):
+        action = env_action(self, action).flatten(1)
+        if self.torch_native:
+            action = action.to(self.env.device)
+        else:
+            action = action.cpu().numpy()
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        next_obs = self._obs(obs)
+        reward, terminated, truncated = (self._to_device(x, dtype, (self.num_envs, -1)).expand(-1, self.num_agents)
+                                         for x, dtype in ((reward, torch.float32), (terminated, torch.bool),
+                                                          (truncated, torch.bool)))
+        agent_done = terminated | truncated
+        self.ended = (agent_done | ~self.alive).all(1)
+        self.alive = self._alive(info, self.ended[:, None] | (self.alive & ~agent_done))
+        self.episode_return += reward
+        self.episode_length += 1
+
+        final_obs, finished = None, None
+        if "final_info" in info:  # present only when some agent's episode ended
+            if self.torch_native:  # every row of such an env: each row holds the state, or all agents' observations
+                env_done = agent_done.any(1)[:, None, None]
+                final_obs = torch.where(env_done, self._obs(info["final_observation"]), next_obs)
+            else:
+                ended = info["_final_obs"]
+                final_obs = next_obs.clone()
+                final_obs[torch.as_tensor(ended, device=self.device)] = self._obs(np.stack(info["final_obs"][ended]))
+        done = self.ended
+        if final_obs is not None and done.any():  # the indexing below waits for the GPU anyway
+            episode_return = self.episode_return[done].float().masked_fill(~self.in_episode[done], float("nan"))
+            finished = {"return": episode_return.nanmean(1), "episode_len": self.episode_length[done].float()}
+            finished.update({f"{name}/return": episode_return[:, i] for i, name in enumerate(self.agents)})
+            episode = info["final_info"].get("episode", {})
+            for key in self.EPISODE_KEYS:
+                if key in episode:
+                    finished[key] = self._to_device(episode[key], torch.float32)[done]
+            self.episode_return = torch.where(done[:, None], 0.0, self.episode_return)
+            self.episode_length = torch.where(done, 0, self.episode_length)
+        self.in_episode = torch.where(self.ended[:, None], self.alive, self.in_episode)
+        return next_obs, reward, terminated, truncated, final_obs, finished
+
+    @contextlib.contextmanager
+    def own_random_stream(self):
+        """ManiSkill draws the starts of unseeded episodes from torch's global generator of the sim's device, which
+        also samples training's actions: evaluation swaps in a generator state of its own, carried from one
+        evaluation to the next, so that how often a run evaluates does not change what it trains on."""
+        gpus = [self.sim_device] if self.sim_device.type == "cuda" else []
+        with torch.random.fork_rng(devices=gpus):
+            if self.random_states is not None:
+                torch.set_rng_state(self.random_states[0])
+                for gpu, state in zip(gpus, self.random_states[1:]):
+                    torch.cuda.set_rng_state(state, gpu)
+            yield
+            self.random_states = [torch.get_rng_state(), *(torch.cuda.get_rng_state(gpu) for gpu in gpus)]
+
+    def flush_video(self):
+        """ManiSkill's RecordEpisode over many envs saves a video every max_steps_per_video steps only, and VMAS's
+        recorder at the end of env 0's episode; an evaluation that ended early saves the rest of its video now."""
+        if self.video_recorder is not None:
+            self.video_recorder.flush_video()
+
+    def close(self):
+        self.env.close()
+
+
+# Copied from ppo.py
+@contextlib.contextmanager
+def own_random_stream(envs: TorchVecEnv):
+    """ManiSkill draws the starts of unseeded episodes from torch's global generator of the sim's device, which
+    also samples training's actions: evaluation swaps in a generator state of its own, carried from one
+    evaluation to the next, so that how often a run evaluates does not change what it trains on."""
+    gpus = [envs.sim_device] if envs.sim_device.type == "cuda" else []
+    with torch.random.fork_rng(devices=gpus):
+        if envs.random_states is not None:
+            torch.set_rng_state(envs.random_states[0])
+            for gpu, state in zip(gpus, envs.random_states[1:]):
+                torch.cuda.set_rng_state(state, gpu)
+        yield
+        envs.random_states = [torch.get_rng_state(), *(torch.cuda.get_rng_state(gpu) for gpu in gpus)]
+
+
 # =============================================================================================
 # Plumbing: what a researcher rarely changes.
 # Startup and validation, env adapters, checkpoints and resume, data parallel, signals.
@@ -904,13 +1233,8 @@ def main(args: Args) -> int:
     time_limit_from = None  # where the default came from, for the run's first line; None: given, or none at all
     if args.max_episode_steps is None and args.env_id.startswith(PZ_PREFIX):
         time_limit, time_limit_from = pettingzoo_time_limit(args.env_id, parse_env_kwargs(args.env_kwargs, False))
-    num_iterations = validate(args, maniskill, time_limit, num_ranks, local_ranks)
-    bootstrap_rule = args.bootstrap_at_done
-    if bootstrap_rule == "auto":
-        bootstrap_rule = "always" if maniskill else "truncated"
-    num_eval_steps = args.num_eval_steps or args.max_episode_steps
-    if num_eval_steps is None:
-        raise UserError(f"{args.env_id} has no time limit; give --max_episode_steps or --num_eval_steps")
+    derived = validate(args, maniskill, time_limit, num_ranks, local_ranks)
+    num_iterations, num_eval_steps = derived["num_iterations"], derived["num_eval_steps"]
 
     resume_state = None
     if args.resume is not None:
@@ -938,16 +1262,7 @@ def main(args: Args) -> int:
                 raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or pick "
                                 "another --exp_name")
             lock.moved_aside = set_aside_unfinished_start(run_dir)
-        random.seed(args.seed + rank)
-        np.random.seed(args.seed + rank)
-        torch.manual_seed(args.seed + rank)
-        torch.backends.cudnn.deterministic = args.torch_deterministic
-        if args.torch_threads > 0:
-            torch.set_num_threads(args.torch_threads)
-        if torch.cuda.is_available() and args.cuda:
-            device = torch.device("cuda", local_rank) if num_ranks > 1 else torch.device("cuda")
-        else:
-            device = torch.device("cpu")
+        device = seed_process(args, rank, local_rank, num_ranks)
         if num_ranks > 1:
             if device.type == "cuda":
                 if local_rank >= torch.cuda.device_count():
@@ -969,8 +1284,8 @@ def main(args: Args) -> int:
             if rank == 0:
                 eval_envs = make_envs(args, maniskill, device, evaluation=True, run_dir=run_dir,
                                       num_eval_steps=num_eval_steps)
-            setup = Setup(run_name, run_dir, device, rank, bootstrap_rule, num_eval_steps, num_iterations,
-                          time_limit_from, init_state and init_state.get("trainer"))
+            setup = Setup(run_name, run_dir, device, rank, **derived, time_limit_from=time_limit_from,
+                          checkpoint_trainer=init_state and init_state.get("trainer"))
             status = train(args, setup, envs, eval_envs, resume_state, init_state)
             if num_ranks > 1:
                 dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)  # rank 0's last writes
@@ -1032,16 +1347,15 @@ FLAG_RULES = (
 
 
 def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: int = 1,
-             local_ranks: int = 1) -> int:
-    """Check every flag's range and resolve agent_obs and max_episode_steps; return the number of iterations of the
-    num_ranks processes (local_ranks of them on this machine)."""
+             local_ranks: int = 1) -> dict:
+    """Check every flag's range and what settings() makes of them; return settings() of the num_ranks processes
+    (local_ranks of them on this machine)."""
     for flags, ok, rule in FLAG_RULES:
         for flag in flags:
             if not ok(getattr(args, flag)):
                 raise UserError(f"--{flag} must be {rule}, got {getattr(args, flag)}")
     if maniskill:
-        args.agent_obs = args.agent_obs or "full"
-        if args.agent_obs not in ("full", "local"):
+        if args.agent_obs not in (None, "full", "local"):
             raise UserError(f"--agent_obs must be full or local, got {args.agent_obs}")
     elif args.agent_obs is not None:
         raise UserError("--agent_obs chooses between a ManiSkill task's full and local state; a VMAS agent observes "
@@ -1057,15 +1371,12 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     if not 0 <= args.torch_threads <= cores:
         raise UserError(f"--torch_threads must be 0 (torch's default) to {cores}, the cores of a process, "
                         f"got {args.torch_threads}")
-    if args.max_episode_steps is None:
-        args.max_episode_steps = time_limit
     if args.min_learning_rate > args.max_learning_rate:
         raise UserError(f"--min_learning_rate ({args.min_learning_rate}) is above --max_learning_rate "
                         f"({args.max_learning_rate})")
     if args.anneal_lr and args.lr_schedule not in ("constant", "linear"):
         raise UserError(f"--anneal_lr means --lr_schedule=linear and conflicts with --lr_schedule={args.lr_schedule}")
-    if args.anneal_lr:
-        args.lr_schedule = "linear"
+    derived = settings(args, maniskill, time_limit, num_ranks)
     if args.track and importlib.util.find_spec("wandb") is None:
         raise UserError("--track logs to Weights and Biases, which is not installed: pip install wandb")
     if args.checkpoint is not None and args.resume is not None:
@@ -1077,7 +1388,7 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     if args.norm_adv and batch_size // args.num_minibatches < 2:
         raise UserError("--norm_adv needs minibatches of at least 2 samples; lower --num_minibatches or pass "
                         "--no_norm_adv")
-    num_iterations = args.total_timesteps // (batch_size * num_ranks)
+    num_iterations = derived["num_iterations"]
     if num_iterations < 1:
         raise UserError(f"--total_timesteps={args.total_timesteps} is smaller than one batch of all processes "
                         f"(num_envs*num_steps*processes = {batch_size * num_ranks})")
@@ -1088,6 +1399,8 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
         raise UserError(f"--total_timesteps={args.total_timesteps} would need more env seeds than numpy has (2**32)")
     if not 0 <= args.seed < 2**32 - seeds_per_run:
         raise UserError(f"--seed must be in [0, {2**32 - 1 - seeds_per_run}] for this run's length, got {args.seed}")
+    if derived["num_eval_steps"] is None:
+        raise UserError(f"{args.env_id} has no time limit; give --max_episode_steps or --num_eval_steps")
     sim_backend = resolve_sim_backend(args.sim_backend) if maniskill else None
     if sim_backend == "gpu":
         for prefix, num_envs, partial_reset, reconfiguration_freq in (
@@ -1110,21 +1423,12 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
                             f"--num_envs={num_envs} --num_eval_envs={num_eval_envs} --num_minibatches={minibatches} "
                             "(with --resume: a new run with --checkpoint), or a machine with CUDA for the GPU "
                             "simulation")
-    return num_iterations
+    return derived
 
 
 # Copied from ppo.py
 def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-# Copied from ppo.py
-def resolve_sim_backend(sim_backend: str) -> str:
-    if sim_backend == "auto":
-        return "gpu" if torch.cuda.is_available() else "cpu"
-    if sim_backend == "gpu" and not torch.cuda.is_available():
-        raise UserError("--sim_backend=gpu needs CUDA, which this machine does not have; use --sim_backend=cpu")
-    return sim_backend
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1259,68 +1563,6 @@ def in_recorded_rollout(elapsed_steps: int, num_steps: int, freq: int) -> bool:
     return (elapsed_steps // num_steps) % freq == 0
 
 
-class AgentViews(gym.ObservationWrapper):
-    """A ManiSkill multi-agent task's state_dict observation, flattened as obs_mode="state" flattens it, and which
-    of its entries each agent observes (agent_views; docs/multi_agent.md, "What each agent observes").
-
-    full: every agent observes the whole state. local: agent i observes obs["agent"][<its uid>] and the obs["extra"]
-    entries that belong to no other agent. An extra entry belongs to the agent whose uid its name contains; in a
-    two-agent task, one named left_* to agent 0 and right_* to agent 1 (the two-robot tasks' left_agent and
-    right_agent). The other extra entries (the objects, the goal) are shared.
-    """
-
-    SIDES = ("left", "right")
-
-    def __init__(self, env: gym.Env, env_id: str, agent_obs: str):
-        super().__init__(env)
-        from mani_skill.utils import common
-
-        self.flatten_state_dict = functools.partial(common.flatten_state_dict, use_torch=True)
-        base = env.unwrapped
-        if not isinstance(base.single_action_space, gym.spaces.Dict):
-            raise UserError(f"{env_id} is a single-agent task (its action space is not a Dict keyed by agent); "
-                            "train it with ppo.py")
-        agents, action_spaces = list(base.single_action_space.keys()), list(base.single_action_space.values())
-        if any(space != action_spaces[0] for space in action_spaces):
-            raise UserError(f"{env_id}'s agents have different action spaces ({action_spaces}); {TRAINER}.py stacks "
-                            "the agents' networks and needs one action space")
-
-        def owner(path: tuple[str, ...]) -> Optional[int]:
-            if path[0] == "agent" and path[1] in agents:
-                return agents.index(path[1])
-            for i, uid in enumerate(agents):
-                # The Dict's keys are sorted; a uid's suffix "-<k>" is its place in the task's agents (left is 0).
-                place = int(uid.rpartition("-")[2]) if uid.rpartition("-")[2].isdigit() else i
-                if uid in path[-1] or (len(agents) == len(self.SIDES) and path[-1].startswith(self.SIDES[place] + "_")):
-                    return i
-            return None
-
-        entries, width = [], 0  # (path, flat columns) in flatten order
-        for path, value in state_dict_leaves(base._init_raw_obs):
-            size = int(np.prod(value.shape[1:]))
-            entries.append((path, range(width, width + size)))
-            width += size
-        flat = self.observation(base._init_raw_obs)
-        assert flat.shape[1] == width, f"the flattened state has {flat.shape[1]} entries, its parts {width}"
-        base.update_obs_space(flat)
-        obs_index = [[column for path, columns in entries if agent_obs == "full" or owner(path) in (None, i)
-                      for column in columns] for i in range(len(agents))]
-        if len({len(index) for index in obs_index}) > 1:
-            raise UserError(f"{env_id}'s agents observe {[len(index) for index in obs_index]} entries with "
-                            f"--agent_obs={agent_obs}; {TRAINER}.py stacks the agents' networks and needs equal sizes")
-        # The global state out of all agents' observations laid end to end: each entry from the first agent that has it.
-        position = {}
-        for i, index in enumerate(obs_index):
-            for j, column in enumerate(index):
-                position.setdefault(column, i * len(index) + j)
-        self.agent_views = {"agents": agents, "obs_index": obs_index,
-                            "state_index": [position[c] for c in range(width)],
-                            "action_spaces": action_spaces}
-
-    def observation(self, observation: dict) -> torch.Tensor:
-        return self.flatten_state_dict(observation)
-
-
 def state_dict_leaves(state: dict, path: tuple[str, ...] = ()):
     for key, value in state.items():
         if isinstance(value, dict):
@@ -1366,9 +1608,6 @@ def build_maniskill_cpu_worker_env(env_id: str, env_kwargs: dict, agent_obs: str
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         # One env per worker: more torch threads only fight the other workers for the cores.
         torch.set_num_threads(1)
-    # An unseeded reset (every autoreset) draws the new episode from the process's torch stream, which no one seeds
-    # in a worker: with enhanced_determinism it draws the episode's seed from the env's own, seeded, stream instead.
-    env_kwargs = {**env_kwargs, "enhanced_determinism": True}
     env = build_maniskill_env(env_id, 1, env_kwargs, agent_obs, video_dir, video_trigger, max_steps_per_video)
     cpu_env = CPUGymWrapper(env, ignore_terminations=ignore_terminations, record_metrics=True)
     # CPUGymWrapper announces the task's Dict action space; it is handed the flattened actions.
@@ -1744,172 +1983,6 @@ def space_to_dict(space: gym.Space) -> dict:
             "high": np.asarray(space.high, dtype=np.float64).ravel().tolist()}
 
 
-class TorchVecEnv:
-    """Tensors in, tensors out, on the learner's device, whatever runs the simulation; a row per agent.
-
-    step(action (num_envs, num_agents, ...)) returns (next_obs, reward, terminated, truncated, final_obs, finished):
-    next_obs (num_envs, num_agents, obs_dim) is already reset where an episode ended; reward, terminated and
-    truncated are (num_envs, num_agents), a ManiSkill task's team reward going to every agent, and ManiSkill's and
-    VMAS's episode ends to every agent of the env; final_obs is the true last observation of every agent of an env in
-    which some agent's episode ended in this step (next_obs elsewhere), or None when none did; finished maps metric
-    names (return: the mean over the episode's agents of their returns, <agent>/return, episode_len, and ManiSkill's
-    success_once, success_at_end, fail_once, fail_at_end) to one value per env whose episode ended in this step, or
-    is None when none did.
-
-    A PettingZoo agent's episode may end before its env's, which ends once all its agents' have, and an episode may
-    start without some of the env's possible agents: alive (num_envs, num_agents) marks the agents that act in the
-    next step (the env's info["alive"] where it gives one, PettingZoo's env.agents), ended (num_envs,) the envs whose
-    episode ended in the last one. An agent that left, or is absent, observes zeros, earns nothing and has no return
-    in finished (NaN) until its env's next episode.
-
-    The env gives one flat observation per env; agent_views["obs_index"][i] lists agent i's entries of it (its
-    observation, padded to the widest agent's, and the env's state where the critic reads it: the actor reads the
-    first actor_dim entries, the agent's own observation those of agent_obs_dims[i]), agent_views["state_index"]
-    the global state's entries of all agents' observations laid end to end, and agent_views["action_spaces"] each
-    agent's action space. Actions are the joint action space's (joint_action_space), each agent's first entries
-    its own.
-    """
-
-    EPISODE_KEYS = ("success_once", "success_at_end", "fail_once", "fail_at_end")
-
-    def __init__(self, env, device: torch.device, torch_native: bool, agent_views: dict, video_recorder=None):
-        self.env = env
-        self.video_recorder = video_recorder
-        self.device = device
-        self.torch_native = torch_native
-        self.sim_device = torch.device(env.device) if torch_native else torch.device("cpu")
-        self.random_states: Optional[list[torch.Tensor]] = None
-        self.num_envs = env.num_envs
-        self.agents = list(agent_views["agents"])
-        self.num_agents = len(self.agents)
-        self.obs_index = torch.as_tensor(agent_views["obs_index"], dtype=torch.long, device=device)
-        self.state_index = torch.as_tensor(agent_views["state_index"], dtype=torch.long, device=device)
-        self.flat_obs_dim = int(np.prod(env.single_observation_space.shape))
-        self.obs_dim = self.obs_index.shape[1]
-        self.actor_dim = agent_views.get("actor_dim", self.obs_dim)
-        self.agent_obs_dims = agent_views.get("agent_obs_dims", [self.obs_dim] * self.num_agents)
-        self.critic_input = agent_views.get("critic_input", "all_observations")
-        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (self.obs_dim,), np.float32)
-        self.action_spaces = list(agent_views["action_spaces"])
-        kinds = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
-        for space in self.action_spaces:
-            one_dimensional = len(space.shape) == (0 if isinstance(space, gym.spaces.Discrete) else 1)
-            if not isinstance(space, kinds) or not one_dimensional:
-                raise UserError(f"action space {space} is not supported; {TRAINER}.py handles Box, Discrete, "
-                                "MultiDiscrete and MultiBinary actions of one dimension")
-        if len({type(space) for space in self.action_spaces}) > 1 or (
-                isinstance(self.action_spaces[0], gym.spaces.MultiDiscrete)
-                and any(space != self.action_spaces[0] for space in self.action_spaces)):
-            raise UserError(f"the agents act in {self.action_spaces}; {TRAINER}.py's agents may differ in the size of "
-                            "their actions, but all of one kind (and MultiDiscrete ones alike)")
-        self.joint_action_space = joint_action_space([space_to_dict(space) for space in self.action_spaces])
-        # Each agent's row of its action's bounds or starts, padded to the joint space's width
-        width = None if self.joint_action_space["type"] == "Discrete" else self.joint_action_space["shape"][0]
-
-        def rows(values) -> torch.Tensor:
-            values = [np.ravel(np.asarray(v, dtype=np.float64)) for v in values]
-            if width is not None:
-                values = [np.pad(v, (0, width - len(v))) for v in values]
-            return torch.as_tensor(np.stack(values), device=device)
-
-        if isinstance(self.action_spaces[0], gym.spaces.Box):
-            self.action_low = rows([space.low for space in self.action_spaces]).float()
-            self.action_high = rows([space.high for space in self.action_spaces]).float()
-        else:  # the agent's actions count from 0 in each dimension, the env's from start
-            starts = rows([getattr(space, "start", np.zeros(space.shape)) for space in self.action_spaces]).long()
-            self.action_start = starts[:, 0] if width is None else starts
-        self.episode_return = torch.zeros((self.num_envs, self.num_agents), dtype=torch.float64, device=device)
-        self.episode_length = torch.zeros(self.num_envs, dtype=torch.long, device=device)
-        self.alive = torch.ones((self.num_envs, self.num_agents), dtype=torch.bool, device=device)
-        self.in_episode = self.alive.clone()  # the agents of each env's current episode
-        self.ended = torch.zeros(self.num_envs, dtype=torch.bool, device=device)
-
-    def _obs(self, obs) -> torch.Tensor:
-        return self._to_device(obs, torch.float32, (-1, self.flat_obs_dim))[:, self.obs_index]
-
-    def _to_device(self, x, dtype: torch.dtype, shape: tuple = (-1,)) -> torch.Tensor:
-        return torch.as_tensor(x).to(self.device, dtype).reshape(shape)
-
-    def reset(self, seed: Optional[int] = None) -> torch.Tensor:
-        obs, info = self.env.reset(seed=seed)
-        self.episode_return.zero_()
-        self.episode_length.zero_()
-        self.alive = self._alive(info, torch.ones_like(self.alive))
-        self.in_episode = self.alive.clone()
-        return self._obs(obs)
-
-    def _alive(self, info: dict, otherwise: torch.Tensor) -> torch.Tensor:
-        return self._to_device(info["alive"], torch.bool, self.alive.shape) if "alive" in info else otherwise
-
-    def step(self, action: torch.Tensor):
-        if isinstance(self.action_spaces[0], gym.spaces.Box):
-            # Sampled actions may leave the bounds; the log-prob is kept for the unclipped one.
-            action = torch.clamp(action, self.action_low, self.action_high)
-        else:
-            action = action.long() + self.action_start
-        action = action.flatten(1)
-        if self.torch_native:
-            action = action.to(self.env.device)
-        else:
-            action = action.cpu().numpy()
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        next_obs = self._obs(obs)
-        reward, terminated, truncated = (self._to_device(x, dtype, (self.num_envs, -1)).expand(-1, self.num_agents)
-                                         for x, dtype in ((reward, torch.float32), (terminated, torch.bool),
-                                                          (truncated, torch.bool)))
-        agent_done = terminated | truncated
-        self.ended = (agent_done | ~self.alive).all(1)
-        self.alive = self._alive(info, self.ended[:, None] | (self.alive & ~agent_done))
-        self.episode_return += reward
-        self.episode_length += 1
-
-        final_obs, finished = None, None
-        if "final_info" in info:  # present only when some agent's episode ended
-            if self.torch_native:  # every row of such an env: each row holds the state, or all agents' observations
-                env_done = agent_done.any(1)[:, None, None]
-                final_obs = torch.where(env_done, self._obs(info["final_observation"]), next_obs)
-            else:
-                ended = info["_final_obs"]
-                final_obs = next_obs.clone()
-                final_obs[torch.as_tensor(ended, device=self.device)] = self._obs(np.stack(info["final_obs"][ended]))
-        done = self.ended
-        if final_obs is not None and done.any():  # the indexing below waits for the GPU anyway
-            episode_return = self.episode_return[done].float().masked_fill(~self.in_episode[done], float("nan"))
-            finished = {"return": episode_return.nanmean(1), "episode_len": self.episode_length[done].float()}
-            finished.update({f"{name}/return": episode_return[:, i] for i, name in enumerate(self.agents)})
-            episode = info["final_info"].get("episode", {})
-            for key in self.EPISODE_KEYS:
-                if key in episode:
-                    finished[key] = self._to_device(episode[key], torch.float32)[done]
-            self.episode_return = torch.where(done[:, None], 0.0, self.episode_return)
-            self.episode_length = torch.where(done, 0, self.episode_length)
-        self.in_episode = torch.where(self.ended[:, None], self.alive, self.in_episode)
-        return next_obs, reward, terminated, truncated, final_obs, finished
-
-    @contextlib.contextmanager
-    def own_random_stream(self):
-        """ManiSkill draws the starts of unseeded episodes from torch's global generator of the sim's device, which
-        also samples training's actions: evaluation swaps in a generator state of its own, carried from one
-        evaluation to the next, so that how often a run evaluates does not change what it trains on."""
-        gpus = [self.sim_device] if self.sim_device.type == "cuda" else []
-        with torch.random.fork_rng(devices=gpus):
-            if self.random_states is not None:
-                torch.set_rng_state(self.random_states[0])
-                for gpu, state in zip(gpus, self.random_states[1:]):
-                    torch.cuda.set_rng_state(state, gpu)
-            yield
-            self.random_states = [torch.get_rng_state(), *(torch.cuda.get_rng_state(gpu) for gpu in gpus)]
-
-    def flush_video(self):
-        """ManiSkill's RecordEpisode over many envs saves a video every max_steps_per_video steps only, and VMAS's
-        recorder at the end of env 0's episode; an evaluation that ended early saves the rest of its video now."""
-        if self.video_recorder is not None:
-            self.video_recorder.flush_video()
-
-    def close(self):
-        self.env.close()
-
-
 def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: bool, run_dir: Path,
               num_eval_steps: int, trajectory_path: Optional[Path] = None) -> TorchVecEnv:
     """trajectory_path: ManiSkill only; record every episode there (.h5 and .json) with RecordEpisode."""
@@ -1954,16 +2027,7 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
     from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
     gpu = resolve_sim_backend(args.sim_backend) == "gpu"
-    on_device = "" if device.index is None else f":{device.index}"  # under torchrun, each rank's own GPU
-    env_kwargs = dict(user_env_kwargs, obs_mode="state_dict",
-                      sim_backend=f"physx_cuda{on_device}" if gpu else "physx_cpu",
-                      # the default render backend falls back to the CPU with one warning per env; --no_cuda with
-                      # the CPU simulation keeps rendering off the GPU too
-                      render_backend=f"gpu{on_device}" if torch.cuda.is_available() and (gpu or args.cuda) else "cpu",
-                      reconfiguration_freq=args.eval_reconfiguration_freq if evaluation else args.reconfiguration_freq,
-                      max_episode_steps=args.max_episode_steps)
-    if args.control_mode is not None:
-        env_kwargs["control_mode"] = args.control_mode
+    env_kwargs, ignore_terminations = maniskill_env_kwargs(args, num_envs, device, evaluation, user_env_kwargs)
     if video_dir is not None:
         env_kwargs["render_mode"] = "rgb_array"
     camera = dict(shader_pack="default") if evaluation else {}
@@ -1974,7 +2038,6 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
         camera.update(width=side, height=side)
     if camera:
         env_kwargs["human_render_camera_configs"] = camera
-    ignore_terminations = not (args.eval_partial_reset if evaluation else args.partial_reset)
     try:
         if gpu or num_envs == 1:
             # One CPU env takes the same ManiSkillVectorEnv code path as thousands of GPU envs.
@@ -2008,14 +2071,6 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
 # ---------------------------------------------------------------------------------------------
 # Checkpoints and resume
 # ---------------------------------------------------------------------------------------------
-
-# --resume continues one experiment: only the flags that say how long it runs and how it is run, watched and stored
-# may change. Any other difference (the task, the algorithm, the evaluation) is another experiment: start it from the
-# run's weights with --checkpoint.
-RESUME_CHANGEABLE_FIELDS = ("total_timesteps", "eval_freq", "checkpoint_freq", "keep_checkpoints", "capture_video",
-                            "save_train_video_freq", "save_model", "track", "wandb_project_name", "wandb_entity",
-                            "torch_threads", "cuda", "torch_deterministic", "async_envs")
-
 
 # Copied from ppo.py
 def load_states(agent: Agent, optimizer: torch.optim.Optimizer, reward_normalizer: Optional[RewardNormalizer],
@@ -2482,8 +2537,6 @@ def compile_unless_unavailable(fn, enabled: bool):
     Python versions have no torch.compile), one line says so and fn runs eagerly from then on."""
     if not enabled:
         return fn
-    # Random draws (the policy's sampling) come from torch's own generator, as in eager mode.
-    torch._inductor.config.fallback_random = True
     compiled = None
 
     def call(*args):

@@ -190,6 +190,14 @@ class Args:
     """with capture_video, record a training video every this many iterations"""
 
 
+# --resume continues one experiment: only the flags that say how long it runs and how it is run, watched and stored
+# may change. Any other difference (the task, the algorithm, the evaluation) is another experiment: start it from the
+# run's weights with --checkpoint.
+RESUME_CHANGEABLE_FIELDS = ("total_timesteps", "eval_freq", "checkpoint_freq", "keep_checkpoints", "capture_video",
+                            "save_train_video_freq", "save_model", "track", "wandb_project_name", "wandb_entity",
+                            "torch_threads", "cuda", "torch_deterministic")
+
+
 # ---------------------------------------------------------------------------------------------
 # Agent: actor and critic, running normalization
 # ---------------------------------------------------------------------------------------------
@@ -632,7 +640,7 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
                 postfix = {"step": global_step, "SPS": sps, **progress_items("train", train_means)}
                 if iteration % args.eval_freq == 0 or iteration == num_iterations:
                     agent.eval()
-                    with eval_envs.own_random_stream():
+                    with own_random_stream(eval_envs):
                         eval_episodes = evaluate(agent, eval_envs, setup.num_eval_steps, eval_seed)
                     eval_means = log_episode_metrics(writer, "eval", eval_episodes, global_step)
                     eval_seed = None
@@ -728,6 +736,125 @@ def progress_items(prefix: str, means: dict[str, float]) -> dict[str, float]:
     return {f"{prefix}_{key}": round(value, 3) for key, value in means.items() if key in ("return", "success_once")}
 
 
+# ---------------------------------------------------------------------------------------------
+# The run's settings: what the flags leave open, seeds and devices, what the envs are made with and receive, what
+# the critic sees, evaluation's random stream
+# ---------------------------------------------------------------------------------------------
+
+def settings(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: int) -> dict:
+    """What the flags leave to the task, settled once (validate() calls it and checks the result): the episodes'
+    time limit (the task's own unless --max_episode_steps), --anneal_lr as the linear schedule, the bootstrap rule
+    (auto: always for ManiSkill tasks, whose defaults are tuned with it, truncated otherwise; docs/bootstrap.md), the
+    evaluation's length (the time limit unless --num_eval_steps) and the iterations of num_ranks processes."""
+    if args.max_episode_steps is None:
+        args.max_episode_steps = time_limit
+    if args.anneal_lr:
+        args.lr_schedule = "linear"
+    bootstrap_rule = args.bootstrap_at_done
+    if bootstrap_rule == "auto":
+        bootstrap_rule = "always" if maniskill else "truncated"
+    return dict(bootstrap_rule=bootstrap_rule, num_eval_steps=args.num_eval_steps or args.max_episode_steps,
+                num_iterations=args.total_timesteps // (args.num_envs * args.num_steps * num_ranks))
+
+
+def seed_process(args: Args, rank: int, local_rank: int, num_ranks: int) -> torch.device:
+    """Seed this process (rank r with seed + r), make cuDNN, torch's CPU threads and --compile's random draws
+    deterministic, and return its device."""
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+    torch.manual_seed(args.seed + rank)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
+    if args.compile:  # the policy's samples come from torch's own generator, as in eager mode
+        torch._inductor.config.fallback_random = True
+    if torch.cuda.is_available() and args.cuda:
+        return torch.device("cuda", local_rank) if num_ranks > 1 else torch.device("cuda")
+    return torch.device("cpu")
+
+
+def resolve_sim_backend(sim_backend: str) -> str:
+    if sim_backend == "auto":
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    if sim_backend == "gpu" and not torch.cuda.is_available():
+        raise UserError("--sim_backend=gpu needs CUDA, which this machine does not have; use --sim_backend=cpu")
+    return sim_backend
+
+
+def maniskill_env_kwargs(args: Args, num_envs: int, device: torch.device, evaluation: bool) -> tuple[dict, bool]:
+    """gym.make's kwargs for a ManiSkill task, and ignore_terminations (--no_partial_reset: episodes run to the time
+    limit). The simulation runs on the learner's GPU (each torchrun rank's own) or on the CPU; CPU envs beyond one are
+    worker processes, whose unseeded resets (every autoreset) would draw on an unseeded torch stream:
+    enhanced_determinism draws their seeds from the env's own, seeded, stream instead."""
+    gpu = resolve_sim_backend(args.sim_backend) == "gpu"
+    on_device = "" if device.index is None else f":{device.index}"
+    env_kwargs = dict(obs_mode="state", sim_backend=f"physx_cuda{on_device}" if gpu else "physx_cpu",
+                      # the default render backend falls back to the CPU with one warning per env; --no_cuda with
+                      # the CPU simulation keeps rendering off the GPU too
+                      render_backend=f"gpu{on_device}" if torch.cuda.is_available() and (gpu or args.cuda) else "cpu",
+                      reconfiguration_freq=args.eval_reconfiguration_freq if evaluation else args.reconfiguration_freq,
+                      max_episode_steps=args.max_episode_steps)
+    if args.control_mode is not None:
+        env_kwargs["control_mode"] = args.control_mode
+    if not gpu and num_envs > 1:
+        env_kwargs["enhanced_determinism"] = True
+    return env_kwargs, not (args.eval_partial_reset if evaluation else args.partial_reset)
+
+
+def env_action(envs: TorchVecEnv, action: torch.Tensor) -> torch.Tensor:
+    """The action the envs receive: a Box action clamped to the space's bounds (its log-prob stays the sampled
+    one's); a discrete one shifted from the agent's count from 0 to the space's start."""
+    if isinstance(envs.single_action_space, gym.spaces.Box):
+        return torch.clamp(action, envs.action_low, envs.action_high)
+    return action.long() + envs.action_start
+
+
+class CriticObservation(gym.Wrapper):
+    """--critic_obs: the vector that the env puts in info["critic"] at reset and at every step (its full state),
+    appended to the observation; the agent's actor reads the observation's own dims only."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        space = env.observation_space
+        if not isinstance(space, gym.spaces.Box):
+            raise UserError(f"--critic_obs appends info['critic'] to a Box observation, and {space} is none")
+        _, info = env.reset()
+        if "critic" not in info:
+            raise UserError(f"--critic_obs needs an env that puts its critic's vector in info['critic'] at reset and "
+                            f"every step, and {env.spec.id if env.spec else env} does not: docs/privileged_critic.md")
+        self.critic_dim = np.asarray(info["critic"]).size
+        unbounded = np.full(self.critic_dim, np.inf)
+        self.observation_space = gym.spaces.Box(np.append(space.low.ravel(), -unbounded).astype(np.float32),
+                                                np.append(space.high.ravel(), unbounded).astype(np.float32))
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return self.with_critic(obs, info), info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return self.with_critic(obs, info), reward, terminated, truncated, info
+
+    @staticmethod
+    def with_critic(obs, info: dict) -> np.ndarray:
+        return np.concatenate([np.ravel(obs), np.ravel(info["critic"])]).astype(np.float32)
+
+
+@contextlib.contextmanager
+def own_random_stream(envs: TorchVecEnv):
+    """ManiSkill draws the starts of unseeded episodes from torch's global generator of the sim's device, which
+    also samples training's actions: evaluation swaps in a generator state of its own, carried from one
+    evaluation to the next, so that how often a run evaluates does not change what it trains on."""
+    gpus = [envs.sim_device] if envs.sim_device.type == "cuda" else []
+    with torch.random.fork_rng(devices=gpus):
+        if envs.random_states is not None:
+            torch.set_rng_state(envs.random_states[0])
+            for gpu, state in zip(gpus, envs.random_states[1:]):
+                torch.cuda.set_rng_state(state, gpu)
+        yield
+        envs.random_states = [torch.get_rng_state(), *(torch.cuda.get_rng_state(gpu) for gpu in gpus)]
+
+
 # =============================================================================================
 # Plumbing: what a researcher rarely changes.
 # Startup and validation, env adapters, checkpoints and resume, data parallel, signals.
@@ -748,13 +875,8 @@ class NonFiniteError(Exception):
 def main(args: Args) -> int:
     rank, local_rank, num_ranks, local_ranks = torchrun_ranks()
     maniskill, time_limit = find_env(args.env_id)
-    num_iterations = validate(args, maniskill, time_limit, num_ranks, local_ranks)
-    bootstrap_rule = args.bootstrap_at_done
-    if bootstrap_rule == "auto":
-        bootstrap_rule = "always" if maniskill else "truncated"
-    num_eval_steps = args.num_eval_steps or args.max_episode_steps
-    if num_eval_steps is None:
-        raise UserError(f"{args.env_id} has no time limit; give --max_episode_steps or --num_eval_steps")
+    derived = validate(args, maniskill, time_limit, num_ranks, local_ranks)
+    num_iterations, num_eval_steps = derived["num_iterations"], derived["num_eval_steps"]
 
     resume_state = None
     if args.resume is not None:
@@ -782,16 +904,7 @@ def main(args: Args) -> int:
                 raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or pick "
                                 "another --exp_name")
             lock.moved_aside = set_aside_unfinished_start(run_dir)
-        random.seed(args.seed + rank)
-        np.random.seed(args.seed + rank)
-        torch.manual_seed(args.seed + rank)
-        torch.backends.cudnn.deterministic = args.torch_deterministic
-        if args.torch_threads > 0:
-            torch.set_num_threads(args.torch_threads)
-        if torch.cuda.is_available() and args.cuda:
-            device = torch.device("cuda", local_rank) if num_ranks > 1 else torch.device("cuda")
-        else:
-            device = torch.device("cpu")
+        device = seed_process(args, rank, local_rank, num_ranks)
         if num_ranks > 1:
             if device.type == "cuda":
                 if local_rank >= torch.cuda.device_count():
@@ -813,8 +926,8 @@ def main(args: Args) -> int:
             if rank == 0:
                 eval_envs = make_envs(args, maniskill, device, evaluation=True, run_dir=run_dir,
                                       num_eval_steps=num_eval_steps)
-            setup = Setup(run_name, run_dir, device, rank, bootstrap_rule, num_eval_steps, num_iterations,
-                          init_state and init_state.get("trainer"))
+            setup = Setup(run_name, run_dir, device, rank, **derived,
+                          checkpoint_trainer=init_state and init_state.get("trainer"))
             status = train(args, setup, envs, eval_envs, resume_state, init_state)
             if num_ranks > 1:
                 dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)  # rank 0's last writes
@@ -873,9 +986,9 @@ FLAG_RULES = (
 
 
 def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: int = 1,
-             local_ranks: int = 1) -> int:
-    """Check every flag's range and resolve max_episode_steps; return the number of iterations of the num_ranks
-    processes (local_ranks of them on this machine)."""
+             local_ranks: int = 1) -> dict:
+    """Check every flag's range and what settings() makes of them; return settings() of the num_ranks processes
+    (local_ranks of them on this machine)."""
     for flags, ok, rule in FLAG_RULES:
         for flag in flags:
             if not ok(getattr(args, flag)):
@@ -884,15 +997,12 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     if not 0 <= args.torch_threads <= cores:
         raise UserError(f"--torch_threads must be 0 (torch's default) to {cores}, the cores of a process, "
                         f"got {args.torch_threads}")
-    if args.max_episode_steps is None:
-        args.max_episode_steps = time_limit
     if args.min_learning_rate > args.max_learning_rate:
         raise UserError(f"--min_learning_rate ({args.min_learning_rate}) is above --max_learning_rate "
                         f"({args.max_learning_rate})")
     if args.anneal_lr and args.lr_schedule not in ("constant", "linear"):
         raise UserError(f"--anneal_lr means --lr_schedule=linear and conflicts with --lr_schedule={args.lr_schedule}")
-    if args.anneal_lr:
-        args.lr_schedule = "linear"
+    derived = settings(args, maniskill, time_limit, num_ranks)
     if args.track and importlib.util.find_spec("wandb") is None:
         raise UserError("--track logs to Weights and Biases, which is not installed: pip install wandb")
     if args.critic_obs and maniskill:
@@ -907,7 +1017,7 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     if args.norm_adv and batch_size // args.num_minibatches < 2:
         raise UserError("--norm_adv needs minibatches of at least 2 samples; lower --num_minibatches or pass "
                         "--no_norm_adv")
-    num_iterations = args.total_timesteps // (batch_size * num_ranks)
+    num_iterations = derived["num_iterations"]
     if num_iterations < 1:
         raise UserError(f"--total_timesteps={args.total_timesteps} is smaller than one batch of all processes "
                         f"(num_envs*num_steps*processes = {batch_size * num_ranks})")
@@ -918,6 +1028,8 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
         raise UserError(f"--total_timesteps={args.total_timesteps} would need more env seeds than numpy has (2**32)")
     if not 0 <= args.seed < 2**32 - seeds_per_run:
         raise UserError(f"--seed must be in [0, {2**32 - 1 - seeds_per_run}] for this run's length, got {args.seed}")
+    if derived["num_eval_steps"] is None:
+        raise UserError(f"{args.env_id} has no time limit; give --max_episode_steps or --num_eval_steps")
     sim_backend = resolve_sim_backend(args.sim_backend) if maniskill else None
     if sim_backend == "gpu":
         for prefix, num_envs, partial_reset, reconfiguration_freq in (
@@ -940,19 +1052,13 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
                             f"--num_envs={num_envs} --num_eval_envs={num_eval_envs} --num_minibatches={minibatches} "
                             "(with --resume: a new run with --checkpoint), or a machine with CUDA for the GPU "
                             "simulation")
-    return num_iterations
+    return derived
 
 
 def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def resolve_sim_backend(sim_backend: str) -> str:
-    if sim_backend == "auto":
-        return "gpu" if torch.cuda.is_available() else "cpu"
-    if sim_backend == "gpu" and not torch.cuda.is_available():
-        raise UserError("--sim_backend=gpu needs CUDA, which this machine does not have; use --sim_backend=cpu")
-    return sim_backend
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1048,9 +1154,6 @@ def build_maniskill_cpu_worker_env(env_id: str, env_kwargs: dict, ignore_termina
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         # One env per worker: more torch threads only fight the other workers for the cores.
         torch.set_num_threads(1)
-    # An unseeded reset (every autoreset) draws the new episode from the process's torch stream, which no one seeds
-    # in a worker: with enhanced_determinism it draws the episode's seed from the env's own, seeded, stream instead.
-    env_kwargs = {**env_kwargs, "enhanced_determinism": True}
     env = build_maniskill_env(env_id, 1, env_kwargs, video_dir, video_trigger, max_steps_per_video)
     return CPUGymWrapper(env, ignore_terminations=ignore_terminations, record_metrics=True)
 
@@ -1088,37 +1191,6 @@ def build_gym_env(env_id: str, max_episode_steps: Optional[int], video_dir: Opti
     else:
         trigger = dict(step_trigger=video_trigger, video_length=video_length)
     return gym.wrappers.RecordVideo(env, video_dir, name_prefix=name_prefix, disable_logger=True, **trigger)
-
-
-class CriticObservation(gym.Wrapper):
-    """--critic_obs: the vector that the env puts in info["critic"] at reset and at every step (its full state),
-    appended to the observation; the agent's actor reads the observation's own dims only."""
-
-    def __init__(self, env: gym.Env):
-        super().__init__(env)
-        space = env.observation_space
-        if not isinstance(space, gym.spaces.Box):
-            raise UserError(f"--critic_obs appends info['critic'] to a Box observation, and {space} is none")
-        _, info = env.reset()
-        if "critic" not in info:
-            raise UserError(f"--critic_obs needs an env that puts its critic's vector in info['critic'] at reset and "
-                            f"every step, and {env.spec.id if env.spec else env} does not: docs/privileged_critic.md")
-        self.critic_dim = np.asarray(info["critic"]).size
-        unbounded = np.full(self.critic_dim, np.inf)
-        self.observation_space = gym.spaces.Box(np.append(space.low.ravel(), -unbounded).astype(np.float32),
-                                                np.append(space.high.ravel(), unbounded).astype(np.float32))
-
-    def reset(self, **kwargs):
-        obs, info = self.env.reset(**kwargs)
-        return self.with_critic(obs, info), info
-
-    def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        return self.with_critic(obs, info), reward, terminated, truncated, info
-
-    @staticmethod
-    def with_critic(obs, info: dict) -> np.ndarray:
-        return np.concatenate([np.ravel(obs), np.ravel(info["critic"])]).astype(np.float32)
 
 
 def space_to_dict(space: gym.Space) -> dict:
@@ -1192,11 +1264,7 @@ class TorchVecEnv:
         return self._obs(obs)
 
     def step(self, action: torch.Tensor):
-        if isinstance(self.single_action_space, gym.spaces.Box):
-            # Sampled actions may leave the bounds; the log-prob is kept for the unclipped one.
-            action = torch.clamp(action, self.action_low, self.action_high)
-        else:
-            action = action.long() + self.action_start
+        action = env_action(self, action)
         if self.torch_native:
             action = action.to(self.env.device)
         else:
@@ -1226,20 +1294,6 @@ class TorchVecEnv:
             self.episode_return = torch.where(done, 0.0, self.episode_return)
             self.episode_length = torch.where(done, 0, self.episode_length)
         return next_obs, reward, terminated, truncated, final_obs, finished
-
-    @contextlib.contextmanager
-    def own_random_stream(self):
-        """ManiSkill draws the starts of unseeded episodes from torch's global generator of the sim's device, which
-        also samples training's actions: evaluation swaps in a generator state of its own, carried from one
-        evaluation to the next, so that how often a run evaluates does not change what it trains on."""
-        gpus = [self.sim_device] if self.sim_device.type == "cuda" else []
-        with torch.random.fork_rng(devices=gpus):
-            if self.random_states is not None:
-                torch.set_rng_state(self.random_states[0])
-                for gpu, state in zip(gpus, self.random_states[1:]):
-                    torch.cuda.set_rng_state(state, gpu)
-            yield
-            self.random_states = [torch.get_rng_state(), *(torch.cuda.get_rng_state(gpu) for gpu in gpus)]
 
     def flush_video(self):
         """ManiSkill's RecordEpisode over many envs saves a video every max_steps_per_video steps only; an
@@ -1303,15 +1357,7 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
     from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
     gpu = resolve_sim_backend(args.sim_backend) == "gpu"
-    on_device = "" if device.index is None else f":{device.index}"  # under torchrun, each rank's own GPU
-    env_kwargs = dict(obs_mode="state", sim_backend=f"physx_cuda{on_device}" if gpu else "physx_cpu",
-                      # the default render backend falls back to the CPU with one warning per env; --no_cuda with
-                      # the CPU simulation keeps rendering off the GPU too
-                      render_backend=f"gpu{on_device}" if torch.cuda.is_available() and (gpu or args.cuda) else "cpu",
-                      reconfiguration_freq=args.eval_reconfiguration_freq if evaluation else args.reconfiguration_freq,
-                      max_episode_steps=args.max_episode_steps)
-    if args.control_mode is not None:
-        env_kwargs["control_mode"] = args.control_mode
+    env_kwargs, ignore_terminations = maniskill_env_kwargs(args, num_envs, device, evaluation)
     if video_dir is not None:
         env_kwargs["render_mode"] = "rgb_array"
     camera = dict(shader_pack="default") if evaluation else {}
@@ -1322,7 +1368,6 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
         camera.update(width=side, height=side)
     if camera:
         env_kwargs["human_render_camera_configs"] = camera
-    ignore_terminations = not (args.eval_partial_reset if evaluation else args.partial_reset)
     try:
         if gpu or num_envs == 1:
             # One CPU env takes the same ManiSkillVectorEnv code path as thousands of GPU envs.
@@ -1354,13 +1399,6 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
 # ---------------------------------------------------------------------------------------------
 # Checkpoints and resume
 # ---------------------------------------------------------------------------------------------
-
-# --resume continues one experiment: only the flags that say how long it runs and how it is run, watched and stored
-# may change. Any other difference (the task, the algorithm, the evaluation) is another experiment: start it from the
-# run's weights with --checkpoint.
-RESUME_CHANGEABLE_FIELDS = ("total_timesteps", "eval_freq", "checkpoint_freq", "keep_checkpoints", "capture_video",
-                            "save_train_video_freq", "save_model", "track", "wandb_project_name", "wandb_entity",
-                            "torch_threads", "cuda", "torch_deterministic")
 
 
 def load_states(agent: Agent, optimizer: torch.optim.Optimizer, reward_normalizer: Optional[RewardNormalizer],
@@ -1793,8 +1831,6 @@ def compile_unless_unavailable(fn, enabled: bool):
     Python versions have no torch.compile), one line says so and fn runs eagerly from then on."""
     if not enabled:
         return fn
-    # Random draws (the policy's sampling) come from torch's own generator, as in eager mode.
-    torch._inductor.config.fallback_random = True
     compiled = None
 
     def call(*args):

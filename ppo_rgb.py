@@ -213,6 +213,14 @@ class Args:
     """with capture_video, record a training video every this many iterations"""
 
 
+# --resume continues one experiment: only the flags that say how long it runs and how it is run, watched and stored
+# may change. Any other difference (the task, the algorithm, the evaluation) is another experiment: start it from the
+# run's weights with --checkpoint.
+RESUME_CHANGEABLE_FIELDS = ("total_timesteps", "eval_freq", "checkpoint_freq", "keep_checkpoints", "capture_video",
+                            "save_train_video_freq", "save_model", "track", "wandb_project_name", "wandb_entity",
+                            "torch_threads", "cuda", "torch_deterministic")
+
+
 # ---------------------------------------------------------------------------------------------
 # Agent: actor and critic, running normalization
 # ---------------------------------------------------------------------------------------------
@@ -738,7 +746,7 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
                 postfix = {"step": global_step, "SPS": sps, **progress_items("train", train_means)}
                 if iteration % args.eval_freq == 0 or iteration == num_iterations:
                     agent.eval()
-                    with eval_envs.own_random_stream():
+                    with own_random_stream(eval_envs):
                         eval_episodes = evaluate(agent, eval_envs, setup.num_eval_steps, eval_seed)
                     eval_means = log_episode_metrics(writer, "eval", eval_episodes, global_step)
                     eval_seed = None
@@ -837,6 +845,216 @@ def progress_items(prefix: str, means: dict[str, float]) -> dict[str, float]:
     return {f"{prefix}_{key}": round(value, 3) for key, value in means.items() if key in ("return", "success_once")}
 
 
+# ---------------------------------------------------------------------------------------------
+# The run's settings: what the flags leave open, seeds and devices, what the envs are made with and receive, what
+# the critic sees, evaluation's random stream
+# ---------------------------------------------------------------------------------------------
+
+# Copied from ppo.py
+def settings(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: int) -> dict:
+    """What the flags leave to the task, settled once (validate() calls it and checks the result): the episodes'
+    time limit (the task's own unless --max_episode_steps), --anneal_lr as the linear schedule, the bootstrap rule
+    (auto: always for ManiSkill tasks, whose defaults are tuned with it, truncated otherwise; docs/bootstrap.md), the
+    evaluation's length (the time limit unless --num_eval_steps) and the iterations of num_ranks processes."""
+    if args.max_episode_steps is None:
+        args.max_episode_steps = time_limit
+    if args.anneal_lr:
+        args.lr_schedule = "linear"
+    bootstrap_rule = args.bootstrap_at_done
+    if bootstrap_rule == "auto":
+        bootstrap_rule = "always" if maniskill else "truncated"
+    return dict(bootstrap_rule=bootstrap_rule, num_eval_steps=args.num_eval_steps or args.max_episode_steps,
+                num_iterations=args.total_timesteps // (args.num_envs * args.num_steps * num_ranks))
+
+
+# Copied from ppo.py
+def seed_process(args: Args, rank: int, local_rank: int, num_ranks: int) -> torch.device:
+    """Seed this process (rank r with seed + r), make cuDNN, torch's CPU threads and --compile's random draws
+    deterministic, and return its device."""
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+    torch.manual_seed(args.seed + rank)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
+    if args.compile:  # the policy's samples come from torch's own generator, as in eager mode
+        torch._inductor.config.fallback_random = True
+    if torch.cuda.is_available() and args.cuda:
+        return torch.device("cuda", local_rank) if num_ranks > 1 else torch.device("cuda")
+    return torch.device("cpu")
+
+
+# Copied from ppo.py
+def resolve_sim_backend(sim_backend: str) -> str:
+    if sim_backend == "auto":
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    if sim_backend == "gpu" and not torch.cuda.is_available():
+        raise UserError("--sim_backend=gpu needs CUDA, which this machine does not have; use --sim_backend=cpu")
+    return sim_backend
+
+
+# Copied from ppo.py with obs_mode="state"->obs_mode=args.obs_mode
+def maniskill_env_kwargs(args: Args, num_envs: int, device: torch.device, evaluation: bool) -> tuple[dict, bool]:
+    """gym.make's kwargs for a ManiSkill task, and ignore_terminations (--no_partial_reset: episodes run to the time
+    limit). The simulation runs on the learner's GPU (each torchrun rank's own) or on the CPU; CPU envs beyond one are
+    worker processes, whose unseeded resets (every autoreset) would draw on an unseeded torch stream:
+    enhanced_determinism draws their seeds from the env's own, seeded, stream instead."""
+    gpu = resolve_sim_backend(args.sim_backend) == "gpu"
+    on_device = "" if device.index is None else f":{device.index}"
+    env_kwargs = dict(obs_mode=args.obs_mode, sim_backend=f"physx_cuda{on_device}" if gpu else "physx_cpu",
+                      # the default render backend falls back to the CPU with one warning per env; --no_cuda with
+                      # the CPU simulation keeps rendering off the GPU too
+                      render_backend=f"gpu{on_device}" if torch.cuda.is_available() and (gpu or args.cuda) else "cpu",
+                      reconfiguration_freq=args.eval_reconfiguration_freq if evaluation else args.reconfiguration_freq,
+                      max_episode_steps=args.max_episode_steps)
+    if args.control_mode is not None:
+        env_kwargs["control_mode"] = args.control_mode
+    if not gpu and num_envs > 1:
+        env_kwargs["enhanced_determinism"] = True
+    return env_kwargs, not (args.eval_partial_reset if evaluation else args.partial_reset)
+
+
+# Copied from ppo.py
+def env_action(envs: TorchVecEnv, action: torch.Tensor) -> torch.Tensor:
+    """The action the envs receive: a Box action clamped to the space's bounds (its log-prob stays the sampled
+    one's); a discrete one shifted from the agent's count from 0 to the space's start."""
+    if isinstance(envs.single_action_space, gym.spaces.Box):
+        return torch.clamp(action, envs.action_low, envs.action_high)
+    return action.long() + envs.action_start
+
+
+class CriticObservation(gym.Wrapper):
+    """--critic_obs: the vector that the env puts in info["critic"] at reset and at every step (its full state), under
+    the observation's "critic" key (a Box observation becomes a Dict of it and "critic")."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        space = env.observation_space
+        _, info = env.reset()
+        if "critic" not in info:
+            raise UserError(f"--critic_obs needs an env that puts its critic's vector in info['critic'] at reset and "
+                            f"every step, and {env.spec.id if env.spec else env} does not: docs/privileged_critic.md")
+        self.box_key = None if isinstance(space, gym.spaces.Dict) else "image"  # as TorchVecEnv names a Box
+        spaces = {self.box_key: space} if self.box_key else dict(space.spaces)
+        critic = gym.spaces.Box(-np.inf, np.inf, (np.asarray(info["critic"]).size,), np.float32)
+        self.observation_space = gym.spaces.Dict({**spaces, "critic": critic})
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return self.with_critic(obs, info), info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return self.with_critic(obs, info), reward, terminated, truncated, info
+
+    def with_critic(self, obs, info: dict) -> dict:
+        obs = {self.box_key: obs} if self.box_key else obs
+        return {**obs, "critic": np.asarray(info["critic"], dtype=np.float32).ravel()}
+
+
+def camera_observation(env: gym.Env, obs_mode: str, include_state: bool, critic_obs: bool) -> gym.Env:
+    """What the agent sees of a ManiSkill task: every camera's images side by side in "rgb" (and "depth"), the rest
+    of the observation flattened into "state" (--include_state), and the task's state under "critic" (--critic_obs)."""
+    from mani_skill.utils.wrappers.flatten import FlattenRGBDObservationWrapper
+
+    env = FlattenRGBDObservationWrapper(env, rgb="rgb" in obs_mode, depth=obs_mode != "rgb", state=include_state)
+    return ManiSkillCriticState(env) if critic_obs else env
+
+
+class ManiSkillCriticState(gym.Wrapper):
+    """--critic_obs on ManiSkill: under "critic", the task's state observation (what obs_mode="state" gives:
+    proprioception and the task's extras, object poses among them), for every env of the batch at every step and
+    reset (a partial reset's too)."""
+
+    def __init__(self, env: gym.Env):
+        from mani_skill.envs.utils.observations import parse_obs_mode_to_struct
+        from mani_skill.utils import common
+
+        super().__init__(env)
+        self.base_env = env.unwrapped
+        self.state_mode = ("state", parse_obs_mode_to_struct("state"))
+        critic = common.to_cpu_tensor(self.state(self.base_env.get_info()))
+        self.base_env.update_obs_space({**self.base_env._init_raw_obs, "critic": critic})
+
+    def state(self, info: dict) -> torch.Tensor:
+        # The tasks add their privileged extras only when the obs mode asks for state (some test the mode's name,
+        # some its parsed struct), so the state observation is the observation under mode "state"; it renders nothing.
+        env = self.base_env
+        camera_mode = env._obs_mode, env.obs_mode_struct
+        env._obs_mode, env.obs_mode_struct = self.state_mode
+        try:
+            return env.get_obs(info)
+        finally:
+            env._obs_mode, env.obs_mode_struct = camera_mode
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return {**obs, "critic": self.state(info)}, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return {**obs, "critic": self.state(info)}, reward, terminated, truncated, info
+
+
+# The ALE's own frame skipping is off: atari_preprocessing skips frames (maxing the last two), and applies the time
+# limit to its steps, not to frames.
+ATARI_MAKE_KWARGS = {"frameskip": 1}
+
+
+def atari_preprocessing(env: gym.Env, max_episode_steps: Optional[int]) -> gym.Env:
+    """The usual Atari preprocessing (Mnih et al. 2015, Machado et al. 2018): up to 30 no-op actions at a reset, each
+    action repeated for 4 frames and the last two frames maxed, 84x84 grayscale, the last 4 of those stacked as the
+    channels of one (84, 84, 4) image. A lost life does not end the episode and nothing presses FIRE at a reset: the
+    agent learns both (CleanRL's EpisodicLifeEnv and FireResetEnv are not used)."""
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=ATARI_FRAME_SKIP, screen_size=84)
+    env = gym.wrappers.FrameStackObservation(env, 4)
+    channels_last = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    env = gym.wrappers.TransformObservation(env, lambda frames: np.moveaxis(frames, 0, -1), channels_last)
+    return env if max_episode_steps is None else gym.wrappers.TimeLimit(env, max_episode_steps)
+
+
+def observation_layout(space: gym.Space) -> tuple[dict, list[tuple[str, int]]]:
+    """The observation dict the agent sees, key -> (shape, dtype): each image (H, W, C) under its own key in its own
+    dtype, the vectors, concatenated in float32, under "state", and the critic's privileged vector (--critic_obs)
+    under "critic"; and the state vectors' keys and sizes, in that order."""
+    spaces = dict(space.spaces) if isinstance(space, gym.spaces.Dict) else {
+        "image" if len(space.shape) == 3 else "state": space}
+    layout, vectors = {}, []
+    for key, sub in spaces.items():
+        box = isinstance(sub, gym.spaces.Box)
+        image = box and len(sub.shape) == 3 and key != "state" and min(sub.shape[:2]) >= MIN_IMAGE_SIDE
+        if not (image or (box and len(sub.shape) == 1)):
+            raise UserError(f"observation {key!r} ({sub}) is not supported; {TRAINER}.py takes images (H, W, C) of at "
+                            f"least {MIN_IMAGE_SIDE}x{MIN_IMAGE_SIDE} pixels and vectors, in a Box or a Dict of Boxes")
+        if image:
+            layout[key] = (tuple(sub.shape), torch.from_numpy(np.empty(0, dtype=sub.dtype)).dtype)
+        elif key == "critic":
+            layout[key] = (tuple(sub.shape), torch.float32)
+        else:
+            vectors.append((key, sub.shape[0]))
+    if not layout:
+        raise UserError(f"the observation ({space}) holds no image; for vector observations use ppo.py")
+    if vectors:
+        layout["state"] = ((sum(size for _, size in vectors),), torch.float32)
+    return layout, vectors
+
+
+# Copied from ppo.py
+@contextlib.contextmanager
+def own_random_stream(envs: TorchVecEnv):
+    """ManiSkill draws the starts of unseeded episodes from torch's global generator of the sim's device, which
+    also samples training's actions: evaluation swaps in a generator state of its own, carried from one
+    evaluation to the next, so that how often a run evaluates does not change what it trains on."""
+    gpus = [envs.sim_device] if envs.sim_device.type == "cuda" else []
+    with torch.random.fork_rng(devices=gpus):
+        if envs.random_states is not None:
+            torch.set_rng_state(envs.random_states[0])
+            for gpu, state in zip(gpus, envs.random_states[1:]):
+                torch.cuda.set_rng_state(state, gpu)
+        yield
+        envs.random_states = [torch.get_rng_state(), *(torch.cuda.get_rng_state(gpu) for gpu in gpus)]
+
+
 # =============================================================================================
 # Plumbing: what a researcher rarely changes.
 # Startup and validation, env adapters, checkpoints and resume, data parallel, signals.
@@ -860,13 +1078,8 @@ class NonFiniteError(Exception):
 def main(args: Args) -> int:
     rank, local_rank, num_ranks, local_ranks = torchrun_ranks()
     maniskill, time_limit = find_env(args.env_id)
-    num_iterations = validate(args, maniskill, time_limit, num_ranks, local_ranks)
-    bootstrap_rule = args.bootstrap_at_done
-    if bootstrap_rule == "auto":
-        bootstrap_rule = "always" if maniskill else "truncated"
-    num_eval_steps = args.num_eval_steps or args.max_episode_steps
-    if num_eval_steps is None:
-        raise UserError(f"{args.env_id} has no time limit; give --max_episode_steps or --num_eval_steps")
+    derived = validate(args, maniskill, time_limit, num_ranks, local_ranks)
+    num_iterations, num_eval_steps = derived["num_iterations"], derived["num_eval_steps"]
 
     resume_state = None
     if args.resume is not None:
@@ -894,16 +1107,7 @@ def main(args: Args) -> int:
                 raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or pick "
                                 "another --exp_name")
             lock.moved_aside = set_aside_unfinished_start(run_dir)
-        random.seed(args.seed + rank)
-        np.random.seed(args.seed + rank)
-        torch.manual_seed(args.seed + rank)
-        torch.backends.cudnn.deterministic = args.torch_deterministic
-        if args.torch_threads > 0:
-            torch.set_num_threads(args.torch_threads)
-        if torch.cuda.is_available() and args.cuda:
-            device = torch.device("cuda", local_rank) if num_ranks > 1 else torch.device("cuda")
-        else:
-            device = torch.device("cpu")
+        device = seed_process(args, rank, local_rank, num_ranks)
         if num_ranks > 1:
             if device.type == "cuda":
                 if local_rank >= torch.cuda.device_count():
@@ -925,8 +1129,8 @@ def main(args: Args) -> int:
             if rank == 0:
                 eval_envs = make_envs(args, maniskill, device, evaluation=True, run_dir=run_dir,
                                       num_eval_steps=num_eval_steps)
-            setup = Setup(run_name, run_dir, device, rank, bootstrap_rule, num_eval_steps, num_iterations,
-                          init_state and init_state.get("trainer"))
+            setup = Setup(run_name, run_dir, device, rank, **derived,
+                          checkpoint_trainer=init_state and init_state.get("trainer"))
             status = train(args, setup, envs, eval_envs, resume_state, init_state)
             if num_ranks > 1:
                 dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)  # rank 0's last writes
@@ -992,9 +1196,9 @@ FLAG_RULES = (
 
 
 def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: int = 1,
-             local_ranks: int = 1) -> int:
-    """Check every flag's range and resolve max_episode_steps; return the number of iterations of the num_ranks
-    processes (local_ranks of them on this machine)."""
+             local_ranks: int = 1) -> dict:
+    """Check every flag's range and what settings() makes of them; return settings() of the num_ranks processes
+    (local_ranks of them on this machine)."""
     for flags, ok, rule in FLAG_RULES:
         for flag in flags:
             if not ok(getattr(args, flag)):
@@ -1003,15 +1207,12 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     if not 0 <= args.torch_threads <= cores:
         raise UserError(f"--torch_threads must be 0 (torch's default) to {cores}, the cores of a process, "
                         f"got {args.torch_threads}")
-    if args.max_episode_steps is None:
-        args.max_episode_steps = time_limit
     if args.min_learning_rate > args.max_learning_rate:
         raise UserError(f"--min_learning_rate ({args.min_learning_rate}) is above --max_learning_rate "
                         f"({args.max_learning_rate})")
     if args.anneal_lr and args.lr_schedule not in ("constant", "linear"):
         raise UserError(f"--anneal_lr means --lr_schedule=linear and conflicts with --lr_schedule={args.lr_schedule}")
-    if args.anneal_lr:
-        args.lr_schedule = "linear"
+    derived = settings(args, maniskill, time_limit, num_ranks)
     if args.track and importlib.util.find_spec("wandb") is None:
         raise UserError("--track logs to Weights and Biases, which is not installed: pip install wandb")
     if args.checkpoint is not None and args.resume is not None:
@@ -1023,7 +1224,7 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     if args.norm_adv and batch_size // args.num_minibatches < 2:
         raise UserError("--norm_adv needs minibatches of at least 2 samples; lower --num_minibatches or pass "
                         "--no_norm_adv")
-    num_iterations = args.total_timesteps // (batch_size * num_ranks)
+    num_iterations = derived["num_iterations"]
     if num_iterations < 1:
         raise UserError(f"--total_timesteps={args.total_timesteps} is smaller than one batch of all processes "
                         f"(num_envs*num_steps*processes = {batch_size * num_ranks})")
@@ -1034,6 +1235,8 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
         raise UserError(f"--total_timesteps={args.total_timesteps} would need more env seeds than numpy has (2**32)")
     if not 0 <= args.seed < 2**32 - seeds_per_run:
         raise UserError(f"--seed must be in [0, {2**32 - 1 - seeds_per_run}] for this run's length, got {args.seed}")
+    if derived["num_eval_steps"] is None:
+        raise UserError(f"{args.env_id} has no time limit; give --max_episode_steps or --num_eval_steps")
     sim_backend = resolve_sim_backend(args.sim_backend) if maniskill else None
     if sim_backend == "gpu":
         for prefix, num_envs, partial_reset, reconfiguration_freq in (
@@ -1056,21 +1259,12 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
                             f"--num_envs={num_envs} --num_eval_envs={num_eval_envs} --num_minibatches={minibatches} "
                             "(with --resume: a new run with --checkpoint), or a machine with CUDA for the GPU "
                             "simulation")
-    return num_iterations
+    return derived
 
 
 # Copied from ppo.py
 def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-# Copied from ppo.py
-def resolve_sim_backend(sim_backend: str) -> str:
-    if sim_backend == "auto":
-        return "gpu" if torch.cuda.is_available() else "cpu"
-    if sim_backend == "gpu" and not torch.cuda.is_available():
-        raise UserError("--sim_backend=gpu needs CUDA, which this machine does not have; use --sim_backend=cpu")
-    return sim_backend
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1141,7 +1335,7 @@ def build_maniskill_env(env_id: str, num_envs: int, env_kwargs: dict, include_st
                         video_dir: Optional[str], video_trigger, max_steps_per_video: Optional[int],
                         trajectory_path: Optional[Path] = None) -> gym.Env:
     import mani_skill.envs  # noqa: F401
-    from mani_skill.utils.wrappers.flatten import FlattenActionSpaceWrapper, FlattenRGBDObservationWrapper
+    from mani_skill.utils.wrappers.flatten import FlattenActionSpaceWrapper
     from mani_skill.utils.wrappers.record import RecordEpisode
 
     refuse_asset_download(env_id)
@@ -1149,11 +1343,7 @@ def build_maniskill_env(env_id: str, num_envs: int, env_kwargs: dict, include_st
     if not env.unwrapped._init_raw_obs.get("sensor_data"):
         env.close()
         raise UserError(f"{env_id} has no camera, so {TRAINER}.py has no image to learn from; use ppo.py")
-    # every camera's images side by side in "rgb" (and "depth"), the rest of the observation flattened into "state"
-    mode = env_kwargs["obs_mode"]
-    env = FlattenRGBDObservationWrapper(env, rgb="rgb" in mode, depth=mode != "rgb", state=include_state)
-    if critic_obs:
-        env = ManiSkillCriticState(env)
+    env = camera_observation(env, env_kwargs["obs_mode"], include_state, critic_obs)
     if isinstance(env.action_space, gym.spaces.Dict):
         env = FlattenActionSpaceWrapper(env)
     if video_dir is not None or trajectory_path is not None:
@@ -1181,9 +1371,6 @@ def build_maniskill_cpu_worker_env(env_id: str, env_kwargs: dict, include_state:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         # One env per worker: more torch threads only fight the other workers for the cores.
         torch.set_num_threads(1)
-    # An unseeded reset (every autoreset) draws the new episode from the process's torch stream, which no one seeds
-    # in a worker: with enhanced_determinism it draws the episode's seed from the env's own, seeded, stream instead.
-    env_kwargs = {**env_kwargs, "enhanced_determinism": True}
     env = build_maniskill_env(env_id, 1, env_kwargs, include_state, critic_obs, video_dir, video_trigger,
                               max_steps_per_video)
     return CPUGymWrapper(env, ignore_terminations=ignore_terminations, record_metrics=True)
@@ -1208,8 +1395,7 @@ def build_gym_env(env_id: str, max_episode_steps: Optional[int], video_dir: Opti
     if module:  # in a worker process, nothing has registered the env yet
         importlib.import_module(module)
     atari = gym.spec(name).entry_point == ATARI_ENTRY_POINT
-    # Atari: atari_preprocessing skips frames (maxing the last two), and the time limit counts its steps, not frames
-    kwargs = {"frameskip": 1} if atari else {"max_episode_steps": max_episode_steps}
+    kwargs = ATARI_MAKE_KWARGS if atari else {"max_episode_steps": max_episode_steps}
     if video_dir is None:
         env = gym.make(env_id, **kwargs)  # not every env's constructor takes a render_mode
     else:
@@ -1236,82 +1422,6 @@ def build_gym_env(env_id: str, max_episode_steps: Optional[int], video_dir: Opti
     return gym.wrappers.RecordVideo(env, video_dir, name_prefix=name_prefix, disable_logger=True, **trigger)
 
 
-class CriticObservation(gym.Wrapper):
-    """--critic_obs: the vector that the env puts in info["critic"] at reset and at every step (its full state), under
-    the observation's "critic" key (a Box observation becomes a Dict of it and "critic")."""
-
-    def __init__(self, env: gym.Env):
-        super().__init__(env)
-        space = env.observation_space
-        _, info = env.reset()
-        if "critic" not in info:
-            raise UserError(f"--critic_obs needs an env that puts its critic's vector in info['critic'] at reset and "
-                            f"every step, and {env.spec.id if env.spec else env} does not: docs/privileged_critic.md")
-        self.box_key = None if isinstance(space, gym.spaces.Dict) else "image"  # as TorchVecEnv names a Box
-        spaces = {self.box_key: space} if self.box_key else dict(space.spaces)
-        critic = gym.spaces.Box(-np.inf, np.inf, (np.asarray(info["critic"]).size,), np.float32)
-        self.observation_space = gym.spaces.Dict({**spaces, "critic": critic})
-
-    def reset(self, **kwargs):
-        obs, info = self.env.reset(**kwargs)
-        return self.with_critic(obs, info), info
-
-    def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        return self.with_critic(obs, info), reward, terminated, truncated, info
-
-    def with_critic(self, obs, info: dict) -> dict:
-        obs = {self.box_key: obs} if self.box_key else obs
-        return {**obs, "critic": np.asarray(info["critic"], dtype=np.float32).ravel()}
-
-
-class ManiSkillCriticState(gym.Wrapper):
-    """--critic_obs on ManiSkill: under "critic", the task's state observation (what obs_mode="state" gives:
-    proprioception and the task's extras, object poses among them), for every env of the batch at every step and
-    reset (a partial reset's too)."""
-
-    def __init__(self, env: gym.Env):
-        from mani_skill.envs.utils.observations import parse_obs_mode_to_struct
-        from mani_skill.utils import common
-
-        super().__init__(env)
-        self.base_env = env.unwrapped
-        self.state_mode = ("state", parse_obs_mode_to_struct("state"))
-        critic = common.to_cpu_tensor(self.state(self.base_env.get_info()))
-        self.base_env.update_obs_space({**self.base_env._init_raw_obs, "critic": critic})
-
-    def state(self, info: dict) -> torch.Tensor:
-        # The tasks add their privileged extras only when the obs mode asks for state (some test the mode's name,
-        # some its parsed struct), so the state observation is the observation under mode "state"; it renders nothing.
-        env = self.base_env
-        camera_mode = env._obs_mode, env.obs_mode_struct
-        env._obs_mode, env.obs_mode_struct = self.state_mode
-        try:
-            return env.get_obs(info)
-        finally:
-            env._obs_mode, env.obs_mode_struct = camera_mode
-
-    def reset(self, **kwargs):
-        obs, info = self.env.reset(**kwargs)
-        return {**obs, "critic": self.state(info)}, info
-
-    def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        return {**obs, "critic": self.state(info)}, reward, terminated, truncated, info
-
-
-def atari_preprocessing(env: gym.Env, max_episode_steps: Optional[int]) -> gym.Env:
-    """The usual Atari preprocessing (Mnih et al. 2015, Machado et al. 2018): up to 30 no-op actions at a reset, each
-    action repeated for 4 frames and the last two frames maxed, 84x84 grayscale, the last 4 of those stacked as the
-    channels of one (84, 84, 4) image. A lost life does not end the episode and nothing presses FIRE at a reset: the
-    agent learns both (CleanRL's EpisodicLifeEnv and FireResetEnv are not used)."""
-    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=ATARI_FRAME_SKIP, screen_size=84)
-    env = gym.wrappers.FrameStackObservation(env, 4)
-    channels_last = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
-    env = gym.wrappers.TransformObservation(env, lambda frames: np.moveaxis(frames, 0, -1), channels_last)
-    return env if max_episode_steps is None else gym.wrappers.TimeLimit(env, max_episode_steps)
-
-
 def space_to_dict(space: gym.Space) -> dict:
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
@@ -1326,32 +1436,6 @@ def space_to_dict(space: gym.Space) -> dict:
         return {"type": "Box", "shape": list(space.shape), "dtype": str(space.dtype)}
     return {"type": "Box", "shape": list(space.shape), "low": np.asarray(space.low, dtype=np.float64).ravel().tolist(),
             "high": np.asarray(space.high, dtype=np.float64).ravel().tolist()}
-
-
-def observation_layout(space: gym.Space) -> tuple[dict, list[tuple[str, int]]]:
-    """The observation dict the agent sees, key -> (shape, dtype): each image (H, W, C) under its own key in its own
-    dtype, the vectors, concatenated in float32, under "state", and the critic's privileged vector (--critic_obs)
-    under "critic"; and the state vectors' keys and sizes, in that order."""
-    spaces = dict(space.spaces) if isinstance(space, gym.spaces.Dict) else {
-        "image" if len(space.shape) == 3 else "state": space}
-    layout, vectors = {}, []
-    for key, sub in spaces.items():
-        box = isinstance(sub, gym.spaces.Box)
-        image = box and len(sub.shape) == 3 and key != "state" and min(sub.shape[:2]) >= MIN_IMAGE_SIDE
-        if not (image or (box and len(sub.shape) == 1)):
-            raise UserError(f"observation {key!r} ({sub}) is not supported; {TRAINER}.py takes images (H, W, C) of at "
-                            f"least {MIN_IMAGE_SIDE}x{MIN_IMAGE_SIDE} pixels and vectors, in a Box or a Dict of Boxes")
-        if image:
-            layout[key] = (tuple(sub.shape), torch.from_numpy(np.empty(0, dtype=sub.dtype)).dtype)
-        elif key == "critic":
-            layout[key] = (tuple(sub.shape), torch.float32)
-        else:
-            vectors.append((key, sub.shape[0]))
-    if not layout:
-        raise UserError(f"the observation ({space}) holds no image; for vector observations use ppo.py")
-    if vectors:
-        layout["state"] = ((sum(size for _, size in vectors),), torch.float32)
-    return layout, vectors
 
 
 class TorchVecEnv:
@@ -1417,11 +1501,7 @@ class TorchVecEnv:
         return self._obs(obs)
 
     def step(self, action: torch.Tensor):
-        if isinstance(self.single_action_space, gym.spaces.Box):
-            # Sampled actions may leave the bounds; the log-prob is kept for the unclipped one.
-            action = torch.clamp(action, self.action_low, self.action_high)
-        else:
-            action = action.long() + self.action_start
+        action = env_action(self, action)
         if self.torch_native:
             action = action.to(self.env.device)
         else:
@@ -1457,20 +1537,6 @@ class TorchVecEnv:
             self.episode_return = torch.where(done, 0.0, self.episode_return)
             self.episode_length = torch.where(done, 0, self.episode_length)
         return next_obs, reward, terminated, truncated, final_obs, finished
-
-    @contextlib.contextmanager
-    def own_random_stream(self):
-        """ManiSkill draws the starts of unseeded episodes from torch's global generator of the sim's device, which
-        also samples training's actions: evaluation swaps in a generator state of its own, carried from one
-        evaluation to the next, so that how often a run evaluates does not change what it trains on."""
-        gpus = [self.sim_device] if self.sim_device.type == "cuda" else []
-        with torch.random.fork_rng(devices=gpus):
-            if self.random_states is not None:
-                torch.set_rng_state(self.random_states[0])
-                for gpu, state in zip(gpus, self.random_states[1:]):
-                    torch.cuda.set_rng_state(state, gpu)
-            yield
-            self.random_states = [torch.get_rng_state(), *(torch.cuda.get_rng_state(gpu) for gpu in gpus)]
 
     def flush_video(self):
         """ManiSkill's RecordEpisode over many envs saves a video every max_steps_per_video steps only; an
@@ -1532,15 +1598,7 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
     from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
     gpu = resolve_sim_backend(args.sim_backend) == "gpu"
-    on_device = "" if device.index is None else f":{device.index}"  # under torchrun, each rank's own GPU
-    env_kwargs = dict(obs_mode=args.obs_mode, sim_backend=f"physx_cuda{on_device}" if gpu else "physx_cpu",
-                      # the default render backend falls back to the CPU with one warning per env; --no_cuda with
-                      # the CPU simulation keeps rendering off the GPU too
-                      render_backend=f"gpu{on_device}" if torch.cuda.is_available() and (gpu or args.cuda) else "cpu",
-                      reconfiguration_freq=args.eval_reconfiguration_freq if evaluation else args.reconfiguration_freq,
-                      max_episode_steps=args.max_episode_steps)
-    if args.control_mode is not None:
-        env_kwargs["control_mode"] = args.control_mode
+    env_kwargs, ignore_terminations = maniskill_env_kwargs(args, num_envs, device, evaluation)
     if video_dir is not None:
         env_kwargs["render_mode"] = "rgb_array"
     camera = dict(shader_pack="default") if evaluation else {}
@@ -1551,7 +1609,6 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
         camera.update(width=side, height=side)
     if camera:
         env_kwargs["human_render_camera_configs"] = camera
-    ignore_terminations = not (args.eval_partial_reset if evaluation else args.partial_reset)
     try:
         if gpu or num_envs == 1:
             # One CPU env takes the same ManiSkillVectorEnv code path as thousands of GPU envs.
@@ -1584,14 +1641,6 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
 # ---------------------------------------------------------------------------------------------
 # Checkpoints and resume
 # ---------------------------------------------------------------------------------------------
-
-# --resume continues one experiment: only the flags that say how long it runs and how it is run, watched and stored
-# may change. Any other difference (the task, the algorithm, the evaluation) is another experiment: start it from the
-# run's weights with --checkpoint.
-RESUME_CHANGEABLE_FIELDS = ("total_timesteps", "eval_freq", "checkpoint_freq", "keep_checkpoints", "capture_video",
-                            "save_train_video_freq", "save_model", "track", "wandb_project_name", "wandb_entity",
-                            "torch_threads", "cuda", "torch_deterministic")
-
 
 # Copied from ppo.py
 def load_states(agent: Agent, optimizer: torch.optim.Optimizer, reward_normalizer: Optional[RewardNormalizer],
@@ -2055,8 +2104,6 @@ def compile_unless_unavailable(fn, enabled: bool):
     Python versions have no torch.compile), one line says so and fn runs eagerly from then on."""
     if not enabled:
         return fn
-    # Random draws (the policy's sampling) come from torch's own generator, as in eager mode.
-    torch._inductor.config.fallback_random = True
     compiled = None
 
     def call(*args):

@@ -6,6 +6,7 @@ change no numbers; a change that must change them says so in its commit.
     python benchmarks/same_numbers.py                        # against HEAD: what the uncommitted change does
     python benchmarks/same_numbers.py --base main~3          # against any revision
     python benchmarks/same_numbers.py --trainers ppo ippo    # some of the trainers
+    python benchmarks/same_numbers.py --no_maniskill         # without the ManiSkill runs (a minute each)
 
 Prints a markdown row per experiment and exits 1 if any differs.
 """
@@ -33,6 +34,12 @@ EXPERIMENTS = {
              fast_args("pz:tests.pz_envs:meet", "run", total_timesteps=32 * 4, max_episode_steps=8,
                        centralized_critic=True) + ["--env_kwargs", "wide_b=True", "fast_b=True", "with_state=True"]],
 }
+# ManiSkill's CPU simulation through both paths: 2 training envs in worker processes, 1 evaluation env in-process.
+MANISKILL = dict(num_envs=2, num_eval_envs=1, num_steps=8, total_timesteps=8 * 2 * 2, eval_freq=1,
+                 max_episode_steps=10, num_eval_steps=10)
+MANISKILL_EXPERIMENTS = {trainer: [fast_args(env_id, "run", **MANISKILL)] for trainer, env_id in
+                         (("ppo", "PushCube-v1"), ("ppo_rnn", "PushCube-v1"), ("ppo_rgb", "PushCube-v1"),
+                          ("ippo", "TwoRobotPickCube-v1"))}
 
 
 def run(trainer_file: Path, argv: list[str], cwd: Path) -> Path:
@@ -60,6 +67,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default="HEAD", help="the revision to compare with (default: HEAD)")
     parser.add_argument("--trainers", nargs="+", choices=list(EXPERIMENTS), default=list(EXPERIMENTS))
+    parser.add_argument("--no_maniskill", action="store_true", help="leave out the ManiSkill runs")
     args = parser.parse_args()
     print(f"| trainer | experiment | same numbers as {args.base} |\n|---|---|---|")
     differ = 0
@@ -73,7 +81,8 @@ def main() -> int:
             if shown.returncode != 0:
                 sys.exit(f"error: git show {args.base}:{trainer}.py: {shown.stderr.strip()}")
             (base_dir / f"{trainer}.py").write_text(shown.stdout)
-            for i, argv in enumerate(EXPERIMENTS[trainer]):
+            experiments = EXPERIMENTS[trainer] + ([] if args.no_maniskill else MANISKILL_EXPERIMENTS[trainer])
+            for i, argv in enumerate(experiments):
                 now = run(REPO / f"{trainer}.py", argv, tmp / f"{trainer}_{i}_now")
                 then = run(base_dir / f"{trainer}.py", argv, tmp / f"{trainer}_{i}_base")
                 found = differences(now, then)

@@ -78,8 +78,8 @@ def test_two_envs_in_workers_and_group_signal(tmp_path, signum):
                          ids=["ppo", "ppo_rnn", "ippo"])
 def test_a_worker_env_autoresets_the_same_whatever_the_process_torch_stream(trainer, env_id):
     """Autoresets are unseeded; a worker's torch stream is seeded by no one, so it must not decide the next episode."""
-    kwargs = dict(obs_mode="state_dict" if trainer is ippo else "state", sim_backend="physx_cpu", render_backend="cpu",
-                  max_episode_steps=50)
+    args = trainer.Args(env_id=env_id, sim_backend="cpu", max_episode_steps=50)
+    kwargs, _ = trainer.maniskill_env_kwargs(args, 2, torch.device("cpu"), False, *([{}] if trainer is ippo else []))
     extra = ("full",) if trainer is ippo else ()
     episodes = []
     for process_seed in (0, 1):
@@ -222,8 +222,8 @@ def test_gpu_path_default_flags_build(tmp_path, gpu_sized_envs, trainer):
 def test_gpu_path_under_torchrun_simulates_on_the_rank_gpu(tmp_path, gpu_sized_envs, monkeypatch, trainer, time_limit):
     """Rank 3 of 4 on a node: its envs simulate and render on cuda:3, and the run takes a quarter of the iterations."""
     args = trainer.Args(capture_video=False)
-    iterations = trainer.validate(args, maniskill=True, time_limit=time_limit, num_ranks=4, local_ranks=4)
-    assert iterations == args.total_timesteps // (args.num_envs * args.num_steps * 4)
+    derived = trainer.validate(args, maniskill=True, time_limit=time_limit, num_ranks=4, local_ranks=4)
+    assert derived["num_iterations"] == args.total_timesteps // (args.num_envs * args.num_steps * 4)
     monkeypatch.setattr(trainer, "TorchVecEnv", lambda env, *rest, **kwargs: env)  # its buffers would need the GPU
     monkeypatch.setattr(trainer.torch.cuda, "is_available", lambda: True)
     asked, sized_make = [], trainer.gym.make
