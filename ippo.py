@@ -11,8 +11,10 @@ Every agent has its own actor, critic and observation normalizer, acts on its ow
 own advantages with PPO's clipped objective. The agents' networks are stacked (one weight tensor per layer, an
 agent per slice) and run for all agents in one batched matmul; no agent's loss reaches another agent's slice.
 The file reads top to bottom: Args; the Agent; ALGO LOGIC (rollout(), compute_advantages(), ppo_loss(), update());
-train(), the loop that runs them, logs, evaluates and saves. Below the "Plumbing" divider is what a researcher
-rarely changes: startup and validation, env adapters, checkpoints and resume, data parallel, signals.
+train(), the loop that runs them, logs, evaluates and saves; the run's settings (settings(), seed_process(), the envs'
+kwargs, env_action(), what the critic sees). The "Plumbing" divider is a promise: every line whose change can change
+a run's numbers stands above it; below it stand only file formats, locks, messages, validation, and the mechanics of
+env adapters, collectives and signals: startup, checkpoints and resume, data parallel.
 A copy (cp ippo.py my_idea.py) is a trainer of its own: runs/ENV__my_idea__SEED__TIME, its own resume and evaluation.
 Docs: docs/multi_agent.md (flags, what each agent observes, examples), docs/bootstrap.md, docs/checkpoints.md.
 """
@@ -1209,7 +1211,7 @@ def own_random_stream(envs: TorchVecEnv):
 
 
 # =============================================================================================
-# Plumbing: what a researcher rarely changes.
+# Plumbing: nothing below changes a run's numbers (what decides them stands above).
 # Startup and validation, env adapters, checkpoints and resume, data parallel, signals.
 # =============================================================================================
 
