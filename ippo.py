@@ -1132,10 +1132,7 @@ class TorchVecEnv:
 
     def step(self, action: torch.Tensor):
         action = env_action(self, action).flatten(1)
-        if self.torch_native:
-            action = action.to(self.env.device)
-        else:
-            action = action.cpu().numpy()
+        action = action.to(self.env.device) if self.torch_native else action.cpu().numpy()
         obs, reward, terminated, truncated, info = self.env.step(action)
         next_obs = self._obs(obs)
         reward, terminated, truncated = (self._to_device(x, dtype, (self.num_envs, -1)).expand(-1, self.num_agents)

@@ -1267,10 +1267,7 @@ class TorchVecEnv:
 
     def step(self, action: torch.Tensor):
         action = env_action(self, action)
-        if self.torch_native:
-            action = action.to(self.env.device)
-        else:
-            action = action.cpu().numpy()
+        action = action.to(self.env.device) if self.torch_native else action.cpu().numpy()
         obs, reward, terminated, truncated, info = self.env.step(action)
         next_obs = self._obs(obs)
         reward = self._to_device(reward, torch.float32)
