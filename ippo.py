@@ -895,11 +895,11 @@ def progress_items(prefix: str, means: dict[str, float]) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------
 
 def settings(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: int) -> dict:
-    """What the flags leave to the task, settled once (validate() calls it and checks the result): the episodes'
-    time limit (the task's own unless --max_episode_steps), --anneal_lr as the linear schedule, the bootstrap rule
-    (auto: always for ManiSkill tasks, whose defaults are tuned with it, truncated otherwise; docs/bootstrap.md), the
-    evaluation's length (the time limit unless --num_eval_steps) and the iterations of num_ranks processes; a
-    ManiSkill task's agents observe its full state unless --agent_obs=local."""
+    """What the flags leave to the task, settled once (validate() calls it and checks the result; its keys are Setup's
+    fields): the episodes' time limit (the task's own unless --max_episode_steps), --anneal_lr as the linear schedule,
+    the bootstrap rule (auto: always for ManiSkill tasks, whose defaults are tuned with it, truncated otherwise;
+    docs/bootstrap.md), the evaluation's length (the time limit unless --num_eval_steps) and the iterations of
+    num_ranks processes; a ManiSkill task's agents observe its full state unless --agent_obs=local."""
     if maniskill:
         args.agent_obs = args.agent_obs or "full"
     if args.max_episode_steps is None:
@@ -924,7 +924,7 @@ def seed_process(args: Args, rank: int, local_rank: int, num_ranks: int) -> torc
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
     if args.compile:  # the policy's samples come from torch's own generator, as in eager mode
-        torch._inductor.config.fallback_random = True
+        torch._inductor.config.fallback_random = True  # torch imports _inductor on first use
     if torch.cuda.is_available() and args.cuda:
         return torch.device("cuda", local_rank) if num_ranks > 1 else torch.device("cuda")
     return torch.device("cpu")
@@ -942,10 +942,10 @@ def resolve_sim_backend(sim_backend: str) -> str:
 def maniskill_env_kwargs(args: Args, num_envs: int, device: torch.device, evaluation: bool,
                          user_env_kwargs: dict) -> tuple[dict, bool]:
     """gym.make's kwargs for a ManiSkill task (--env_kwargs first, observations as a state_dict that AgentViews
-    splits), and ignore_terminations (--no_partial_reset: episodes run to the time
-    limit). The simulation runs on the learner's GPU (each torchrun rank's own) or on the CPU; CPU envs beyond one are
-    worker processes, whose unseeded resets (every autoreset) would draw on an unseeded torch stream:
-    enhanced_determinism draws their seeds from the env's own, seeded, stream instead."""
+    splits), and ignore_terminations (--no_partial_reset: episodes run to the time limit). The simulation runs on the
+    learner's GPU (each torchrun rank's own) or on the CPU; CPU envs beyond one are worker processes, whose unseeded
+    resets (every autoreset) would draw on an unseeded torch stream: enhanced_determinism draws their seeds from the
+    env's own, seeded, stream instead."""
     gpu = resolve_sim_backend(args.sim_backend) == "gpu"
     on_device = "" if device.index is None else f":{device.index}"
     env_kwargs = dict(user_env_kwargs, obs_mode="state_dict",
@@ -957,7 +957,7 @@ def maniskill_env_kwargs(args: Args, num_envs: int, device: torch.device, evalua
                       max_episode_steps=args.max_episode_steps)
     if args.control_mode is not None:
         env_kwargs["control_mode"] = args.control_mode
-    if not gpu and num_envs > 1:
+    if not gpu and num_envs > 1:  # make_maniskill_envs runs these envs in worker processes
         env_kwargs["enhanced_determinism"] = True
     return env_kwargs, not (args.eval_partial_reset if evaluation else args.partial_reset)
 
@@ -1167,20 +1167,6 @@ class TorchVecEnv:
         self.in_episode = torch.where(self.ended[:, None], self.alive, self.in_episode)
         return next_obs, reward, terminated, truncated, final_obs, finished
 
-    @contextlib.contextmanager
-    def own_random_stream(self):
-        """ManiSkill draws the starts of unseeded episodes from torch's global generator of the sim's device, which
-        also samples training's actions: evaluation swaps in a generator state of its own, carried from one
-        evaluation to the next, so that how often a run evaluates does not change what it trains on."""
-        gpus = [self.sim_device] if self.sim_device.type == "cuda" else []
-        with torch.random.fork_rng(devices=gpus):
-            if self.random_states is not None:
-                torch.set_rng_state(self.random_states[0])
-                for gpu, state in zip(gpus, self.random_states[1:]):
-                    torch.cuda.set_rng_state(state, gpu)
-            yield
-            self.random_states = [torch.get_rng_state(), *(torch.cuda.get_rng_state(gpu) for gpu in gpus)]
-
     def flush_video(self):
         """ManiSkill's RecordEpisode over many envs saves a video every max_steps_per_video steps only, and VMAS's
         recorder at the end of env 0's episode; an evaluation that ended early saves the rest of its video now."""
@@ -1205,6 +1191,259 @@ def own_random_stream(envs: TorchVecEnv):
                 torch.cuda.set_rng_state(state, gpu)
         yield
         envs.random_states = [torch.get_rng_state(), *(torch.cuda.get_rng_state(gpu) for gpu in gpus)]
+
+
+# Copied from ppo.py
+def load_states(agent: Agent, optimizer: torch.optim.Optimizer, reward_normalizer: Optional[RewardNormalizer],
+                init_state: Optional[dict], resume_state: Optional[dict], args: Args,
+                envs: TorchVecEnv) -> tuple[int, int]:
+    """What a run starts from: --checkpoint gives it the weights and the observation, value and reward statistics (the
+    optimizer starts afresh), --resume those and the optimizer's state; every rank then holds rank 0's. Returns the
+    global step and iteration the run continues from."""
+    for state in (init_state, resume_state):
+        if state is not None:
+            load_weights(agent, state, args, envs)
+            if reward_normalizer is not None and state.get("reward_normalizer") is not None:
+                reward_normalizer.load_state_dict(state["reward_normalizer"])
+    if world_size() > 1:
+        for tensor in agent.state_dict().values():  # each rank drew its own initial weights
+            dist.broadcast(tensor, 0)
+    if resume_state is None:
+        return 0, 0
+    optimizer.load_state_dict(resume_state["optimizer"])
+    return resume_state["global_step"], resume_state["iteration"]
+
+
+# A VMAS scenario's episodes end after this many steps (unless --max_episode_steps): VMAS sets no time limit itself.
+VMAS_MAX_STEPS = 100
+
+
+def pettingzoo_time_limit(env_id: str, env_kwargs: dict) -> tuple[Optional[int], Optional[str]]:
+    """The episode length a PettingZoo env states, and where: max_cycles (MPE's, SISL's, Butterfly's) on the env or
+    its unwrapped env, or spec.max_episode_steps; (None, None) where it states none."""
+    try:
+        env = pettingzoo_env_fn(env_id)(**env_kwargs)
+    except TypeError as e:
+        raise UserError(f"cannot make {env_id} with --env_kwargs {env_kwargs}: {e}") from e
+    try:
+        for holder, name in ((env, "the env's"), (getattr(env, "unwrapped", env), "the unwrapped env's")):
+            if isinstance(getattr(holder, "max_cycles", None), int):
+                return holder.max_cycles, f"{name} max_cycles"
+        steps = getattr(getattr(env, "spec", None), "max_episode_steps", None)
+        return (steps, "the env's spec.max_episode_steps") if isinstance(steps, int) else (None, None)
+    finally:
+        env.close()
+
+
+def state_dict_leaves(state: dict, path: tuple[str, ...] = ()):
+    for key, value in state.items():
+        if isinstance(value, dict):
+            yield from state_dict_leaves(value, path + (key,))
+        else:
+            yield path + (key,), value
+
+
+class VmasVectorEnv:
+    """A VMAS scenario as a torch vector env with ManiSkillVectorEnv's conventions: observations are the agents'
+    observations end to end (num_envs, num_agents * obs_dim), rewards one per agent (num_envs, num_agents),
+    terminated and truncated apart; an env whose episode ended is reset at once (alone), its last observation in
+    info["final_observation"]. With a video_dir, the first episode of env 0 after each reset() is recorded.
+    """
+
+    def __init__(self, env_id: str, num_envs: int, device: torch.device, max_steps: int, env_kwargs: dict,
+                 video_dir: Optional[str]):
+        import vmas
+
+        try:
+            with warnings.catch_warnings():
+                # VMAS only warns about options a scenario does not know: a typo would go unnoticed.
+                warnings.filterwarnings("error", message=".*passed but not used by the scenario")
+                self.env = vmas.make_env(vmas_scenario(env_id), num_envs=num_envs, device=device, max_steps=max_steps,
+                                         terminated_truncated=True, **env_kwargs)
+        except UserWarning as e:
+            raise UserError(f"{env_id} does not take these --env_kwargs: {e}") from e
+        except (TypeError, AssertionError, ValueError) as e:
+            raise UserError(f"cannot make {env_id} with --env_kwargs {env_kwargs}: {e or type(e).__name__}") from e
+        self.random_state = list(type(self.env).vmas_random_state)
+        obs_spaces = [gymnasium_space(space) for space in self.env.observation_space]
+        action_spaces = [gymnasium_space(space) for space in self.env.action_space]
+        check_agent_spaces(env_id, obs_spaces, action_spaces, alike=True)
+        self.num_envs, self.device, self.num_agents = num_envs, device, len(obs_spaces)
+        width = self.num_agents * obs_spaces[0].shape[0]
+        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (width,), np.float32)
+        self.agent_views = {"agents": [agent.name for agent in self.env.agents],
+                            "obs_index": np.arange(width).reshape(self.num_agents, -1).tolist(),
+                            "state_index": list(range(width)), "action_spaces": action_spaces}
+        self.cuda_state = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        self.video = None if video_dir is None else FirstEpisodeVideo(video_dir, self.render, env_id)
+
+    def in_own_stream(self, method, *args, **kwargs):
+        """VMAS draws every env's random numbers from one stream, a class attribute: each vector env swaps in a
+        stream of its own, so that evaluation resets leave training's episode starts as they were."""
+        shared = type(self.env).vmas_random_state
+        saved, shared[:] = list(shared), self.random_state
+        # VMAS keeps only the CPU streams apart; on CUDA its draws (and env.seed's manual_seed) would hit the
+        # learner's CUDA stream, so the env's own CUDA state is swapped in as well.
+        try:
+            if self.cuda_state is None:  # local_seed already keeps the CPU streams apart
+                return method(*args, **kwargs)
+            with torch.random.fork_rng(devices=[self.device]):
+                torch.cuda.set_rng_state(self.cuda_state, self.device)
+                result = method(*args, **kwargs)
+                self.cuda_state = torch.cuda.get_rng_state(self.device)
+                return result
+        finally:
+            self.random_state, shared[:] = list(shared), saved
+
+    def reset(self, seed: Optional[int] = None):
+        if seed is not None:
+            self.in_own_stream(self.env.seed, seed)
+        obs = self.in_own_stream(self.env.reset)
+        if self.video is not None:
+            self.video.start()
+        return torch.cat(obs, dim=1), {}
+
+    def step(self, action: torch.Tensor):
+        obs, rewards, terminated, truncated, _ = self.in_own_stream(
+            self.env.step, list(action.reshape(self.num_envs, self.num_agents, -1).unbind(1)))
+        obs, reward = torch.cat(obs, dim=1), torch.stack(rewards, dim=1)
+        done = terminated | truncated
+        if self.video is not None:
+            self.video.add(bool(done[0]))
+        info = {}
+        if done.any():
+            info = {"final_observation": obs, "final_info": {}}
+            if done.all():
+                reset_obs = self.in_own_stream(self.env.reset)
+            else:
+                for index in done.nonzero().flatten().tolist():
+                    self.in_own_stream(self.env.reset_at, index, return_observations=False)
+                reset_obs = self.in_own_stream(self.env.get_from_scenario, get_observations=True, get_rewards=False,
+                                               get_infos=False, get_dones=False)[0]
+            obs = torch.where(done[:, None], torch.cat(reset_obs, dim=1), obs)
+        return obs, reward, terminated, truncated, info
+
+    def render(self) -> np.ndarray:
+        return self.env.render(mode="rgb_array", env_index=0)
+
+    def flush_video(self):
+        self.video.flush()
+
+    def close(self):
+        """VMAS holds nothing to release."""
+
+
+class PettingZooEnvs:
+    """Copies of a PettingZoo Parallel env stepped one after another, numpy in and out, in this process or a worker's.
+    Env k is reset with seed + first_index + k by reset(seed); it runs until all its agents' episodes have ended
+    (each agent terminated or truncated by its own flags, all that remain truncated after max_steps steps), then
+    starts the next. A flat observation holds each agent's observation, padded with zeros to the widest (an agent
+    that left: zeros throughout), then the env's state() where the critic reads it. With a video_dir, env 0 renders
+    (render_mode="rgb_array") the evaluation videos."""
+
+    def __init__(self, env_id: str, num_envs: int, max_steps: Optional[int], env_kwargs: dict, state: bool,
+                 first_index: int = 0, video_dir: Optional[str] = None):
+        make = pettingzoo_env_fn(env_id)
+        try:
+            self.envs = [make(**env_kwargs, **({"render_mode": "rgb_array"} if video_dir and k == 0 else {}))
+                         for k in range(num_envs)]
+        except TypeError as e:
+            raise UserError(f"cannot make {env_id} with --env_kwargs {env_kwargs}"
+                            f"{' and render_mode=rgb_array for videos' if video_dir else ''}: {e}") from e
+        env, self.env_id = self.envs[0], env_id
+        self.agents, self.max_steps, self.first_index = list(env.possible_agents), max_steps, first_index
+        obs_spaces = [env.observation_space(agent) for agent in self.agents]
+        self.action_spaces = [env.action_space(agent) for agent in self.agents]
+        check_agent_spaces(env_id, obs_spaces, self.action_spaces, alike=False)
+        state_space = getattr(env, "state_space", None) if state else None
+        if state_space is not None and not (isinstance(state_space, gym.spaces.Box) and len(state_space.shape) == 1):
+            raise UserError(f"{env_id}'s state() ({state_space}) is not a flat Box; {TRAINER}.py's critic needs it "
+                            "flat: drop --centralized_critic")
+        self.obs_dims = [space.shape[0] for space in obs_spaces]
+        self.width, num_agents = max(self.obs_dims), len(self.agents)
+        self.state_dim = 0 if state_space is None else state_space.shape[0]
+        # the entries of its action an agent takes: a Discrete action's one, or its own first of the joint space's
+        self.action_sizes = [None if isinstance(space, gym.spaces.Discrete) else space.shape[0]
+                             for space in self.action_spaces]
+        self.steps = np.zeros(num_envs, dtype=np.int64)
+        agents_end = num_agents * self.width
+        state_columns = list(range(agents_end, agents_end + self.state_dim))
+        if self.state_dim:
+            state_index = list(range(self.width, self.width + self.state_dim))  # in the first agent's row
+        else:  # every agent's own entries, without the padding
+            state_index = [i * self.width + j for i, dim in enumerate(self.obs_dims) for j in range(dim)]
+        self.agent_views = {"agents": self.agents, "action_spaces": self.action_spaces,
+                            "obs_index": [list(range(i * self.width, (i + 1) * self.width)) + state_columns
+                                          for i in range(num_agents)],
+                            "state_index": state_index, "actor_dim": self.width, "agent_obs_dims": self.obs_dims,
+                            "critic_input": "state()" if self.state_dim else "all_observations"}
+        self.flat_dim = agents_end + self.state_dim
+        self.video = None
+        if video_dir is not None:
+            env.reset()  # PettingZoo envs render once reset; the evaluation's reset seeds it anew
+            self.video = FirstEpisodeVideo(video_dir, env.render, env_id)
+
+    def observe(self, env, obs: dict) -> np.ndarray:
+        flat = np.zeros(self.flat_dim, dtype=np.float32)
+        for i, agent in enumerate(self.agents):
+            if agent in obs:
+                flat[i * self.width:i * self.width + self.obs_dims[i]] = np.ravel(obs[agent])
+        if self.state_dim:
+            flat[len(self.agents) * self.width:] = np.ravel(env.state())
+        return flat
+
+    def reset(self, seed: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+        """The first observations and which agents take part (num_envs, num_agents): those of env.agents."""
+        self.steps[:] = 0
+        obs = np.stack([self.observe(env, env.reset(seed=None if seed is None else seed + self.first_index + k)[0])
+                        for k, env in enumerate(self.envs)])
+        if self.video is not None:
+            self.video.start()
+        return obs, np.stack([self.present(env) for env in self.envs])
+
+    def present(self, env) -> np.ndarray:
+        if not env.agents:
+            raise UserError(f"{self.env_id} began an episode with no agents (env.agents is empty after reset())")
+        return np.array([agent in env.agents for agent in self.agents])
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, ...]:
+        """actions (num_envs, num_agents, joint width); returns the next observations (reset where an env's episode
+        ended), rewards, terminated and truncated (num_envs, num_agents), the final observations, and the agents
+        that act next (num_envs, num_agents)."""
+        shape = (len(self.envs), len(self.agents))
+        rewards, terminated, truncated = np.zeros(shape, np.float32), np.zeros(shape, bool), np.zeros(shape, bool)
+        obs, final_obs = (np.zeros((len(self.envs), self.flat_dim), np.float32) for _ in range(2))
+        alive = np.zeros(shape, bool)
+        self.steps += 1
+        for k, env in enumerate(self.envs):
+            live = list(env.agents)
+            agent_obs, reward, agent_terminated, agent_truncated, _ = env.step(
+                {agent: actions[k, i, 0] if size is None else actions[k, i, :size]
+                 for i, (agent, size) in enumerate(zip(self.agents, self.action_sizes)) if agent in live})
+            if any(agent not in live for agent in env.agents):
+                raise UserError(f"in {self.env_id}, agents joined a running episode ({env.agents} after {live}); "
+                                f"{TRAINER}.py's agents all start an episode together")
+            time_up = self.steps[k] == self.max_steps
+            for i, agent in enumerate(self.agents):
+                if agent in live:
+                    rewards[k, i] = reward.get(agent, 0.0)
+                    terminated[k, i] = agent_terminated.get(agent, False)
+                    truncated[k, i] = not terminated[k, i] and (agent_truncated.get(agent, False) or time_up)
+            final_obs[k] = self.observe(env, agent_obs)
+            if k == 0 and self.video is not None:
+                self.video.add(not env.agents or time_up)
+            if not env.agents or time_up:
+                obs[k] = self.observe(env, env.reset()[0])
+                self.steps[k] = 0
+                alive[k] = self.present(env)
+            else:
+                obs[k] = self.observe(env, {agent: agent_obs[agent] for agent in env.agents})
+                alive[k] = self.present(env) & ~terminated[k] & ~truncated[k]
+        return obs, rewards, terminated, truncated, final_obs, alive
+
+    def close(self):
+        for env in self.envs:
+            env.close()
 
 
 # =============================================================================================
@@ -1435,7 +1674,6 @@ def usable_cores() -> int:
 # ---------------------------------------------------------------------------------------------
 
 VMAS_PREFIX = "vmas:"
-VMAS_MAX_STEPS = 100
 PZ_PREFIX = "pz:"
 # Env options that ippo.py sets from flags of its own.
 RESERVED_ENV_KWARGS = {
@@ -1509,23 +1747,6 @@ def pettingzoo_env_fn(env_id: str):
         raise UserError(f"cannot load {name or 'parallel_env'!r} from module {module!r} of {env_id}: {e}") from e
 
 
-def pettingzoo_time_limit(env_id: str, env_kwargs: dict) -> tuple[Optional[int], Optional[str]]:
-    """The episode length a PettingZoo env states, and where: max_cycles (MPE's, SISL's, Butterfly's) on the env or
-    its unwrapped env, or spec.max_episode_steps; (None, None) where it states none."""
-    try:
-        env = pettingzoo_env_fn(env_id)(**env_kwargs)
-    except TypeError as e:
-        raise UserError(f"cannot make {env_id} with --env_kwargs {env_kwargs}: {e}") from e
-    try:
-        for holder, name in ((env, "the env's"), (getattr(env, "unwrapped", env), "the unwrapped env's")):
-            if isinstance(getattr(holder, "max_cycles", None), int):
-                return holder.max_cycles, f"{name} max_cycles"
-        steps = getattr(getattr(env, "spec", None), "max_episode_steps", None)
-        return (steps, "the env's spec.max_episode_steps") if isinstance(steps, int) else (None, None)
-    finally:
-        env.close()
-
-
 def parse_env_kwargs(pairs: tuple[str, ...], maniskill: bool) -> dict:
     """--env_kwargs KEY=VALUE ...: values are Python literals (3, 0.5, False, "x"); any other text is a string."""
     kwargs = {}
@@ -1560,14 +1781,6 @@ def refuse_asset_download(env_id: str):
 def in_recorded_rollout(elapsed_steps: int, num_steps: int, freq: int) -> bool:
     """ManiSkill RecordEpisode's trigger: record every step of every freq-th rollout."""
     return (elapsed_steps // num_steps) % freq == 0
-
-
-def state_dict_leaves(state: dict, path: tuple[str, ...] = ()):
-    for key, value in state.items():
-        if isinstance(value, dict):
-            yield from state_dict_leaves(value, path + (key,))
-        else:
-            yield path + (key,), value
 
 
 def build_maniskill_env(env_id: str, num_envs: int, env_kwargs: dict, agent_obs: str, video_dir: Optional[str],
@@ -1614,96 +1827,6 @@ def build_maniskill_cpu_worker_env(env_id: str, env_kwargs: dict, agent_obs: str
     return cpu_env
 
 
-class VmasVectorEnv:
-    """A VMAS scenario as a torch vector env with ManiSkillVectorEnv's conventions: observations are the agents'
-    observations end to end (num_envs, num_agents * obs_dim), rewards one per agent (num_envs, num_agents),
-    terminated and truncated apart; an env whose episode ended is reset at once (alone), its last observation in
-    info["final_observation"]. With a video_dir, the first episode of env 0 after each reset() is recorded.
-    """
-
-    def __init__(self, env_id: str, num_envs: int, device: torch.device, max_steps: int, env_kwargs: dict,
-                 video_dir: Optional[str]):
-        import vmas
-
-        try:
-            with warnings.catch_warnings():
-                # VMAS only warns about options a scenario does not know: a typo would go unnoticed.
-                warnings.filterwarnings("error", message=".*passed but not used by the scenario")
-                self.env = vmas.make_env(vmas_scenario(env_id), num_envs=num_envs, device=device, max_steps=max_steps,
-                                         terminated_truncated=True, **env_kwargs)
-        except UserWarning as e:
-            raise UserError(f"{env_id} does not take these --env_kwargs: {e}") from e
-        except (TypeError, AssertionError, ValueError) as e:
-            raise UserError(f"cannot make {env_id} with --env_kwargs {env_kwargs}: {e or type(e).__name__}") from e
-        self.random_state = list(type(self.env).vmas_random_state)
-        obs_spaces = [gymnasium_space(space) for space in self.env.observation_space]
-        action_spaces = [gymnasium_space(space) for space in self.env.action_space]
-        check_agent_spaces(env_id, obs_spaces, action_spaces, alike=True)
-        self.num_envs, self.device, self.num_agents = num_envs, device, len(obs_spaces)
-        width = self.num_agents * obs_spaces[0].shape[0]
-        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (width,), np.float32)
-        self.agent_views = {"agents": [agent.name for agent in self.env.agents],
-                            "obs_index": np.arange(width).reshape(self.num_agents, -1).tolist(),
-                            "state_index": list(range(width)), "action_spaces": action_spaces}
-        self.cuda_state = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-        self.video = None if video_dir is None else FirstEpisodeVideo(video_dir, self.render, env_id)
-
-    def in_own_stream(self, method, *args, **kwargs):
-        """VMAS draws every env's random numbers from one stream, a class attribute: each vector env swaps in a
-        stream of its own, so that evaluation resets leave training's episode starts as they were."""
-        shared = type(self.env).vmas_random_state
-        saved, shared[:] = list(shared), self.random_state
-        # VMAS keeps only the CPU streams apart; on CUDA its draws (and env.seed's manual_seed) would hit the
-        # learner's CUDA stream, so the env's own CUDA state is swapped in as well.
-        try:
-            if self.cuda_state is None:  # local_seed already keeps the CPU streams apart
-                return method(*args, **kwargs)
-            with torch.random.fork_rng(devices=[self.device]):
-                torch.cuda.set_rng_state(self.cuda_state, self.device)
-                result = method(*args, **kwargs)
-                self.cuda_state = torch.cuda.get_rng_state(self.device)
-                return result
-        finally:
-            self.random_state, shared[:] = list(shared), saved
-
-    def reset(self, seed: Optional[int] = None):
-        if seed is not None:
-            self.in_own_stream(self.env.seed, seed)
-        obs = self.in_own_stream(self.env.reset)
-        if self.video is not None:
-            self.video.start()
-        return torch.cat(obs, dim=1), {}
-
-    def step(self, action: torch.Tensor):
-        obs, rewards, terminated, truncated, _ = self.in_own_stream(
-            self.env.step, list(action.reshape(self.num_envs, self.num_agents, -1).unbind(1)))
-        obs, reward = torch.cat(obs, dim=1), torch.stack(rewards, dim=1)
-        done = terminated | truncated
-        if self.video is not None:
-            self.video.add(bool(done[0]))
-        info = {}
-        if done.any():
-            info = {"final_observation": obs, "final_info": {}}
-            if done.all():
-                reset_obs = self.in_own_stream(self.env.reset)
-            else:
-                for index in done.nonzero().flatten().tolist():
-                    self.in_own_stream(self.env.reset_at, index, return_observations=False)
-                reset_obs = self.in_own_stream(self.env.get_from_scenario, get_observations=True, get_rewards=False,
-                                               get_infos=False, get_dones=False)[0]
-            obs = torch.where(done[:, None], torch.cat(reset_obs, dim=1), obs)
-        return obs, reward, terminated, truncated, info
-
-    def render(self) -> np.ndarray:
-        return self.env.render(mode="rgb_array", env_index=0)
-
-    def flush_video(self):
-        self.video.flush()
-
-    def close(self):
-        """VMAS holds nothing to release."""
-
-
 class FirstEpisodeVideo:
     """VMAS's and PettingZoo's evaluation videos: the first episode of env 0 after each start() (its env's reset),
     a frame after each step, saved as video_dir/eval-episode-<k>.mp4 when it ends or at flush() (an evaluation that
@@ -1735,119 +1858,6 @@ class FirstEpisodeVideo:
                        episode_index=self.videos_written, fps=30)
             self.videos_written += 1
         self.frames = None
-
-
-class PettingZooEnvs:
-    """Copies of a PettingZoo Parallel env stepped one after another, numpy in and out, in this process or a worker's.
-    Env k is reset with seed + first_index + k by reset(seed); it runs until all its agents' episodes have ended
-    (each agent terminated or truncated by its own flags, all that remain truncated after max_steps steps), then
-    starts the next. A flat observation holds each agent's observation, padded with zeros to the widest (an agent
-    that left: zeros throughout), then the env's state() where the critic reads it. With a video_dir, env 0 renders
-    (render_mode="rgb_array") the evaluation videos."""
-
-    def __init__(self, env_id: str, num_envs: int, max_steps: Optional[int], env_kwargs: dict, state: bool,
-                 first_index: int = 0, video_dir: Optional[str] = None):
-        make = pettingzoo_env_fn(env_id)
-        try:
-            self.envs = [make(**env_kwargs, **({"render_mode": "rgb_array"} if video_dir and k == 0 else {}))
-                         for k in range(num_envs)]
-        except TypeError as e:
-            raise UserError(f"cannot make {env_id} with --env_kwargs {env_kwargs}"
-                            f"{' and render_mode=rgb_array for videos' if video_dir else ''}: {e}") from e
-        env, self.env_id = self.envs[0], env_id
-        self.agents, self.max_steps, self.first_index = list(env.possible_agents), max_steps, first_index
-        obs_spaces = [env.observation_space(agent) for agent in self.agents]
-        self.action_spaces = [env.action_space(agent) for agent in self.agents]
-        check_agent_spaces(env_id, obs_spaces, self.action_spaces, alike=False)
-        state_space = getattr(env, "state_space", None) if state else None
-        if state_space is not None and not (isinstance(state_space, gym.spaces.Box) and len(state_space.shape) == 1):
-            raise UserError(f"{env_id}'s state() ({state_space}) is not a flat Box; {TRAINER}.py's critic needs it "
-                            "flat: drop --centralized_critic")
-        self.obs_dims = [space.shape[0] for space in obs_spaces]
-        self.width, num_agents = max(self.obs_dims), len(self.agents)
-        self.state_dim = 0 if state_space is None else state_space.shape[0]
-        # the entries of its action an agent takes: a Discrete action's one, or its own first of the joint space's
-        self.action_sizes = [None if isinstance(space, gym.spaces.Discrete) else space.shape[0]
-                             for space in self.action_spaces]
-        self.steps = np.zeros(num_envs, dtype=np.int64)
-        agents_end = num_agents * self.width
-        state_columns = list(range(agents_end, agents_end + self.state_dim))
-        if self.state_dim:
-            state_index = list(range(self.width, self.width + self.state_dim))  # in the first agent's row
-        else:  # every agent's own entries, without the padding
-            state_index = [i * self.width + j for i, dim in enumerate(self.obs_dims) for j in range(dim)]
-        self.agent_views = {"agents": self.agents, "action_spaces": self.action_spaces,
-                            "obs_index": [list(range(i * self.width, (i + 1) * self.width)) + state_columns
-                                          for i in range(num_agents)],
-                            "state_index": state_index, "actor_dim": self.width, "agent_obs_dims": self.obs_dims,
-                            "critic_input": "state()" if self.state_dim else "all_observations"}
-        self.flat_dim = agents_end + self.state_dim
-        self.video = None
-        if video_dir is not None:
-            env.reset()  # PettingZoo envs render once reset; the evaluation's reset seeds it anew
-            self.video = FirstEpisodeVideo(video_dir, env.render, env_id)
-
-    def observe(self, env, obs: dict) -> np.ndarray:
-        flat = np.zeros(self.flat_dim, dtype=np.float32)
-        for i, agent in enumerate(self.agents):
-            if agent in obs:
-                flat[i * self.width:i * self.width + self.obs_dims[i]] = np.ravel(obs[agent])
-        if self.state_dim:
-            flat[len(self.agents) * self.width:] = np.ravel(env.state())
-        return flat
-
-    def reset(self, seed: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
-        """The first observations and which agents take part (num_envs, num_agents): those of env.agents."""
-        self.steps[:] = 0
-        obs = np.stack([self.observe(env, env.reset(seed=None if seed is None else seed + self.first_index + k)[0])
-                        for k, env in enumerate(self.envs)])
-        if self.video is not None:
-            self.video.start()
-        return obs, np.stack([self.present(env) for env in self.envs])
-
-    def present(self, env) -> np.ndarray:
-        if not env.agents:
-            raise UserError(f"{self.env_id} began an episode with no agents (env.agents is empty after reset())")
-        return np.array([agent in env.agents for agent in self.agents])
-
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, ...]:
-        """actions (num_envs, num_agents, joint width); returns the next observations (reset where an env's episode
-        ended), rewards, terminated and truncated (num_envs, num_agents), the final observations, and the agents
-        that act next (num_envs, num_agents)."""
-        shape = (len(self.envs), len(self.agents))
-        rewards, terminated, truncated = np.zeros(shape, np.float32), np.zeros(shape, bool), np.zeros(shape, bool)
-        obs, final_obs = (np.zeros((len(self.envs), self.flat_dim), np.float32) for _ in range(2))
-        alive = np.zeros(shape, bool)
-        self.steps += 1
-        for k, env in enumerate(self.envs):
-            live = list(env.agents)
-            agent_obs, reward, agent_terminated, agent_truncated, _ = env.step(
-                {agent: actions[k, i, 0] if size is None else actions[k, i, :size]
-                 for i, (agent, size) in enumerate(zip(self.agents, self.action_sizes)) if agent in live})
-            if any(agent not in live for agent in env.agents):
-                raise UserError(f"in {self.env_id}, agents joined a running episode ({env.agents} after {live}); "
-                                f"{TRAINER}.py's agents all start an episode together")
-            time_up = self.steps[k] == self.max_steps
-            for i, agent in enumerate(self.agents):
-                if agent in live:
-                    rewards[k, i] = reward.get(agent, 0.0)
-                    terminated[k, i] = agent_terminated.get(agent, False)
-                    truncated[k, i] = not terminated[k, i] and (agent_truncated.get(agent, False) or time_up)
-            final_obs[k] = self.observe(env, agent_obs)
-            if k == 0 and self.video is not None:
-                self.video.add(not env.agents or time_up)
-            if not env.agents or time_up:
-                obs[k] = self.observe(env, env.reset()[0])
-                self.steps[k] = 0
-                alive[k] = self.present(env)
-            else:
-                obs[k] = self.observe(env, {agent: agent_obs[agent] for agent in env.agents})
-                alive[k] = self.present(env) & ~terminated[k] & ~truncated[k]
-        return obs, rewards, terminated, truncated, final_obs, alive
-
-    def close(self):
-        for env in self.envs:
-            env.close()
 
 
 def pettingzoo_worker(pipe, env_id: str, num_envs: int, max_steps: Optional[int], env_kwargs: dict, state: bool,
@@ -2038,7 +2048,8 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
     if camera:
         env_kwargs["human_render_camera_configs"] = camera
     try:
-        if gpu or num_envs == 1:
+        # maniskill_env_kwargs asks for enhanced_determinism where the envs run in CPU worker processes
+        if not env_kwargs.get("enhanced_determinism"):
             # One CPU env takes the same ManiSkillVectorEnv code path as thousands of GPU envs.
             env = build_maniskill_env(args.env_id, num_envs, env_kwargs, args.agent_obs, video_dir, video_trigger,
                                       max_steps_per_video, trajectory_path)
@@ -2070,25 +2081,6 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
 # ---------------------------------------------------------------------------------------------
 # Checkpoints and resume
 # ---------------------------------------------------------------------------------------------
-
-# Copied from ppo.py
-def load_states(agent: Agent, optimizer: torch.optim.Optimizer, reward_normalizer: Optional[RewardNormalizer],
-                init_state: Optional[dict], resume_state: Optional[dict], args: Args,
-                envs: TorchVecEnv) -> tuple[int, int]:
-    """Weights and statistics from --checkpoint or --resume, the optimizer's state too on --resume; every rank then
-    holds rank 0's. Returns the global step and iteration the run continues from."""
-    for state in (init_state, resume_state):
-        if state is not None:
-            load_weights(agent, state, args, envs)
-            if reward_normalizer is not None and state.get("reward_normalizer") is not None:
-                reward_normalizer.load_state_dict(state["reward_normalizer"])
-    if world_size() > 1:
-        for tensor in agent.state_dict().values():  # each rank drew its own initial weights
-            dist.broadcast(tensor, 0)
-    if resume_state is None:
-        return 0, 0
-    optimizer.load_state_dict(resume_state["optimizer"])
-    return resume_state["global_step"], resume_state["iteration"]
 
 
 def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):

@@ -854,10 +854,11 @@ def progress_items(prefix: str, means: dict[str, float]) -> dict[str, float]:
 
 # Copied from ppo.py
 def settings(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: int) -> dict:
-    """What the flags leave to the task, settled once (validate() calls it and checks the result): the episodes'
-    time limit (the task's own unless --max_episode_steps), --anneal_lr as the linear schedule, the bootstrap rule
-    (auto: always for ManiSkill tasks, whose defaults are tuned with it, truncated otherwise; docs/bootstrap.md), the
-    evaluation's length (the time limit unless --num_eval_steps) and the iterations of num_ranks processes."""
+    """What the flags leave to the task, settled once (validate() calls it and checks the result; its keys are Setup's
+    fields): the episodes' time limit (the task's own unless --max_episode_steps), --anneal_lr as the linear schedule,
+    the bootstrap rule (auto: always for ManiSkill tasks, whose defaults are tuned with it, truncated otherwise;
+    docs/bootstrap.md), the evaluation's length (the time limit unless --num_eval_steps) and the iterations of
+    num_ranks processes."""
     if args.max_episode_steps is None:
         args.max_episode_steps = time_limit
     if args.anneal_lr:
@@ -880,7 +881,7 @@ def seed_process(args: Args, rank: int, local_rank: int, num_ranks: int) -> torc
     if args.torch_threads > 0:
         torch.set_num_threads(args.torch_threads)
     if args.compile:  # the policy's samples come from torch's own generator, as in eager mode
-        torch._inductor.config.fallback_random = True
+        torch._inductor.config.fallback_random = True  # torch imports _inductor on first use
     if torch.cuda.is_available() and args.cuda:
         return torch.device("cuda", local_rank) if num_ranks > 1 else torch.device("cuda")
     return torch.device("cpu")
@@ -911,7 +912,7 @@ def maniskill_env_kwargs(args: Args, num_envs: int, device: torch.device, evalua
                       max_episode_steps=args.max_episode_steps)
     if args.control_mode is not None:
         env_kwargs["control_mode"] = args.control_mode
-    if not gpu and num_envs > 1:
+    if not gpu and num_envs > 1:  # make_maniskill_envs runs these envs in worker processes
         env_kwargs["enhanced_determinism"] = True
     return env_kwargs, not (args.eval_partial_reset if evaluation else args.partial_reset)
 
@@ -998,9 +999,22 @@ class ManiSkillCriticState(gym.Wrapper):
         return {**obs, "critic": self.state(info)}, reward, terminated, truncated, info
 
 
+def gym_observation(env: gym.Env, atari: bool, max_episode_steps: Optional[int], critic_obs: bool) -> gym.Env:
+    """What the agent sees of a Gymnasium env: an Atari game's frames preprocessed, and the critic's vector under
+    "critic" (--critic_obs)."""
+    if atari:
+        env = atari_preprocessing(env, max_episode_steps)
+    return CriticObservation(env) if critic_obs else env
+
+
 # The ALE's own frame skipping is off: atari_preprocessing skips frames (maxing the last two), and applies the time
 # limit to its steps, not to frames.
 ATARI_MAKE_KWARGS = {"frameskip": 1}
+
+
+def atari_time_limit(spec: gym.envs.registration.EnvSpec) -> int:
+    """An Atari game's time limit in the agent's steps: the ALE truncates its episodes after this many frames."""
+    return spec.kwargs["max_num_frames_per_episode"] // ATARI_FRAME_SKIP
 
 
 def atari_preprocessing(env: gym.Env, max_episode_steps: Optional[int]) -> gym.Env:
@@ -1055,6 +1069,27 @@ def own_random_stream(envs: TorchVecEnv):
                 torch.cuda.set_rng_state(state, gpu)
         yield
         envs.random_states = [torch.get_rng_state(), *(torch.cuda.get_rng_state(gpu) for gpu in gpus)]
+
+
+# Copied from ppo.py
+def load_states(agent: Agent, optimizer: torch.optim.Optimizer, reward_normalizer: Optional[RewardNormalizer],
+                init_state: Optional[dict], resume_state: Optional[dict], args: Args,
+                envs: TorchVecEnv) -> tuple[int, int]:
+    """What a run starts from: --checkpoint gives it the weights and the observation, value and reward statistics (the
+    optimizer starts afresh), --resume those and the optimizer's state; every rank then holds rank 0's. Returns the
+    global step and iteration the run continues from."""
+    for state in (init_state, resume_state):
+        if state is not None:
+            load_weights(agent, state, args, envs)
+            if reward_normalizer is not None and state.get("reward_normalizer") is not None:
+                reward_normalizer.load_state_dict(state["reward_normalizer"])
+    if world_size() > 1:
+        for tensor in agent.state_dict().values():  # each rank drew its own initial weights
+            dist.broadcast(tensor, 0)
+    if resume_state is None:
+        return 0, 0
+    optimizer.load_state_dict(resume_state["optimizer"])
+    return resume_state["global_step"], resume_state["iteration"]
 
 
 # =============================================================================================
@@ -1302,8 +1337,8 @@ def find_env(env_id: str) -> tuple[bool, Optional[int]]:
     except gym.error.Error as e:
         atari_missing = name.startswith("ALE/") and "ale_py" not in sys.modules
         raise UserError(f"unknown env id {env_id!r}: {e}" + ("; pip install ale-py" if atari_missing else "")) from e
-    if spec.entry_point == ATARI_ENTRY_POINT:  # the ALE truncates its episodes after this many frames
-        return False, spec.kwargs["max_num_frames_per_episode"] // ATARI_FRAME_SKIP
+    if spec.entry_point == ATARI_ENTRY_POINT:
+        return False, atari_time_limit(spec)
     return False, spec.max_episode_steps
 
 
@@ -1411,10 +1446,7 @@ def build_gym_env(env_id: str, max_episode_steps: Optional[int], video_dir: Opti
         # Rendering dependencies (pygame, a GL context) fail only at the first frame: find out now, not mid-run.
         env.reset()
         env.render()
-    if atari:
-        env = atari_preprocessing(env, max_episode_steps)
-    if critic_obs:
-        env = CriticObservation(env)
+    env = gym_observation(env, atari, max_episode_steps, critic_obs)
     if video_dir is None:
         return env
     if isinstance(video_trigger, ResetEpisodeTrigger):
@@ -1609,7 +1641,8 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
     if camera:
         env_kwargs["human_render_camera_configs"] = camera
     try:
-        if gpu or num_envs == 1:
+        # maniskill_env_kwargs asks for enhanced_determinism where the envs run in CPU worker processes
+        if not env_kwargs.get("enhanced_determinism"):
             # One CPU env takes the same ManiSkillVectorEnv code path as thousands of GPU envs.
             env = build_maniskill_env(args.env_id, num_envs, env_kwargs, args.include_state, args.critic_obs,
                                       video_dir, video_trigger, max_steps_per_video, trajectory_path)
@@ -1640,25 +1673,6 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
 # ---------------------------------------------------------------------------------------------
 # Checkpoints and resume
 # ---------------------------------------------------------------------------------------------
-
-# Copied from ppo.py
-def load_states(agent: Agent, optimizer: torch.optim.Optimizer, reward_normalizer: Optional[RewardNormalizer],
-                init_state: Optional[dict], resume_state: Optional[dict], args: Args,
-                envs: TorchVecEnv) -> tuple[int, int]:
-    """Weights and statistics from --checkpoint or --resume, the optimizer's state too on --resume; every rank then
-    holds rank 0's. Returns the global step and iteration the run continues from."""
-    for state in (init_state, resume_state):
-        if state is not None:
-            load_weights(agent, state, args, envs)
-            if reward_normalizer is not None and state.get("reward_normalizer") is not None:
-                reward_normalizer.load_state_dict(state["reward_normalizer"])
-    if world_size() > 1:
-        for tensor in agent.state_dict().values():  # each rank drew its own initial weights
-            dist.broadcast(tensor, 0)
-    if resume_state is None:
-        return 0, 0
-    optimizer.load_state_dict(resume_state["optimizer"])
-    return resume_state["global_step"], resume_state["iteration"]
 
 
 def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
