@@ -6,7 +6,7 @@
 #   bash benchmarks/learn_maniskill_cpu.sh                        # PushCube-v1, 300k steps (about 13 minutes a run on 2 cores), seeds 1 2 3
 #   bash benchmarks/learn_maniskill_cpu.sh PickCube-v1 800000 1   # task, steps, seeds
 #   NAME=pickcube_cpu_steps100 bash benchmarks/learn_maniskill_cpu.sh PickCube-v1 800000 1 --num_steps=100   # flags after the seeds override the settings below
-#   OUT=/tmp/check EVAL_EPISODES=4 bash benchmarks/learn_maniskill_cpu.sh PushCube-v1 400 2   # a quick check (the test suite runs this)
+#   OUT=/tmp/check EVAL_EPISODES=4 bash benchmarks/learn_maniskill_cpu.sh PushCube-v1 400 2   # a quick check
 #   TRAINER=ppo_rgb NAME=pushcube_rgb_cpu EVAL_EPISODES=20 bash benchmarks/learn_maniskill_cpu.sh PushCube-v1 30000 1   # the camera
 #
 # The runs go to runs/<NAME>__seed<S> of the working directory (NAME: <task>_cpu unless set), one at a time (each

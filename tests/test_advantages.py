@@ -1,5 +1,7 @@
-"""GAE and final-value bootstrapping against an independent reference written with plain loops (the trainers' copies
-of compute_advantages, bootstrap_mask and RunningMeanStd alike)."""
+"""GAE and final-value bootstrapping against an independent reference written with plain loops: ppo.py's
+compute_advantages, bootstrap_mask, RunningMeanStd and RewardNormalizer, and ippo.py's own compute_advantages and
+RunningMeanStd. The siblings' `# Copied from ppo.py` copies of them are checked equal to ppo.py's by
+scripts/check_copies.py (tests/test_check_copies.py), so they are tested here once, on their source."""
 
 import numpy as np
 import pytest
@@ -7,7 +9,6 @@ import torch
 
 import ippo
 import ppo
-import ppo_rnn
 from tests.util import fast_args, spy_on_advantages
 
 GAMMA, LAM = 0.9, 0.8
@@ -64,7 +65,7 @@ def random_rollout(seed, T=12, N=6):
 @pytest.mark.parametrize("finite_horizon", [False, True])
 @pytest.mark.parametrize("rule", ["always", "truncated", "never"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("trainer", [ppo, ppo_rnn, ippo], ids=["ppo", "ppo_rnn", "ippo"])
+@pytest.mark.parametrize("trainer", [ppo, ippo], ids=["ppo", "ippo"])
 def test_advantages_match_reference(trainer, rule, finite_horizon, seed):
     r = random_rollout(seed)
     assert r["terminated"].any() and r["truncated"].any() and (r["terminated"] & r["truncated"]).any()
@@ -88,16 +89,15 @@ def test_rules_differ_where_they_should():
     assert not np.allclose(results["truncated"], results["never"])
 
 
-@pytest.mark.parametrize("trainer", [ppo, ppo_rnn, ippo], ids=["ppo", "ppo_rnn", "ippo"])
-def test_bootstrap_mask(trainer):
+def test_bootstrap_mask():
     terminated = torch.tensor([True, True, False, False])
     truncated = torch.tensor([True, False, True, False])
-    assert trainer.bootstrap_mask("always", terminated, truncated).tolist() == [True, True, True, False]
-    assert trainer.bootstrap_mask("truncated", terminated, truncated).tolist() == [False, False, True, False]
-    assert trainer.bootstrap_mask("never", terminated, truncated).tolist() == [False, False, False, False]
+    assert ppo.bootstrap_mask("always", terminated, truncated).tolist() == [True, True, True, False]
+    assert ppo.bootstrap_mask("truncated", terminated, truncated).tolist() == [False, False, True, False]
+    assert ppo.bootstrap_mask("never", terminated, truncated).tolist() == [False, False, False, False]
 
 
-@pytest.mark.parametrize("trainer", [ppo, ppo_rnn, ippo], ids=["ppo", "ppo_rnn", "ippo"])
+@pytest.mark.parametrize("trainer", [ppo, ippo], ids=["ppo", "ippo"])
 def test_running_mean_std_matches_numpy(trainer):
     rng = np.random.default_rng(0)
     batches = [rng.normal(3.0, 2.0, size=(n, 4)) for n in (5, 17, 1, 40)]
@@ -139,15 +139,14 @@ def test_rollout_bootstraps_from_the_final_observation(tmp_path, monkeypatch, ru
         assert not bootstrap_values[dones == 0].any()
 
 
-@pytest.mark.parametrize("trainer", [ppo, ppo_rnn], ids=["ppo", "ppo_rnn"])
-def test_reward_normalizer_matches_reference(trainer):
+def test_reward_normalizer_matches_reference():
     """Rewards divided by the std of every discounted return seen so far; a return restarts after its episode ends."""
     rng = np.random.default_rng(0)
     steps, num_envs, gamma = 60, 3, 0.9
     rewards = rng.normal(2.0, 5.0, size=(steps, num_envs))
     dones = rng.random((steps, num_envs)) < 0.1
     assert dones.any()
-    normalizer = trainer.RewardNormalizer(num_envs, gamma)
+    normalizer = ppo.RewardNormalizer(num_envs, gamma)
     returns_seen, discounted = [], np.zeros(num_envs)
     for t in range(steps):
         discounted = gamma * discounted + rewards[t]
@@ -158,5 +157,5 @@ def test_reward_normalizer_matches_reference(trainer):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-3)
         discounted[dones[t]] = 0.0
     # equal first returns have no spread yet: the scaled reward is clipped
-    first = trainer.RewardNormalizer(num_envs, gamma)(torch.ones(num_envs), torch.zeros(num_envs, dtype=torch.bool))
+    first = ppo.RewardNormalizer(num_envs, gamma)(torch.ones(num_envs), torch.zeros(num_envs, dtype=torch.bool))
     assert first.tolist() == [10.0] * num_envs

@@ -52,8 +52,10 @@ def test_atari_speed_benchmark_prints_its_table(tmp_path):
 
 
 def test_atari_learning_benchmark_writes_its_table_and_plots(tmp_path):
-    """8,192 steps: enough for each of the 8 envs to finish a Pong episode of an untrained policy (about 760 steps)."""
-    result = run(["bash", str(REPO / "benchmarks/learn_atari.sh"), "PongNoFrameskip-v4", "8192", "1", "--eval_freq=4"],
+    """The script's settings with 2 envs for its 8 (flags after the seeds override them), 1,024 steps each: enough
+    for each to finish a Pong episode of an untrained policy (about 760 steps); one evaluation, the final one."""
+    result = run(["bash", str(REPO / "benchmarks/learn_atari.sh"), "PongNoFrameskip-v4", "2048", "1", "--num_envs=2",
+                  "--num_eval_envs=2", "--eval_freq=1000"],
                  tmp_path, {"OUT": str(tmp_path / "out"), "PYTHON": sys.executable, "EVAL_EPISODES": "2"})
     assert result.returncode == 0, result.stderr[-3000:]
     table = (tmp_path / "out/table.md").read_text().splitlines()
@@ -105,7 +107,10 @@ def test_multi_agent_benchmark_writes_its_table_and_plots(tmp_path):
 
 
 def test_pushcube_benchmark_writes_its_table_and_plots(tmp_path):
-    result = run(["bash", str(REPO / "benchmarks/learn_maniskill_cpu.sh"), "PushCube-v1", "400", "2"], tmp_path,
+    """Seed 2 alone; the run trains and evaluates in one ManiSkill env (flags after the seeds override the script's
+    4 worker envs: most of a tiny run is their processes starting); ppo_eval.py plays in the script's 4 workers."""
+    result = run(["bash", str(REPO / "benchmarks/learn_maniskill_cpu.sh"), "PushCube-v1", "100", "2", "--num_envs=1",
+                  "--num_eval_envs=1", "--num_minibatches=1"], tmp_path,
                  {"OUT": str(tmp_path / "out"), "PYTHON": sys.executable, "EVAL_EPISODES": "4"})
     assert result.returncode == 0, result.stderr[-3000:]
     table = (tmp_path / "out/table.md").read_text().splitlines()
@@ -176,9 +181,9 @@ def test_gpu_kit_refuses_or_skips_without_a_gpu_and_reports_fake_runs(tmp_path):
 
 
 def test_mpe_spread_benchmark_writes_its_table_and_plot(tmp_path):
-    """One MAPPO run of 64,000 frames on MPE simple_spread_v3 in worker processes (about 20 s here)."""
+    """One MAPPO run of 6,400 frames (two iterations, one evaluation) on MPE simple_spread_v3 in worker processes."""
     result = run([sys.executable, str(REPO / "benchmarks/mpe_spread.py"), "--variants", "mappo_continuous", "--seeds",
-                  "1", "--frames", "64000", "--out", str(tmp_path / "out")], tmp_path)
+                  "1", "--frames", "6400", "--out", str(tmp_path / "out")], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     table = (tmp_path / "out/table.md").read_text().splitlines()
     assert table[0].startswith("ippo.py on PettingZoo MPE simple_spread_v3, ")

@@ -10,21 +10,17 @@ import torch
 import ippo
 import ppo
 import ppo_rgb
-import ppo_rnn
 from tests.test_reliability import ENV, FLAGS
-from tests.util import REPO, fast_args, load, refused_in_one_line, run_script, snapshot
+from tests.util import REPO, fast_args, load, refused_in_one_line, run_script, run_scripts, snapshot
 
-TRAINERS = {"ppo": ppo, "ppo_rnn": ppo_rnn, "ippo": ippo, "ppo_rgb": ppo_rgb}
+# ppo_rnn.py's part in this (main, write_checkpoint, load_checkpoint, load_weights) is checked copies of ppo.py's
+TRAINERS = {"ppo": ppo, "ippo": ippo, "ppo_rgb": ppo_rgb}
 # Each copy's network has a parameter that the original's has not: a LayerNorm after a hidden layer; ippo.py, whose
 # parameters are stacked per agent, gets a second linear layer of each hidden width instead.
 CHANGED_NETWORK = {
     "ppo": ("layers += [layer_init(nn.Linear(width, size)), ACTIVATIONS[activation]()]",
             "layers += [layer_init(nn.Linear(width, size)), nn.LayerNorm(size), ACTIVATIONS[activation]()]",
             "actor.1.weight"),
-    "ppo_rnn": ("layer_init(nn.Linear(hidden_size, hidden_size)), ACTIVATIONS[activation]())",
-                "layer_init(nn.Linear(hidden_size, hidden_size)), nn.LayerNorm(hidden_size), "
-                "ACTIVATIONS[activation]())",
-                "actor_core.encoder.3.weight"),
     "ppo_rgb": ("layers += [layer_init(nn.Linear(width, size)), ACTIVATIONS[activation]()]",
                 "layers += [layer_init(nn.Linear(width, size)), nn.LayerNorm(size), ACTIVATIONS[activation]()]",
                 "actor.1.weight"),
@@ -74,32 +70,33 @@ def test_a_copy_trains_resumes_and_evaluates_as_itself(tmp_path, trainer, capfd)
         assert says in line, line
     assert snapshot(run) == before and len(list((tmp_path / "runs").iterdir())) == 1
 
-    # The copy continues its run exactly as an uninterrupted run of the copy.
-    run_copy(copy, ["--resume", str(run), "--total_timesteps", str(32 * 4)], tmp_path)
-    run_copy(copy, fast_args(ENV[trainer], "whole", total_timesteps=32 * 4, **FLAGS[trainer]), tmp_path)
+    # The copy continues its run exactly as an uninterrupted run of the copy (the two side by side).
+    for result in run_scripts([(str(copy), ["--resume", str(run), "--total_timesteps", str(32 * 4)]),
+                               (str(copy), fast_args(ENV[trainer], "whole", total_timesteps=32 * 4, **FLAGS[trainer]))],
+                              tmp_path):
+        assert result.returncode == 0, result.stderr[-3000:]
     resumed, whole = load(run / "final_ckpt.pt"), load(tmp_path / "runs/whole/final_ckpt.pt")
     assert resumed["iteration"] == whole["iteration"] == 4
     for key in whole["model"]:
         assert torch.equal(resumed["model"][key], whole["model"][key]), key
 
-    # ppo_eval.py finds the copy in the working directory, or where --trainer says; not elsewhere.
-    evaluated = run_script("ppo_eval.py", [str(run), "--num_episodes", "2", "--num_envs", "1"], tmp_path)
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    assert f"({name}.py," in evaluated.stdout
+    # ppo_eval.py finds the copy in the working directory, or where --trainer says; not elsewhere. And a checkpoint
+    # whose tensors do not fit the network of the trainer it names: one error line. The four side by side.
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    refused = run_script("ppo_eval.py", [str(run)], elsewhere)
-    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
-    assert f"written by {name}.py, which is neither beside ppo_eval.py nor in the working directory" in refused.stderr
-    named = run_script("ppo_eval.py", [str(run), "--num_episodes", "2", "--num_envs", "1", "--trainer", str(copy)],
-                       elsewhere)
-    assert named.returncode == 0, named.stderr[-3000:]
-    assert named.stdout.splitlines()[2:] == evaluated.stdout.splitlines()[2:]  # the table; line 2 has the time
-
-    # A checkpoint whose tensors do not fit the network of the trainer it names: one error line.
     ckpt["trainer"] = trainer
     torch.save(ckpt, tmp_path / "renamed.pt")
-    mismatch = run_script("ppo_eval.py", [str(tmp_path / "renamed.pt")], tmp_path)
+    evaluated, refused, named, mismatch = run_scripts([
+        ("ppo_eval.py", [str(run), "--num_episodes", "2", "--num_envs", "1"]),
+        ("ppo_eval.py", [str(run)], elsewhere),
+        ("ppo_eval.py", [str(run), "--num_episodes", "2", "--num_envs", "1", "--trainer", str(copy)], elsewhere),
+        ("ppo_eval.py", [str(tmp_path / "renamed.pt")])], tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert f"({name}.py," in evaluated.stdout
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert f"written by {name}.py, which is neither beside ppo_eval.py nor in the working directory" in refused.stderr
+    assert named.returncode == 0, named.stderr[-3000:]
+    assert named.stdout.splitlines()[2:] == evaluated.stdout.splitlines()[2:]  # the table; line 2 has the time
     errors = [line for line in mismatch.stderr.splitlines() if line.startswith("error:")]
     assert mismatch.returncode == 2 and len(errors) == 1 and "Traceback" not in mismatch.stderr, mismatch.stderr
     assert f"do not fit {trainer}.py's network" in errors[0]
@@ -125,14 +122,16 @@ def test_a_copy_starts_from_the_originals_checkpoint_where_its_network_fits(tmp_
     argv = fast_args(ENV[trainer], "base", total_timesteps=32 * 2, **FLAGS[trainer])
     assert run_script(f"{trainer}.py", argv, tmp_path).returncode == 0
     base = load(tmp_path / "runs/base/final_ckpt.pt")
-    started = run_copy(copy, fast_args(ENV[trainer], "tuned", total_timesteps=32 * 2, **FLAGS[trainer])
-                       + ["--checkpoint", "runs/base/final_ckpt.pt", "--learning_rate", "1e-30"], tmp_path)
+    started, refused = run_scripts([  # side by side
+        (str(copy), fast_args(ENV[trainer], "tuned", total_timesteps=32 * 2, **FLAGS[trainer])
+         + ["--checkpoint", "runs/base/final_ckpt.pt", "--learning_rate", "1e-30"]),
+        (str(copy), ["--resume", "runs/base"])], tmp_path)
+    assert started.returncode == 0, started.stderr[-3000:]
     assert f"checkpoint_written_by={trainer}.py" in started.stdout
     tuned = load(tmp_path / "runs/tuned/final_ckpt.pt")
     assert tuned["trainer"] == copy.stem
     for key in base["model"]:  # a learning rate of 1e-30 keeps the weights it started from
         torch.testing.assert_close(base["model"][key], tuned["model"][key], rtol=0, atol=1e-20)
-    refused = run_script(str(copy), ["--resume", "runs/base"], tmp_path)
     assert refused.returncode == 2 and f"written by {trainer}.py, not {copy.stem}.py" in refused.stderr
 
 

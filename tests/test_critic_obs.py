@@ -79,22 +79,22 @@ def test_the_actor_never_sees_the_critics_vector(trainer):
     assert not torch.equal(values, other_values)
 
 
-@pytest.mark.parametrize("trainer", [ppo, ppo_rnn], ids=["ppo", "ppo_rnn"])
-def test_the_actors_dims_normalize_alone_as_within_the_whole_observation(trainer):
-    """The exported policy normalizes the actor's part without the critic's, with the same statistics."""
-    rms = trainer.RunningMeanStd(7)
+def test_the_actors_dims_normalize_alone_as_within_the_whole_observation():
+    """The exported policy normalizes the actor's part without the critic's, with the same statistics (ppo.py's
+    RunningMeanStd; ppo_rnn.py's is a checked copy)."""
+    rms = ppo.RunningMeanStd(7)
     rms.update(torch.randn(64, 7) * 3 + 1)
     whole = torch.randn(8, 7) * 3
     assert torch.equal(rms(whole[:, :3]), rms(whole)[:, :3])
 
 
 @pytest.mark.parametrize("trainer,env_id", [(ppo, "tests.envs:PointMassCritic-v0"),
-                                            (ppo_rnn, "tests.envs:PointMassCritic-v0"),
                                             (ppo_rgb, "tests.envs:PointMassPixelsCritic-v0")],
-                         ids=["ppo", "ppo_rnn", "ppo_rgb"])
+                         ids=["ppo", "ppo_rgb"])
 def test_a_finished_episode_bootstraps_from_its_last_steps_critic_vector(tmp_path, trainer, env_id):
     """PointMass's info["critic"] is (x^2, step count): where the 16-step episodes end, the final observation holds
-    step 16's vector and the next observation the new episode's, for the envs in this process and in workers."""
+    step 16's vector and the next observation the new episode's, for the envs in this process and in workers.
+    ppo_rnn.py's envs (make_envs, TorchVecEnv, CriticObservation) are checked copies of ppo.py's."""
     for async_envs in (False, True):
         args = trainer.Args(env_id=env_id, num_envs=2, critic_obs=True, capture_video=False, async_envs=async_envs,
                             max_episode_steps=16)

@@ -1,6 +1,7 @@
 """ppo_eval.py: exact episode counting, agreement with each trainer's own evaluation, statistics, videos and
 trajectories, seeding, safe loading and bad input."""
 
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -18,10 +19,18 @@ from tests.util import fast_args, load, run_script, scalars, video_frames
 EPISODE_IDS = "tests.envs:EpisodeIds-v0"
 
 
+def train(tmp_path: Path, script: str, argv: list[str]):
+    """A short run of the trainer, its cli() in this process from tmp_path: a process of its own would add a start
+    of torch and the simulators to each test."""
+    with contextlib.chdir(tmp_path):
+        assert importlib.import_module(Path(script).stem).cli(argv) == 0
+
+
 def evaluate(tmp_path: Path, argv: list[str], output: str = "results.json") -> dict:
-    result = run_script("ppo_eval.py", argv + ["--output", output], tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert "Traceback" not in result.stderr
+    """ppo_eval.py's cli() in this process from tmp_path, and the JSON it wrote. (In a process of its own, as a user
+    runs it: test_help_lists_every_flag, test_bad_checkpoints_are_one_clear_line and tests/test_copy.py.)"""
+    with contextlib.chdir(tmp_path):
+        assert ppo_eval.cli(argv + ["--output", output]) == 0
     return json.loads((tmp_path / output).read_text())
 
 
@@ -45,8 +54,7 @@ def assert_agrees_with_training(results: dict, run_dir: Path):
 def test_every_requested_episode_counts_once(tmp_path, script, extra):
     """11 episodes on 4 envs whose episodes last 1 to 4 steps: envs 0-2 play their first 3 episodes, env 3 its first 2,
     and the episodes they play on meanwhile are not counted. EpisodeIds' returns name the counted episodes."""
-    train = run_script(script, fast_args(EPISODE_IDS, "ids", total_timesteps=32) + extra, tmp_path)
-    assert train.returncode == 0, train.stderr
+    train(tmp_path, script, fast_args(EPISODE_IDS, "ids", total_timesteps=32) + extra)
     results = evaluate(tmp_path, ["runs/ids", "--num_episodes", "11", "--num_envs", "4", "--seed", "5"])
     expected = [(name * 100 + k, 1 + (name + k) % 4) for name, quota in zip((5, 6, 7, 8), (3, 3, 3, 2))
                 for k in range(quota)]
@@ -84,9 +92,8 @@ def test_bootstrap_interval_covers_the_mean_and_narrows():
 def test_ppo_rnn_round_trip_seeded_and_stochastic(tmp_path):
     """CartPole's starts depend on the seed: the evaluator replays the trainer's final evaluation exactly (same seed,
     envs and episodes), the same command gives the same numbers, and sampled actions change them."""
-    train = run_script("ppo_rnn.py", fast_args("CartPole-v1", "rnn", total_timesteps=64, eval_freq=100, num_eval_envs=3,
-                                                rnn_hidden_size=16), tmp_path)
-    assert train.returncode == 0, train.stderr
+    train(tmp_path, "ppo_rnn.py", fast_args("CartPole-v1", "rnn", total_timesteps=64, eval_freq=100, num_eval_envs=3,
+                                            rnn_hidden_size=16))
     # The run's only evaluation is its final one, seeded with seed + num_envs = 1 + 2.
     replay = ["runs/rnn", "--num_episodes", "3", "--num_envs", "3", "--seed", "3"]
     results = evaluate(tmp_path, replay)
@@ -109,10 +116,8 @@ def test_ppo_rnn_round_trip_seeded_and_stochastic(tmp_path):
 
 def test_ippo_round_trip_per_agent(tmp_path):
     """VMAS navigation's starts depend on the seed; the evaluator reports each agent's return as the trainer did."""
-    train = run_script("ippo.py", fast_args("vmas:navigation", "nav", total_timesteps=64, eval_freq=100,
-                                            num_eval_envs=4, max_episode_steps=16) + ["--env_kwargs", "n_agents=2"],
-                       tmp_path)
-    assert train.returncode == 0, train.stderr
+    train(tmp_path, "ippo.py", fast_args("vmas:navigation", "nav", total_timesteps=64, eval_freq=100, num_eval_envs=4,
+                                         max_episode_steps=16) + ["--env_kwargs", "n_agents=2"])
     results = evaluate(tmp_path, ["runs/nav", "--num_episodes", "4", "--num_envs", "4", "--seed", "3"])
     assert_agrees_with_training(results, tmp_path / "runs/nav")
     assert {"agent_0/return", "agent_1/return"} <= set(results["metrics"])
@@ -126,9 +131,8 @@ def test_maniskill_round_trip_video_and_trajectory(tmp_path):
     """PickCube on the CPU simulation through ManiSkillVectorEnv: success rates as the trainer's evaluation reports
     them, videos and RecordEpisode trajectories of exactly the evaluated episodes."""
     pytest.importorskip("mani_skill")
-    train = run_script("ppo.py", fast_args("PickCube-v1", "pick", num_envs=1, num_eval_envs=1, num_steps=10,
-                                           total_timesteps=10, num_minibatches=1, update_epochs=1), tmp_path)
-    assert train.returncode == 0, train.stderr
+    train(tmp_path, "ppo.py", fast_args("PickCube-v1", "pick", num_envs=1, num_eval_envs=1, num_steps=10,
+                                        total_timesteps=10, num_minibatches=1, update_epochs=1))
     results = evaluate(tmp_path, ["runs/pick", "--num_episodes", "1", "--num_envs", "1", "--seed", "2"])
     assert_agrees_with_training(results, tmp_path / "runs/pick")
     assert {"success_once", "success_at_end"} <= set(results["metrics"])
@@ -164,8 +168,8 @@ def evil_pickle(path: Path, marker: Path, torch_format: bool = True):
 
 def test_bad_checkpoints_are_one_clear_line(tmp_path, monkeypatch, capfd):
     """Nothing in a checkpoint runs; a missing, empty, truncated, corrupt or foreign file is one error line."""
-    train = run_script("ppo.py", fast_args(EPISODE_IDS, "ids", total_timesteps=32), tmp_path)
-    assert train.returncode == 0, train.stderr
+    train(tmp_path, "ppo.py", fast_args(EPISODE_IDS, "ids", total_timesteps=32))
+    capfd.readouterr()  # the run's progress bar
     good = (tmp_path / "runs/ids/final_ckpt.pt").read_bytes()
     marker = tmp_path / "pwned"
     evil_pickle(tmp_path / "evil.pt", marker)
@@ -238,7 +242,7 @@ def test_bad_checkpoints_are_one_clear_line(tmp_path, monkeypatch, capfd):
 def test_trainers_refuse_a_pickle_that_runs_code(tmp_path):
     marker = tmp_path / "pwned"
     evil_pickle(tmp_path / "evil.pt", marker)
-    for script in ("ppo.py", "ppo_rnn.py", "ippo.py"):
+    for script in ("ppo.py", "ippo.py"):  # ppo_rnn.py's and ppo_rgb.py's main and load_checkpoint: checked copies
         result = run_script(script, ["--checkpoint", "evil.pt", "--env_id", EPISODE_IDS if script != "ippo.py"
                                      else "vmas:navigation", "--no_capture_video"], tmp_path, timeout=120)
         assert result.returncode == 2 and "could run code" in result.stderr, (script, result.stderr)
@@ -257,11 +261,11 @@ def test_a_trainer_that_fails_to_import_leaves_nothing_behind(tmp_path):
     assert "broken_idea" not in ppo_eval.sys.modules and str(tmp_path) not in ppo_eval.sys.path
 
 
-@pytest.mark.parametrize("trainer,env_id", [("ppo", "PickCube-v1"), ("ppo_rnn", "PickCube-v1"),
-                                            ("ippo", "TwoRobotPickCube-v1")])
+@pytest.mark.parametrize("trainer,env_id", [("ppo", "PickCube-v1"), ("ippo", "TwoRobotPickCube-v1")])
 def test_no_cuda_keeps_maniskill_off_the_gpu(tmp_path, monkeypatch, trainer, env_id):
     """ppo_eval.py --no_cuda on a machine with CUDA: the policy, ManiSkill's simulation and its renderer run on the
-    CPU, whatever the run's --sim_backend=auto would pick there."""
+    CPU, whatever the run's --sim_backend=auto would pick there. (ppo_rnn.py's make_envs: a checked copy of
+    ppo.py's.)"""
     pytest.importorskip("mani_skill")
     import gymnasium as gym
 

@@ -3,6 +3,7 @@ program, against the trainer's own actions, as its env takes them (values and dt
 for every action kind of every trainer; a recurrent policy stepped through episodes with its exported state; a
 privileged critic's policy, which takes no privileged input."""
 
+import contextlib
 import json
 
 import numpy as np
@@ -15,7 +16,7 @@ import ppo_eval
 import ppo_rgb
 import ppo_rnn
 import tests.envs  # noqa: F401  (registers the test envs)
-from tests.util import fast_args, load, run_script
+from tests.util import fast_args, load
 
 onnxruntime = pytest.importorskip("onnxruntime")
 EXPORT_FORMATS = ("onnx", "pt2")
@@ -42,12 +43,13 @@ CASES = {  # name: (trainer, env, flags)
 
 
 def trained(tmp_path, name: str):
-    """A short run's checkpoint, and its agent and eval envs rebuilt with the trainer's own code."""
+    """A short run's checkpoint, and its agent and eval envs rebuilt with the trainer's own code. The run is the
+    trainer's cli() in this process: a process of its own would add a start of torch and the simulators."""
     trainer, env_id, flags = CASES[name]
     argv = fast_args(env_id, "run", num_eval_envs=4, **{k: v for k, v in flags.items() if k != "env_kwargs"})
     argv += ["--env_kwargs", *flags["env_kwargs"].split()] if "env_kwargs" in flags else []
-    result = run_script(f"{trainer.TRAINER}.py", argv, tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+    with contextlib.chdir(tmp_path):
+        assert trainer.cli(argv) == 0
     ckpt = load(tmp_path / "runs/run/final_ckpt.pt")
     args = ppo_eval.run_args(trainer, ckpt, ppo_eval.EvalArgs(checkpoint="unused"))
     envs = trainer.make_envs(args, False, torch.device("cpu"), evaluation=True, run_dir=tmp_path, num_eval_steps=16)

@@ -13,7 +13,7 @@ import ippo
 import ppo_eval
 from tests.test_advantages import GAMMA, LAM, random_rollout, reference
 from tests.util import (REPO, TIMING_TAGS, assert_same_numbers, fast_args, load, refused_in_one_line, run_script,
-                        scalars, spy_on_advantages, start_script, video_frames, wait_for)
+                        run_scripts, scalars, spy_on_advantages, start_script, video_frames, wait_for)
 
 CLOCK = "vmas:tests.vmas_scenarios:Clock"
 MEET = "pz:tests.pz_envs:meet"
@@ -208,17 +208,16 @@ def test_vmas_navigation_learns(tmp_path):
 def test_same_seed_same_numbers_and_evaluation_leaves_training_alone(tmp_path):
     """VMAS draws every env's resets from one random stream; each vector env has its own, so evaluating every
     iteration or only at the end gives training the same episodes."""
-    for name, eval_freq in (("a", 1), ("b", 1), ("rare", 100)):
-        result = run_script("ippo.py", navigation_args(name, norm_obs=True, eval_freq=eval_freq, num_eval_envs=2),
-                            tmp_path)
+    runs = [("ippo.py", navigation_args(name, norm_obs=True, eval_freq=eval_freq, num_eval_envs=2))
+            for name, eval_freq in (("a", 1), ("b", 1), ("rare", 100))]
+    runs.append(("ippo.py", navigation_args("c", norm_obs=True, seed=2)))
+    for result in run_scripts(runs, tmp_path):  # side by side
         assert result.returncode == 0, result.stderr
     assert_same_numbers(tmp_path / "runs/a", tmp_path / "runs/b", tags={"losses/agent_0/policy_loss", "eval/return"})
     a, rare = scalars(tmp_path / "runs/a"), scalars(tmp_path / "runs/rare")
     for tag in set(a) - TIMING_TAGS:
         if not tag.startswith("eval/"):
             assert a[tag] == rare[tag], tag
-    other = run_script("ippo.py", navigation_args("c", norm_obs=True, seed=2), tmp_path)
-    assert other.returncode == 0
     assert scalars(tmp_path / "runs/c")["losses/agent_0/policy_loss"] != a["losses/agent_0/policy_loss"]
 
 
@@ -250,38 +249,6 @@ def test_checkpoint_rebuilds_every_agent_and_refuses_another_network(tmp_path):
     assert mismatch.returncode == 2
     assert "pass --share_parameters" in mismatch.stderr and "Traceback" not in mismatch.stderr
     assert ippo.cli_flag("hidden_sizes", (64, 64)) == "--hidden_sizes 64 64"  # as tyro reads it
-
-
-def test_sigterm_then_resume_equals_uninterrupted_run(tmp_path):
-    """Clock's resets ignore the random stream and 16-step rollouts end on its episode boundaries; the linear lr
-    schedule, observation, reward and value normalization and RNG streams all continue exactly."""
-    argv = dict(total_timesteps=32 * 150, eval_freq=10, norm_obs=True, norm_reward=True, norm_value=True,
-                lr_schedule="linear", max_episode_steps=16)
-    full = run_script("ippo.py", fast_args(CLOCK, "full", **argv), tmp_path)
-    assert full.returncode == 0, full.stderr
-    proc = start_script("ippo.py", fast_args(CLOCK, "cut", **argv), tmp_path)
-    run = tmp_path / "runs" / "cut"
-    wait_for(run / "ckpt_10.pt", proc, 300)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 128 + signal.SIGTERM, stderr
-    assert "resume with: python " + str(REPO / "ippo.py") + " --resume runs/cut" in stderr
-    saved = max(int(p.stem.split("_")[1]) for p in run.glob("ckpt_*.pt"))
-    assert 10 <= saved < 150 and not (run / "final_ckpt.pt").exists()
-
-    resumed = run_script("ippo.py", ["--resume", "runs/cut"], tmp_path)
-    assert resumed.returncode == 0, resumed.stderr
-    a, b = load(tmp_path / "runs/full/final_ckpt.pt"), load(run / "final_ckpt.pt")
-    assert a["global_step"] == b["global_step"] == 32 * 150
-    for key in a["model"]:
-        assert torch.equal(a["model"][key], b["model"][key]), key
-    # the statistics of every step's returns, not of the resumed part's alone; one per agent
-    for key in ("return_rms.mean", "return_rms.var", "return_rms.count"):
-        assert torch.equal(a["reward_normalizer"][key], b["reward_normalizer"][key]), key
-    assert ((b["reward_normalizer"]["return_rms.count"] > 32 * 150).all()
-            and b["reward_normalizer"]["return_rms.var"].shape == (2,))
-    steps = [step for step, _ in scalars(run)["losses/agent_0/value_loss"]]
-    assert steps == list(range(32, 32 * 151, 32))
 
 
 def test_compile_stays_close_to_eager_and_falls_back_in_one_line(tmp_path, monkeypatch, capsys):
@@ -451,14 +418,15 @@ def test_a_pettingzoo_env_trains_and_ppo_eval_evaluates_each_agent(tmp_path):
     agent."""
     pytest.importorskip("pettingzoo")
     apart = "wide_b=True fast_b=True b_leaves=True with_state=True".split()
-    for name, flags, critic_inputs, critic_input in (
-            ("ippo", {}, 3, "own_observation"), ("mappo", dict(centralized_critic=True), 6, "all_observations"),
-            ("apart", dict(env_kwargs=apart), 4, "own_observation"),
-            ("apart_mappo", dict(env_kwargs=apart, centralized_critic=True), 4, "state()"),
-            ("apart_box", dict(env_kwargs=apart + ["continuous=True"], centralized_critic=True), 4, "state()")):
-        argv = fast_args(MEET, name, max_episode_steps=8, **{k: v for k, v in flags.items() if k != "env_kwargs"})
-        argv += ["--env_kwargs", *flags["env_kwargs"]] if "env_kwargs" in flags else []
-        result = run_script("ippo.py", argv, tmp_path)
+    cases = (("ippo", {}, 3, "own_observation"), ("mappo", dict(centralized_critic=True), 6, "all_observations"),
+             ("apart", dict(env_kwargs=apart), 4, "own_observation"),
+             ("apart_mappo", dict(env_kwargs=apart, centralized_critic=True), 4, "state()"),
+             ("apart_box", dict(env_kwargs=apart + ["continuous=True"], centralized_critic=True), 4, "state()"))
+    runs = [("ippo.py", fast_args(MEET, name, max_episode_steps=8, **{k: v for k, v in flags.items()
+                                                                      if k != "env_kwargs"})
+             + (["--env_kwargs", *flags["env_kwargs"]] if "env_kwargs" in flags else [])) for name, flags, *_ in cases]
+    # the five runs side by side
+    for (name, flags, critic_inputs, critic_input), result in zip(cases, run_scripts(runs, tmp_path)):
         assert result.returncode == 0, result.stderr[-3000:]
         assert f"critic_input={critic_input}" in result.stdout
         tags = scalars(tmp_path / "runs" / name)
@@ -500,10 +468,10 @@ def test_pettingzoo_workers_give_the_numbers_of_one_process(tmp_path):
     hence the same numbers, with agents that leave early and of different spaces."""
     pytest.importorskip("pettingzoo")
     kwargs = ["--env_kwargs", "wide_b=True", "fast_b=True", "b_leaves=True"]
-    for name, flags in (("one", {}), ("workers", dict(async_envs=True))):
-        argv = fast_args(MEET, name, max_episode_steps=8, num_envs=3, num_minibatches=3, norm_obs=True,
-                         norm_reward=True, **flags)
-        result = run_script("ippo.py", argv + kwargs, tmp_path)
+    runs = [("ippo.py", fast_args(MEET, name, max_episode_steps=8, num_envs=3, num_minibatches=3, norm_obs=True,
+                                  norm_reward=True, **flags) + kwargs)
+            for name, flags in (("one", {}), ("workers", dict(async_envs=True)))]
+    for result in run_scripts(runs, tmp_path):  # side by side
         assert result.returncode == 0, result.stderr[-3000:]
     assert_same_numbers(tmp_path / "runs/one", tmp_path / "runs/workers",
                         tags={"losses/a/policy_loss", "losses/b/value_loss", "train/b/return", "eval/return"})
@@ -703,32 +671,44 @@ def test_steps_of_agents_that_left_count_in_no_loss_or_statistic():
 def test_pettingzoo_sigterm_then_resume_with_workers_equals_uninterrupted_run(tmp_path):
     """Meet's fixed starts ignore the seeds and its episodes end at the 16-step rollouts' boundaries; b leaves early.
     A run cut by SIGTERM and resumed (in worker processes: --async_envs may change on resume) ends with the
-    uninterrupted run's weights and statistics."""
+    uninterrupted run's weights and statistics. (VMAS's SIGTERM and resume: tests/test_reliability.py's, under
+    torchrun.)"""
     pytest.importorskip("pettingzoo")
-    argv = dict(total_timesteps=32 * 300, eval_freq=10, norm_obs=True, norm_reward=True, norm_value=True,
+    iterations = 60
+    argv = dict(total_timesteps=32 * iterations, eval_freq=10, norm_obs=True, norm_reward=True, norm_value=True,
                 max_episode_steps=8)
     kwargs = ["--env_kwargs", "b_leaves=True", "fixed_start=True", "wide_b=True", "with_state=True"]
-    full = run_script("ippo.py", fast_args(MEET, "full", centralized_critic=True, **argv) + kwargs, tmp_path)
-    assert full.returncode == 0, full.stderr[-3000:]
-    proc = start_script("ippo.py", fast_args(MEET, "cut", centralized_critic=True, **argv) + kwargs, tmp_path)
+    # The uninterrupted run and the one to cut, side by side: most of a short run is its process starting.
+    full, proc = (start_script("ippo.py", fast_args(MEET, name, centralized_critic=True, **argv) + kwargs, tmp_path)
+                  for name in ("full", "cut"))
     run = tmp_path / "runs" / "cut"
-    wait_for(run / "ckpt_10.pt", proc, 300)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=300)
+    try:
+        wait_for(run / "ckpt_10.pt", proc, 300)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=300)
+        _, full_stderr = full.communicate(timeout=300)
+    finally:  # a failure above leaves neither run going into the next test
+        for launched in (full, proc):
+            if launched.poll() is None:
+                launched.kill()
+                launched.communicate(timeout=60)
+    assert full.returncode == 0, full_stderr[-3000:]
     assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "resume with: python " + str(REPO / "ippo.py") + " --resume runs/cut" in stderr
     saved = max(int(p.stem.split("_")[1]) for p in run.glob("ckpt_*.pt"))
-    assert 10 <= saved < 300 and not (run / "final_ckpt.pt").exists()
+    assert 10 <= saved < iterations and not (run / "final_ckpt.pt").exists()
     resumed = run_script("ippo.py", ["--resume", "runs/cut", "--async_envs"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     a, b = load(tmp_path / "runs/full/final_ckpt.pt"), load(run / "final_ckpt.pt")
-    assert a["global_step"] == b["global_step"] == 32 * 300
+    assert a["global_step"] == b["global_step"] == 32 * iterations
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
     for key in ("return_rms.mean", "return_rms.var", "return_rms.count"):
         assert torch.equal(a["reward_normalizer"][key], b["reward_normalizer"][key]), key
     # b acted in 3 of every 8 steps: its statistics counted those alone
     counts = b["model"]["obs_normalizer.count"].flatten()
-    assert counts[0].item() == pytest.approx(32 * 300, abs=1) and counts[1].item() == pytest.approx(12 * 300, abs=1)
+    assert (counts[0].item() == pytest.approx(32 * iterations, abs=1)
+            and counts[1].item() == pytest.approx(12 * iterations, abs=1))
 
 
 def test_pettingzoo_evaluation_videos(tmp_path):

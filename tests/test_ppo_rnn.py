@@ -8,7 +8,8 @@ import torch
 
 import ppo_rnn
 import tests.envs  # noqa: F401  (registers the test envs)
-from tests.util import assert_same_numbers, fast_args, load, run_script, scalars, spy_on_advantages, video_frames
+from tests.util import (assert_same_numbers, fast_args, load, run_script, run_scripts, scalars, spy_on_advantages,
+                        video_frames)
 
 POINT_MASS = "tests.envs:PointMass-v0"
 POINT_MASS_ENDS = "tests.envs:PointMassEnds-v0"  # episodes alternate: a termination after 8 steps, a truncation at 16
@@ -90,10 +91,10 @@ def test_first_minibatch_ratio_is_one(tmp_path, rnn_type):
     core and observation normalization."""
     runs = {"box": dict(env_id=POINT_MASS_ENDS, seq_len=12),
             "discrete": dict(env_id="CartPole-v1", shared_rnn=True, norm_obs=True)}
-    for name, flags in runs.items():
-        argv = rnn_args(flags.pop("env_id"), name, rnn_type=rnn_type, num_steps=24, total_timesteps=48 * 3,
-                        target_kl=None, **flags)
-        result = run_script("ppo_rnn.py", argv, tmp_path)
+    results = run_scripts([("ppo_rnn.py", rnn_args(flags.pop("env_id"), name, rnn_type=rnn_type, num_steps=24,
+                                                   total_timesteps=48 * 3, target_kl=None, **flags))
+                           for name, flags in runs.items()], tmp_path)
+    for name, result in zip(runs, results):
         assert result.returncode == 0, result.stderr
         tags = scalars(tmp_path / "runs" / name)
         errors = [v for _, v in tags["losses/first_minibatch_ratio_error"]]
@@ -171,9 +172,9 @@ def test_memory_is_needed_and_used(tmp_path):
               "--update_epochs", "4", "--gamma", "0.99", "--gae_lambda", "0.95", "--learning_rate", "1e-3",
               "--target_kl", "None", "--total_timesteps", "10240", "--eval_freq", "1000", "--num_eval_envs", "32",
               "--no_capture_video"]
-    recurrent = run_script("ppo_rnn.py", common + ["--exp_name", "rnn", "--rnn_hidden_size", "64"], tmp_path)
+    recurrent, memoryless = run_scripts([("ppo_rnn.py", common + ["--exp_name", "rnn", "--rnn_hidden_size", "64"]),
+                                         ("ppo.py", common + ["--exp_name", "mlp"])], tmp_path)  # side by side
     assert recurrent.returncode == 0, recurrent.stderr
-    memoryless = run_script("ppo.py", common + ["--exp_name", "mlp"], tmp_path)
     assert memoryless.returncode == 0, memoryless.stderr
     success = {name: scalars(tmp_path / "runs" / name)["eval/return"][-1][1] for name in ("rnn", "mlp")}
     assert success["rnn"] >= 0.9 and success["mlp"] <= 0.75, success
@@ -207,8 +208,8 @@ def test_evaluation_carries_and_resets_each_envs_memory(monkeypatch):
 def test_evaluation_does_not_disturb_training(tmp_path):
     """Evaluating every iteration or never, training computes the same numbers."""
     argv = dict(total_timesteps=32 * 4, norm_obs=True, seq_len=8)
-    for name, eval_freq in (("often", 1), ("never", 1000)):
-        result = run_script("ppo_rnn.py", rnn_args(POINT_MASS_ENDS, name, eval_freq=eval_freq, **argv), tmp_path)
+    for result in run_scripts([("ppo_rnn.py", rnn_args(POINT_MASS_ENDS, name, eval_freq=eval_freq, **argv))
+                               for name, eval_freq in (("often", 1), ("never", 1000))], tmp_path):
         assert result.returncode == 0, result.stderr
     often, never = scalars(tmp_path / "runs/often"), scalars(tmp_path / "runs/never")
     assert len(often["eval/return"]) == 4 and len(never["eval/return"]) == 1
@@ -219,8 +220,8 @@ def test_evaluation_does_not_disturb_training(tmp_path):
 def test_same_seed_same_numbers_and_checkpoint_contents(tmp_path):
     argv = dict(norm_obs=True, total_timesteps=32 * 4, lr_schedule="adaptive", seq_len=8, rnn_type="gru",
                 rnn_num_layers=2)
-    for name in ("a", "b"):
-        result = run_script("ppo_rnn.py", rnn_args("Pendulum-v1", name, **argv), tmp_path)
+    for result in run_scripts([("ppo_rnn.py", rnn_args("Pendulum-v1", name, **argv)) for name in ("a", "b")],
+                              tmp_path):
         assert result.returncode == 0, result.stderr
     assert_same_numbers(tmp_path / "runs/a", tmp_path / "runs/b")
 
@@ -235,19 +236,21 @@ def test_same_seed_same_numbers_and_checkpoint_contents(tmp_path):
                           log_std_init=saved["log_std_init"], **network_flags(saved))
     agent.load_state_dict(ckpt["model"])
 
-    # --checkpoint needs the same network, said in words; resuming from a ppo.py checkpoint is refused
-    mismatch = run_script("ppo_rnn.py", rnn_args("Pendulum-v1", "c", norm_obs=True, rnn_num_layers=2,
-                                                 checkpoint="runs/a/final_ckpt.pt"), tmp_path)
+    # --checkpoint needs the same network, said in words; resuming from a ppo.py checkpoint is refused; a resume
+    # continues one experiment: the network and the sequence scheme are fixed (SIGTERM and resume:
+    # tests/test_reliability.py). Three refusals, side by side.
+    torch.save({**ckpt, "trainer": "ppo"}, tmp_path / "ppo.pt")
+    mismatch, foreign, changed = run_scripts([
+        ("ppo_rnn.py", rnn_args("Pendulum-v1", "c", norm_obs=True, rnn_num_layers=2,
+                                checkpoint="runs/a/final_ckpt.pt")),
+        ("ppo_rnn.py", ["--resume", "ppo.pt"]),
+        ("ppo_rnn.py", ["--resume", "runs/a", "--rnn_type", "lstm", "--seq_len", "4", "--total_timesteps", "256"])],
+        tmp_path)
     assert mismatch.returncode == 2
     assert mismatch.stderr.strip().splitlines()[-1] == ("error: the checkpoint was trained with --rnn_type=gru, and "
                                                         "its network needs the same: pass --rnn_type=gru")
-    torch.save({**ckpt, "trainer": "ppo"}, tmp_path / "ppo.pt")
-    foreign = run_script("ppo_rnn.py", ["--resume", "ppo.pt"], tmp_path)
     assert foreign.returncode == 2 and "written by ppo.py" in foreign.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "runs/c").exists() and not (tmp_path / "runs/d").exists()
-    # a resume continues one experiment: the network and the sequence scheme are fixed (SIGTERM and resume: test_ppo.py)
-    changed = run_script("ppo_rnn.py", ["--resume", "runs/a", "--rnn_type", "lstm", "--seq_len", "4",
-                                        "--total_timesteps", "256"], tmp_path)
     assert changed.returncode == 2
     error = changed.stderr.strip().splitlines()[-1]
     assert "--rnn_type" in error and "--seq_len" in error and "--checkpoint" in error
@@ -304,19 +307,23 @@ def test_cpu_worker_cap_suggests_whole_sequence_minibatches(tmp_path, monkeypatc
 @pytest.mark.parametrize("num_envs,num_eval_envs", [(1, 2), (2, 1)], ids=["one-env-train", "worker-train"])
 def test_pick_cube_on_both_cpu_paths(tmp_path, num_envs, num_eval_envs):
     """ManiSkill's CPU simulation through ManiSkillVectorEnv (one env: the GPU path's tensor code) and through worker
-    processes, for training and evaluation alike: logs, ManiSkill's metrics, a checkpoint that rebuilds the agent."""
+    processes, for training and evaluation alike: logs, ManiSkill's metrics, a checkpoint that rebuilds the agent;
+    videos where evaluation takes ManiSkillVectorEnv and its RecordEpisode (rendering takes half of a run's time; both
+    paths' videos are checked copies of ppo.py's code, tests/test_maniskill.py). 10-step episodes
+    (--max_episode_steps) of PickCube's 50."""
     pytest.importorskip("mani_skill")
+    video = num_eval_envs == 1
     result = run_script("ppo_rnn.py", rnn_args("PickCube-v1", "pick", num_envs=num_envs, num_eval_envs=num_eval_envs,
                                                num_steps=10, seq_len=5, num_minibatches=1, update_epochs=1, eval_freq=1,
-                                               total_timesteps=20 * num_envs, capture_video=True, gamma=0.8,
-                                               gae_lambda=0.9), tmp_path)
+                                               total_timesteps=20 * num_envs, capture_video=video, gamma=0.8,
+                                               gae_lambda=0.9, max_episode_steps=10), tmp_path)
     assert result.returncode == 0, result.stderr
     run = tmp_path / "runs/pick"
     assert "bootstrap_rule=always" in result.stdout
     tags = scalars(run)
     for tag in ("eval/return", "eval/success_once", "eval/success_at_end", "losses/value_loss", "charts/SPS"):
         assert tag in tags, tag
-    assert all(value == 50 for _, value in tags["eval/episode_len"])
+    assert all(value == 10 for _, value in tags["eval/episode_len"])  # --max_episode_steps: 10 of PickCube's 50
     assert all(value == num_eval_envs for _, value in tags["eval/episodes"])
     assert sorted(p.name for p in run.glob("*.pt")) == ["ckpt_1.pt", "ckpt_2.pt", "final_ckpt.pt"]
     ckpt = load(run / "final_ckpt.pt")
@@ -325,7 +332,7 @@ def test_pick_cube_on_both_cpu_paths(tmp_path, num_envs, num_eval_envs):
                           **network_flags(ckpt["args"]))
     agent.load_state_dict(ckpt["model"])
     videos = list((run / "videos").glob("*.mp4"))
-    assert videos and all(video_frames(v)[0] == 51 for v in videos)  # the reset's frame and 50 steps'
+    assert len(videos) == (2 if video else 0) and all(video_frames(v)[0] == 11 for v in videos)  # reset + 10 steps
 
 
 def test_cartpole_without_velocities_is_learned(tmp_path):

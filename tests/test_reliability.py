@@ -1,4 +1,5 @@
-"""Long runs: torchrun data parallelism, checkpoint retention, hard kills, flat memory."""
+"""Long runs: torchrun data parallelism, SIGTERM and resume under torchrun, checkpoint retention, hard kills, flat
+memory."""
 
 import os
 import signal
@@ -14,6 +15,9 @@ from tests.test_learning import CARTPOLE
 from tests.util import REPO, fast_args, load, run_script, scalars, script_env, start_script, wait_for
 
 TRAINERS = ["ppo", "ppo_rnn", "ippo"]
+# Checkpoint retention, kills and torn writes: ppo.py's write_checkpoint, open_run and save_checkpoint, and ippo.py's
+# own write_checkpoint and open_run; ppo_rnn.py's and ppo_rgb.py's are checked copies of ppo.py's.
+CHECKPOINT_WRITERS = ["ppo", "ippo"]
 # Envs whose resets ignore the random stream, with 16-step episodes: 16-step rollouts end on episode boundaries, so
 # resumes can be exact (see test_ppo.py and test_ippo.py). Small recurrent cores.
 ENV = {"ppo": "tests.envs:PointMass-v0", "ppo_rnn": "tests.envs:PointMass-v0",
@@ -27,9 +31,11 @@ LEARNING = {
     "ppo_rnn": ("--env_id pomdp:CueRecall-v0 --num_envs 4 --num_steps 32 --num_minibatches 4 --update_epochs 4 "
                 "--gamma 0.99 --gae_lambda 0.95 --learning_rate 1e-3 --target_kl None --total_timesteps 10240 "
                 "--eval_freq 1000 --num_eval_envs 32 --no_capture_video --rnn_hidden_size 64 --norm_obs", 0.9),
-    "ippo": ("--env_id vmas:navigation --env_kwargs n_agents=3 --num_envs 30 --num_steps 50 --total_timesteps 30000 "
+    # 21,000 of the check's 30,000 frames: seed 1's 60 evaluation episodes (20 swing by about 1) went 0.4, 0.9, 1.48,
+    # 1.87, 2.23, 2.43, 2.62 over its 7 iterations on 2026-11-26
+    "ippo": ("--env_id vmas:navigation --env_kwargs n_agents=3 --num_envs 30 --num_steps 50 --total_timesteps 21000 "
              "--hidden_sizes 64 64 --num_minibatches 15 --update_epochs 30 --learning_rate 1e-3 --gamma 0.9 "
-             "--eval_freq 1000 --num_eval_envs 60 --no_capture_video", 2.0),  # 20 episodes swing by about 1
+             "--eval_freq 1000 --num_eval_envs 60 --no_capture_video", 2.0),
 }
 
 
@@ -95,13 +101,25 @@ def test_torchrun_ranks_stop_together_when_one_rank_sees_a_non_finite_loss(tmp_p
     assert sorted(p.name for p in (tmp_path / "runs/nan").glob("*.pt")) == ["ckpt_10.pt", "ckpt_5.pt"]
 
 
+# PointMass with a privileged critic's vector (ippo.py: no --critic_obs), as in tests/test_ppo.py's SIGTERM test
+CRITIC_ENV = {"ppo": "tests.envs:PointMassCritic-v0", "ppo_rnn": "tests.envs:PointMassCritic-v0",
+              "ippo": ENV["ippo"], "ppo_rgb": "tests.envs:PointMassPixelsCritic-v0"}
+
+
 @pytest.mark.parametrize("trainer", TRAINERS + ["ppo_rgb"])
 def test_torchrun_sigterm_then_resume_equals_uninterrupted_run(tmp_path, trainer):
+    """SIGTERM to torchrun's process group and a --resume under torchrun reproduce an uninterrupted two-rank run:
+    the linear lr schedule, observation, reward and value normalization (of both ranks' numbers), a privileged
+    critic's inputs and every rank's RNG streams continue exactly, TensorBoard continues its step axis, only rank 0
+    writes, and a plain resume is refused. For ppo_rnn.py, ppo_rgb.py and ippo.py this is their SIGTERM-and-resume
+    test (ppo.py's plain run: tests/test_ppo.py)."""
     script = str(REPO / f"{trainer}.py")
-    argv = dict(total_timesteps=32 * 2 * 40, eval_freq=5, norm_obs=True, lr_schedule="linear", **FLAGS[trainer])
+    steps = 32 * 2 * 20  # 20 iterations of 2 ranks x 2 envs x 16 steps
+    argv = dict(total_timesteps=steps, eval_freq=5, norm_obs=True, norm_reward=True, norm_value=True,
+                lr_schedule="linear", **({} if trainer == "ippo" else dict(critic_obs=True)), **FLAGS[trainer])
     # The uninterrupted run and the one to cut, side by side: most of a short run is its processes starting.
-    full, proc = (subprocess.Popen(torchrun([script, *fast_args(ENV[trainer], name, **argv)], tmp_path), cwd=tmp_path,
-                                   env=torchrun_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    full, proc = (subprocess.Popen(torchrun([script, *fast_args(CRITIC_ENV[trainer], name, **argv)], tmp_path),
+                                   cwd=tmp_path, env=torchrun_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True, start_new_session=True)
                   for name in ("full", "cut"))
     run = tmp_path / "runs" / "cut"
@@ -119,21 +137,36 @@ def test_torchrun_sigterm_then_resume_equals_uninterrupted_run(tmp_path, trainer
                 os.killpg(launched.pid, signal.SIGKILL)
                 launched.communicate(timeout=60)
     saved = sorted(int(p.stem.split("_")[1]) for p in run.glob("ckpt_*.pt"))
-    assert 5 <= saved[-1] < 40 and not (run / "final_ckpt.pt").exists()
+    assert 5 <= saved[-1] < 20 and not (run / "final_ckpt.pt").exists()
     assert load(run / f"ckpt_{saved[-1]}.pt")["iteration"] == saved[-1]
 
     resumed = run_torchrun([script, "--resume", "runs/cut"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     a, b = load(tmp_path / "runs/full/final_ckpt.pt"), load(run / "final_ckpt.pt")
-    assert a["global_step"] == b["global_step"] == 32 * 2 * 40
+    assert a["global_step"] == b["global_step"] == steps
+    assert a["world_size"] == b["world_size"] == 2 and len(b["other_ranks_rng"]) == 1
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
+    for key in a["reward_normalizer"]:
+        assert torch.equal(a["reward_normalizer"][key], b["reward_normalizer"][key]), key
+    assert a["optimizer"]["param_groups"][0]["lr"] == b["optimizer"]["param_groups"][0]["lr"]
+    # both ranks' observations, returns and value targets reached the statistics, from the 1e-4 prior (ippo.py's:
+    # one per agent)
+    for counts in (b["model"]["obs_normalizer.count"], b["model"]["value_normalizer.count"],
+                   b["reward_normalizer"]["return_rms.count"]):
+        assert (counts - steps).abs().max() < 1e-3, counts
+    # TensorBoard continues on the same step axis, without a gap or a repeat
+    tag = "losses/agent_0/value_loss" if trainer == "ippo" else "losses/value_loss"
+    assert [step for step, _ in scalars(run)[tag]] == list(range(64, steps + 1, 64))
+    # rank 0 alone writes: nothing outside the two runs, one event file for the uninterrupted run
+    assert all(name.startswith(("runs/full/", "runs/cut/")) for name in files_below(tmp_path))
+    assert len(list((tmp_path / "runs/full").glob("events.out.tfevents.*"))) == 1
 
     refused = run_script(f"{trainer}.py", ["--resume", "runs/cut", "--total_timesteps", str(32 * 2 * 50)], tmp_path)
     assert refused.returncode == 2 and "trained by 2 processes and this is 1" in refused.stderr
 
 
-@pytest.mark.parametrize("trainer", TRAINERS)
+@pytest.mark.parametrize("trainer", CHECKPOINT_WRITERS)
 def test_keep_checkpoints_keeps_the_newest(tmp_path, trainer):
     argv = fast_args(ENV[trainer], "keep", total_timesteps=32 * 7, eval_freq=4, checkpoint_freq=1, keep_checkpoints=2,
                      **FLAGS[trainer])
@@ -150,7 +183,7 @@ def test_keep_checkpoints_keeps_the_newest(tmp_path, trainer):
     assert load(run / "final_ckpt.pt")["global_step"] == 32 * 10
 
 
-@pytest.mark.parametrize("trainer", TRAINERS)
+@pytest.mark.parametrize("trainer", CHECKPOINT_WRITERS)
 def test_sigkill_during_training_then_resume(tmp_path, trainer):
     argv = fast_args(ENV[trainer], "kill", total_timesteps=32 * 400, eval_freq=10, checkpoint_freq=3, **FLAGS[trainer])
     proc = start_script(f"{trainer}.py", argv, tmp_path)
@@ -172,7 +205,7 @@ def test_sigkill_during_training_then_resume(tmp_path, trainer):
     assert steps == list(range(32, 32 * (saved + 7), 32))  # the killed run's later steps were replaced
 
 
-@pytest.mark.parametrize("trainer", TRAINERS)
+@pytest.mark.parametrize("trainer", CHECKPOINT_WRITERS)
 def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path, trainer):
     argv = fast_args(ENV[trainer], "torn", total_timesteps=32 * 8, eval_freq=2, **FLAGS[trainer])
     proc = subprocess.Popen([sys.executable, "-m", "tests.harness", "stall_checkpoint", trainer, *argv], cwd=tmp_path,
@@ -193,13 +226,15 @@ def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path, trainer):
 
 
 def test_resident_memory_stays_flat(tmp_path):
-    """2,000 short iterations of each trainer, side by side, their RSS taken after every update (tests/harness.py):
-    after the first quarter of the iterations, RSS grows by less than 10%."""
+    """1,000 short iterations of each trainer (4 evaluations and checkpoints), side by side, their RSS taken after
+    every update (tests/harness.py): after the first quarter of the iterations, RSS grows by less than 5%, about
+    17 MB. On 2026-11-26 a leak of 25 KB an iteration put into ppo.py's update failed it (5.7%), as it fails 10% over
+    2,000 iterations, and without one RSS moved by at most 1.2% over 2,000 iterations."""
     procs = {}
     for trainer in TRAINERS:
         env_id = "vmas:tests.vmas_scenarios:Clock" if trainer == "ippo" else "CartPole-v1"
         argv = fast_args(env_id, f"rss_{trainer}", num_envs=1, num_steps=8, num_minibatches=1, update_epochs=1,
-                         total_timesteps=8 * 2000, eval_freq=500, norm_obs=True, **FLAGS[trainer])
+                         total_timesteps=8 * 1000, eval_freq=250, norm_obs=True, **FLAGS[trainer])
         (tmp_path / trainer).mkdir()
         procs[trainer] = subprocess.Popen([sys.executable, "-m", "tests.harness", "rss", trainer, *argv],
                                           cwd=tmp_path / trainer, env=script_env(), stdin=subprocess.DEVNULL,
@@ -208,6 +243,6 @@ def test_resident_memory_stays_flat(tmp_path):
         _, stderr = proc.communicate(timeout=900)
         assert proc.returncode == 0, (trainer, stderr[-3000:])
         rss = [float(line.split()[1]) for line in (tmp_path / trainer / "rss.txt").read_text().splitlines()]
-        assert len(rss) == 2000, trainer
-        warm = max(rss[450:500])
-        assert max(rss[500:]) < 1.1 * warm, (trainer, warm, max(rss[500:]))
+        assert len(rss) == 1000, trainer
+        warm = max(rss[200:250])
+        assert max(rss[250:]) < 1.05 * warm, (trainer, warm, max(rss[250:]))

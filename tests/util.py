@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -22,6 +23,15 @@ def run_script(script: str, args: list[str], cwd: Path, timeout: float = 900, ex
     env = {**script_env(), **(extra_env or {})}
     return subprocess.run([sys.executable, str(REPO / script), *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def run_scripts(runs: list[tuple], cwd: Path, timeout: float = 900) -> list[subprocess.CompletedProcess]:
+    """Independent runs, (script, args) from cwd or (script, args, their own cwd), as run_script runs each, two at a
+    time: the trainers use one torch thread (ppo_rgb.py aside), so a second run takes the second core of the 2-core
+    machines the suite is sized for. The results in the order of runs."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(lambda run: run_script(run[0], run[1], run[2] if len(run) > 2 else cwd, timeout=timeout),
+                             runs))
 
 
 def refused_in_one_line(module, argv: list[str], cwd: Path, capfd, whole_process: bool) -> str:
