@@ -13,7 +13,7 @@ import ippo
 import ppo_eval
 from tests.test_advantages import GAMMA, LAM, random_rollout, reference
 from tests.util import (REPO, TIMING_TAGS, assert_same_numbers, fast_args, load, refused_in_one_line, run_script,
-                        run_scripts, scalars, spy_on_advantages, start_script, video_frames, wait_for)
+                        run_scripts, scalars, sigterm_beside_full_run, spy_on_advantages, video_frames)
 
 CLOCK = "vmas:tests.vmas_scenarios:Clock"
 MEET = "pz:tests.pz_envs:meet"
@@ -678,23 +678,13 @@ def test_pettingzoo_sigterm_then_resume_with_workers_equals_uninterrupted_run(tm
     argv = dict(total_timesteps=32 * iterations, eval_freq=10, norm_obs=True, norm_reward=True, norm_value=True,
                 max_episode_steps=8)
     kwargs = ["--env_kwargs", "b_leaves=True", "fixed_start=True", "wide_b=True", "with_state=True"]
-    # The uninterrupted run and the one to cut, side by side: most of a short run is its process starting.
-    full, proc = (start_script("ippo.py", fast_args(MEET, name, centralized_critic=True, **argv) + kwargs, tmp_path)
-                  for name in ("full", "cut"))
     run = tmp_path / "runs" / "cut"
-    try:
-        wait_for(run / "ckpt_10.pt", proc, 300)
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=300)
-        _, full_stderr = full.communicate(timeout=300)
-    finally:  # a failure above leaves neither run going into the next test
-        for launched in (full, proc):
-            if launched.poll() is None:
-                launched.kill()
-                launched.communicate(timeout=60)
-    assert full.returncode == 0, full_stderr[-3000:]
-    assert proc.returncode == 128 + signal.SIGTERM, stderr
-    assert "resume with: python " + str(REPO / "ippo.py") + " --resume runs/cut" in stderr
+    full, cut = sigterm_beside_full_run(
+        "ippo.py", *(fast_args(MEET, name, centralized_critic=True, **argv) + kwargs for name in ("full", "cut")),
+        run / "ckpt_10.pt", tmp_path)
+    assert full.returncode == 0, full.stderr[-3000:]
+    assert cut.returncode == 128 + signal.SIGTERM, cut.stderr
+    assert "resume with: python " + str(REPO / "ippo.py") + " --resume runs/cut" in cut.stderr
     saved = max(int(p.stem.split("_")[1]) for p in run.glob("ckpt_*.pt"))
     assert 10 <= saved < iterations and not (run / "final_ckpt.pt").exists()
     resumed = run_script("ippo.py", ["--resume", "runs/cut", "--async_envs"], tmp_path)

@@ -22,7 +22,8 @@ import ppo_eval
 import ppo_rgb
 import ppo_rnn
 from tests.util import (REPO, assert_same_numbers, fast_args, load, refused_in_one_line, run_script, run_scripts,
-                        scalars, script_env, snapshot, start_script, video_frames, wait_for)
+                        scalars, script_env, sigterm_beside_full_run, snapshot, start_script, video_frames,
+                        wait_for)
 
 POINT_MASS = "tests.envs:PointMass-v0"
 
@@ -221,22 +222,12 @@ def test_sigterm_then_resume_equals_uninterrupted_run(tmp_path):
     script, env_id, iterations, signal_after = "ppo.py", "tests.envs:PointMassCritic-v0", 100, 25
     argv = dict(total_timesteps=32 * iterations, eval_freq=signal_after, norm_obs=True, norm_reward=True,
                 norm_value=True, critic_obs=True, lr_schedule="linear")
-    # The uninterrupted run and the one to cut, side by side: most of a short run is its process starting.
-    full, proc = (start_script(script, fast_args(env_id, name, **argv), tmp_path) for name in ("full", "cut"))
     run = tmp_path / "runs" / "cut"
-    try:
-        wait_for(run / f"ckpt_{signal_after}.pt", proc, 300)
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=300)
-        _, full_stderr = full.communicate(timeout=300)
-    finally:  # a failure above leaves neither run going into the next test
-        for launched in (full, proc):
-            if launched.poll() is None:
-                launched.kill()
-                launched.communicate(timeout=60)
-    assert full.returncode == 0, full_stderr
-    assert proc.returncode == 128 + signal.SIGTERM, stderr
-    assert "resume with: python " + str(REPO / script) + " --resume runs/cut" in stderr
+    full, cut = sigterm_beside_full_run(script, fast_args(env_id, "full", **argv), fast_args(env_id, "cut", **argv),
+                                        run / f"ckpt_{signal_after}.pt", tmp_path)
+    assert full.returncode == 0, full.stderr
+    assert cut.returncode == 128 + signal.SIGTERM, cut.stderr
+    assert "resume with: python " + str(REPO / script) + " --resume runs/cut" in cut.stderr
     assert not (run / "final_ckpt.pt").exists()
     saved = max(int(p.stem.split("_")[1]) for p in run.glob("ckpt_*.pt"))
     assert signal_after <= saved < iterations

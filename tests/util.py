@@ -1,5 +1,6 @@
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -108,6 +109,25 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float):
     deadline = time.time() + timeout
     while not path.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
+
+
+def sigterm_beside_full_run(script: str, full_args: list[str], cut_args: list[str], checkpoint: Path,
+                            cwd: Path) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """The uninterrupted run and the run to cut, side by side (most of a short run is its process starting): the
+    second gets SIGTERM once checkpoint exists. Both finished: (full, cut), with their exit status and stderr."""
+    full, cut = start_script(script, full_args, cwd), start_script(script, cut_args, cwd)
+    try:
+        wait_for(checkpoint, cut, 300)
+        cut.send_signal(signal.SIGTERM)
+        _, cut_stderr = cut.communicate(timeout=300)
+        _, full_stderr = full.communicate(timeout=300)
+    finally:  # a failure above leaves neither run going into the next test
+        for launched in (full, cut):
+            if launched.poll() is None:
+                launched.kill()
+                launched.communicate(timeout=60)
+    return (subprocess.CompletedProcess(full.args, full.returncode, "", full_stderr),
+            subprocess.CompletedProcess(cut.args, cut.returncode, "", cut_stderr))
 
 
 TIMING_TAGS = {"charts/SPS", "time/rollout_time", "time/update_time", "time/rollout_fps"}
