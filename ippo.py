@@ -2035,8 +2035,8 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
     """
     from mani_skill.vector.wrappers.gymnasium import ManiSkillVectorEnv
 
-    gpu = resolve_sim_backend(args.sim_backend) == "gpu"
     env_kwargs, ignore_terminations = maniskill_env_kwargs(args, num_envs, device, evaluation, user_env_kwargs)
+    gpu = env_kwargs["sim_backend"] != "physx_cpu"
     if video_dir is not None:
         env_kwargs["render_mode"] = "rgb_array"
     camera = dict(shader_pack="default") if evaluation else {}
