@@ -1,9 +1,10 @@
-"""Independent PPO (IPPO) for multi-agent ManiSkill tasks and VMAS scenarios, in one file.
+"""Independent PPO (IPPO) for multi-agent ManiSkill tasks, VMAS scenarios and PettingZoo Parallel envs, in one file.
 
     python ippo.py --env_id=TwoRobotPickCube-v1                          # ManiSkill, GPU sim when CUDA is there
     python ippo.py --env_id=TwoRobotStackCube-v1 --num_envs=4 --num_eval_envs=2 --num_minibatches=4   # CPU sim, workers
-    python ippo.py --env_id=vmas:navigation --env_kwargs n_agents=3 --num_envs=60 --num_steps=50 --gamma=0.9  # VMAS
-    python ippo.py --env_id=vmas:navigation --share_parameters           # one network for all agents
+    python ippo.py --env_id=vmas:navigation --num_envs=60 --num_minibatches=15  # VMAS: pip install vmas
+    python ippo.py --env_id=vmas:navigation --num_envs=60 --num_minibatches=15 --share_parameters  # pip install vmas
+    python ippo.py --env_id=pz:mpe2.simple_spread_v3 --num_envs=8 --num_minibatches=4  # pip install pettingzoo mpe2
     python ippo.py --resume runs/RUN_NAME                                # continue an interrupted run
     torchrun --standalone --nproc_per_node=4 ippo.py --env_id=TwoRobotPickCube-v1   # data parallel: 4 GPUs
 
@@ -105,7 +106,8 @@ class Args:
 
     env_id: str = "TwoRobotPickCube-v1"
     """ManiSkill multi-agent task id (a Dict action space keyed by agent; "module:EnvId" imports module first),
-    vmas:<scenario>, or vmas:<module>:<ScenarioClass>"""
+    vmas:<scenario>, vmas:<module>:<ScenarioClass>, or a PettingZoo Parallel env: pz:<module> (its parallel_env, e.g.
+    pz:mpe2.simple_spread_v3) or pz:<module>:<function>"""
     env_kwargs: tuple[str, ...] = ()
     """KEY=VALUE env options, values as Python literals: VMAS scenario and make_env options (n_agents=3,
     continuous_actions=False); ManiSkill gym.make options (robot_init_qpos_noise=0.05)"""
@@ -153,7 +155,8 @@ class Args:
     share_parameters: bool = False
     """one actor and one critic for all agents, each agent's inputs tagged with a one-hot agent id"""
     centralized_critic: bool = False
-    """each agent's critic sees the global state (every agent's observation, or ManiSkill's full state): MAPPO"""
+    """each agent's critic sees the global state (ManiSkill's full state, a PettingZoo env's state() where it has one,
+    else every agent's observation): MAPPO"""
     bootstrap_at_done: Literal["auto", "always", "truncated", "never"] = "auto"
     """finished episodes that bootstrap from V(final obs): always, truncated (terminations are terminal), never;
     auto: always for ManiSkill tasks, truncated otherwise"""

@@ -7,7 +7,8 @@ with their uncertainty; or export its policy for deployment.
     python ppo_eval.py runs/RUN --output results.json --seed 0       # machine-readable, reproducible
     python ppo_eval.py runs/RUN --save_trajectory                    # ManiSkill trajectories (.h5 + .json)
     python ppo_eval.py runs/RUN --trainer ideas/my_idea.py           # a copy's run, the copy elsewhere
-    python ppo_eval.py runs/RUN --export policy.onnx                 # the policy for deployment (or policy.pt2)
+    python ppo_eval.py runs/RUN --export policy.pt2                  # the policy for deployment (torch.export)
+    python ppo_eval.py runs/RUN --export policy.onnx                 # ONNX: pip install onnx onnxscript onnxruntime
 
 The policy is rebuilt from the checkpoint alone, with the trainer's own code: its Agent, its envs (with the run's
 evaluation settings) and its evaluation loop. Env i of N plays its first num_episodes // N episodes, one more for

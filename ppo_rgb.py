@@ -2,8 +2,8 @@
 
     python ppo_rgb.py --env_id=PickCube-v1                               # ManiSkill's cameras and state, GPU sim
     python ppo_rgb.py --env_id=PushCube-v1 --obs_mode=rgbd --num_envs=4 --num_eval_envs=2 --num_minibatches=4  # CPU
-    python ppo_rgb.py --env_id=tests.envs:PixelSide-v0 --num_envs=8      # any Gymnasium env with image observations
-    python ppo_rgb.py --env_id=ALE/Pong-v5 --num_envs=8 --num_steps=128 --gamma=0.99 --clip_reward=1 ...  # Atari
+    python ppo_rgb.py --env_id=tests.envs:PixelSide-v0 --num_envs=8 --num_minibatches=4  # any Gym env of images
+    python ppo_rgb.py --env_id=ALE/Pong-v5 --num_envs=8 --num_minibatches=4 --clip_reward=1  # pip install ale-py
     python ppo_rgb.py --resume runs/RUN_NAME                             # continue an interrupted run
 
 ppo.py with an image encoder: `diff ppo.py ppo_rgb.py` shows what images change. Observations are dicts: every image

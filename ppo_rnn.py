@@ -1,7 +1,7 @@
 """Recurrent PPO (LSTM or GRU) for GPU-vectorized ManiSkill tasks and any Gymnasium environment, in one file.
 
     python ppo_rnn.py --env_id=PickCube-v1                               # ManiSkill, GPU sim when CUDA is there
-    python ppo_rnn.py --env_id=pomdp:CartPoleNoVel-v1 --num_envs=8 --num_steps=64 --rnn_hidden_size=64  # any Gym id
+    python ppo_rnn.py --env_id=pomdp:CartPoleNoVel-v1 --num_envs=8 --num_steps=64 --num_minibatches=4  # any Gym id
     python ppo_rnn.py --resume runs/RUN_NAME                             # continue an interrupted run
     torchrun --standalone --nproc_per_node=4 ppo_rnn.py --env_id=PickCube-v1   # data parallel: 4 GPUs, 4 x 512 envs
 

@@ -5,7 +5,7 @@ clipped value loss, entropy 0.01, gradient norm 10) but without value normalizat
 bootstrapping, --norm_value's well-fitted critic made every early run collapse for a while (benchmarks/README.md).
 
     python benchmarks/mpe_spread.py                                    # 4 variants, seeds 1-3, 1M frames each
-    python benchmarks/mpe_spread.py --variants mappo --seeds 1 --frames 200000 --out /tmp/check
+    python benchmarks/mpe_spread.py --variants mappo_discrete --seeds 1 --frames 200000 --out /tmp/check
 
 Runs each variant one run at a time into runs/ of the working directory, evaluating every 10 iterations (32,000
 frames) on 32 envs with deterministic actions. Writes to --out (default benchmarks/results/mpe_spread/) table.md: the

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Run a trainer over seeds and flag values: every combination, N at a time, each its own run directory.
 #
-#   scripts/sweep.sh --seeds "1 2 3" cheetah -- python ppo.py --env_id=HalfCheetah-v5 --total_timesteps=1000000
+#   scripts/sweep.sh --seeds "1 2 3" cartpole -- python ppo.py --env_id=CartPole-v1 --num_envs=8 --num_steps=128
 #   scripts/sweep.sh --seeds "1 2" --vary "--learning_rate=1e-4 --learning_rate=3e-4" --vary "--num_envs=1 --num_envs=4" \
-#       --jobs 2 lr_envs -- python ppo.py --env_id=Hopper-v5
+#       --jobs 2 lr_envs -- python ppo.py --env_id=Hopper-v5 --num_steps=2048 --no_capture_video  # pip install mujoco
 #
 # Each run is named NAME[__flag=value...]__seed{S} and writes runs/<that name>, its output in runs/<that name>.log.
 # A run whose final checkpoint exists is skipped; one that was interrupted is resumed (--resume). Run it again after

@@ -1,0 +1,228 @@
+"""Every command the project prints runs: the shell commands of README.md, docs/*.md, benchmarks/README.md and the
+docstrings and headers of the trainers, ppo_eval.py, pomdp.py, scripts/ and benchmarks/, collected from the files
+(a new example is covered the day it is written) and run as after the README's set-up alone (tests/command_runner.py
+hides what only requirements-dev.txt installs, unless the command says "pip install X").
+
+A trainer's command on a Gymnasium env, and the README's first ManiSkill CPU run, run cut to one batch and a short
+evaluation with the command's own flags (videos included); the other ManiSkill and GPU commands, and those that run
+for hours, are parsed and validated as on a machine with CUDA; a script's flags are parsed by its own parser;
+ppo_eval.py's commands evaluate (or export) a small ManiSkill run; a shell script is checked by bash -n."""
+
+import ast
+import json
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.util import REPO, script_env
+
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "benchmarks/README.md"]
+PYTHON_FILES = [*(REPO / name for name in ("ppo.py", "ppo_rnn.py", "ppo_rgb.py", "ippo.py", "ppo_eval.py", "pomdp.py")),
+                *sorted((REPO / "scripts").glob("*.py")), *sorted((REPO / "benchmarks").glob("*.py"))]
+SHELL_FILES = [*sorted((REPO / "scripts").glob("*.sh")), *sorted((REPO / "benchmarks").glob("*.sh"))]
+TRAINERS = ("ppo.py", "ppo_rnn.py", "ppo_rgb.py", "ippo.py", "my_idea.py")
+COMMAND_START = re.compile(r"^(\$ )?(python|\.venv/bin/python|torchrun|bash|scripts/|benchmarks/|cp |tensorboard|"
+                           r"\.venv/bin/tensorboard)\b")
+# Names that a doc uses for a module, a run or a path of the reader's own: checked for their flags only.
+OWN_MODULES = ("my_tasks", "my_package", "my_module")
+# The README's first trainer command, which its set-up section promises runs: the one ManiSkill command that runs.
+SETUP_COMMAND = next(f"README.md:{i}" for i, line in enumerate((REPO / "README.md").read_text().splitlines(), 1)
+                     if line.startswith(".venv/bin/python ppo.py"))
+# The smoke run that the placeholders of run directories and checkpoints stand for, per trainer.
+FIXTURE_ENVS = {"ppo.py": ("tests.envs:PointMass-v0", []), "maniskill": ("PushCube-v1", []),
+                "ppo_rnn.py": ("tests.envs:PointMass-v0", []), "ppo_rgb.py": ("tests.envs:PointMassPixels-v0", []),
+                "ippo.py": ("pz:tests.pz_envs:meet", ["pettingzoo"])}
+DEV = "requirements-dev.txt"  # the extras of a command that may use every package of the --dev set-up
+MANISKILL_EVAL_FLAGS = {"--save_trajectory", "--sim_backend", "--reconfiguration_freq", "--control_mode"}
+FIXTURE_FLAGS = ["--num_envs=1", "--num_eval_envs=1", "--num_steps=8", "--num_minibatches=1", "--total_timesteps=8",
+                 "--eval_freq=1", "--num_eval_steps=4", "--no_capture_video", "--sim_backend=cpu"]
+
+
+@dataclass
+class Command:
+    where: str  # file:line
+    text: str
+    comment: str = ""  # its own trailing comment and the comment lines above it in its block
+    tokens: list[str] = field(default_factory=list)
+
+
+def doc_commands(path: Path) -> list[Command]:
+    commands, in_block, comments = [], False, []
+    lines = path.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i].strip()
+        i += 1
+        if line.startswith("```"):
+            in_block, comments = not in_block, []
+            continue
+        if not in_block:
+            continue
+        if line.startswith("#"):
+            comments.append(line)
+            continue
+        start = i
+        while line.endswith("\\") and i < len(lines):
+            line = line[:-1] + " " + lines[i].strip()
+            i += 1
+        if COMMAND_START.match(line):
+            commands.append(command(f"{path.relative_to(REPO)}:{start}", line, comments))
+        if not line:
+            comments = []
+    return commands
+
+
+def docstring_commands(path: Path) -> list[Command]:
+    if path.suffix == ".py":
+        text = ast.get_docstring(ast.parse(path.read_text())) or ""
+    else:  # a shell script's header: its first comment lines
+        header = []
+        for line in path.read_text().splitlines()[1:]:
+            if not line.startswith("#"):
+                break
+            header.append(line[2:])  # "# " off: a command stands indented after it
+        text = "\n".join(header)
+    commands, lines = [], text.splitlines()
+    i = 0
+    while i < len(lines):
+        indented = lines[i].startswith(" ")  # commands stand indented; a line of prose that names one does not
+        line = lines[i].strip()
+        i += 1
+        start = i
+        while line.endswith("\\") and i < len(lines):
+            line = line[:-1] + " " + lines[i].strip()
+            i += 1
+        if indented and COMMAND_START.match(line):
+            commands.append(command(f"{path.relative_to(REPO)}:docstring {start}", line, []))
+    return commands
+
+
+def command(where: str, line: str, comments: list[str]) -> Command:
+    text, _, comment = re.sub(r"^\$ ", "", line).partition(" # ")  # a comment starts at " # "
+    if text.lstrip().startswith("#"):
+        text, comment = "", text
+    return Command(where, text.strip(), " ".join([*comments, comment]))
+
+
+def collect() -> list[Command]:
+    commands = [c for path in DOCS for c in doc_commands(path)]
+    commands += [c for path in PYTHON_FILES + SHELL_FILES for c in docstring_commands(path)]
+    for c in commands:
+        c.tokens = [t for t in shlex.split(c.text) if t != "..."]
+        if c.tokens and c.tokens[0] == ".venv/bin/python":
+            c.tokens[0] = "python"
+    return commands
+
+
+def extras(c: Command) -> list[str]:
+    """The packages a command says it needs: "pip install X Y" beside it."""
+    return [name for group in re.findall(r"pip install ((?:[\w.\[\]-]+ ?)+)", c.comment) for name in group.split()]
+
+
+def plan(c: Command, fixtures: dict[str, str]) -> dict | None:
+    """What the runner does with the command, or None where it is checked here (shell, cp, pytest, tensorboard).
+    scripts/sweep.sh's command: the trainer's command after its "--"."""
+    tokens = c.tokens
+    if tokens[0].endswith("sweep.sh"):  # the first run of the sweep
+        options = tokens[:tokens.index("--")]
+        first_values = [options[i + 1].split()[0] for i, t in enumerate(options) if t == "--vary"]
+        tokens = ["python" if t == ".venv/bin/python" else t for t in tokens[tokens.index("--") + 1:]]
+        tokens += [*first_values, f"--seed={options[options.index('--seeds') + 1].split()[0]}"]
+    if tokens[0] == "torchrun":
+        script = next(i for i, t in enumerate(tokens) if t.endswith(".py"))
+        ranks = 1
+        for flag in ("--nnodes", "--nproc_per_node"):
+            ranks *= next((int(t.split("=")[1]) for t in tokens[:script] if t.startswith(flag + "=")), 1)
+        return trainer_plan(c, tokens[script], tokens[script + 1:], fixtures, num_ranks=ranks)
+    if tokens[0] != "python" or len(tokens) < 2 or tokens[1] == "-m":
+        return None
+    program, argv = tokens[1], tokens[2:]
+    if program in TRAINERS:
+        return trainer_plan(c, program, argv, fixtures)
+    if program == "ppo_eval.py":
+        return eval_plan(c, argv, fixtures)
+    # scripts/ and benchmarks/ are the developers' tools: they run after the --dev set-up
+    return dict(program=program, argv=argv, mode="parse", extras=[DEV])
+
+
+def trainer_plan(c: Command, program: str, argv: list[str], fixtures: dict[str, str], num_ranks: int = 1) -> dict:
+    argv = list(argv)
+    if "--resume" in argv:
+        fixture = program if program in fixtures else "ppo.py"
+        argv[argv.index("--resume") + 1] = fixtures[fixture]
+        # under torchrun: parsed, which reads the checkpoint and checks what may change on --resume
+        return dict(program=program, argv=argv, mode="run" if num_ranks == 1 else "parse_trainer",
+                    extras=[*extras(c), *FIXTURE_ENVS[fixture][1]])
+    for i, token in enumerate(argv):
+        if token == "--checkpoint":
+            argv[i + 1] = fixtures["ppo.py"] + "/final_ckpt.pt"
+    own_module = any(part.split(".")[0] in OWN_MODULES for t in argv for part in re.split("[=:]", t))
+    # the runner runs it unless it is a ManiSkill command (then it validates it), save the README's first, its set-up;
+    # a command that "..." abbreviates is validated
+    return dict(program=program, argv=argv, mode="parse_trainer" if own_module else "smoke", extras=extras(c),
+                num_ranks=num_ranks, run_maniskill=c.where == SETUP_COMMAND, abbreviated="..." in c.text.split())
+
+
+def eval_plan(c: Command, argv: list[str], fixtures: dict[str, str]) -> dict:
+    fixture = fixtures["maniskill" if set(argv) & MANISKILL_EVAL_FLAGS else "ppo.py"]
+    argv = [fixture if t.startswith("runs/") else t for t in argv]
+    own_module = any(t.split(":")[0] in OWN_MODULES for t in argv)
+    for i, token in enumerate(argv):
+        if token == "--trainer":
+            argv[i + 1] = str(REPO / "ppo.py")
+        if token in ("--num_episodes", "--num_envs"):
+            argv[i + 1] = str(min(int(argv[i + 1]), 2))
+        if token == "--max_episode_steps":
+            argv[i + 1] = "10"
+    if "--num_episodes" not in argv:
+        argv += ["--num_episodes", "2"]
+    return dict(program="ppo_eval.py", argv=argv, mode="parse_eval" if own_module else "run", extras=extras(c))
+
+
+def test_every_command_the_project_prints_runs(tmp_path):
+    commands = collect()
+    assert len(commands) > 80, [c.text for c in commands]  # the collector still finds the docs' commands
+    fixtures = {name: f"runs/fixture_{Path(name).stem}" for name in FIXTURE_ENVS}
+    planned, failures = [], []
+    for name, (env_id, needs) in FIXTURE_ENVS.items():
+        planned.append((None, dict(program="ppo.py" if name == "maniskill" else name, mode="run", extras=needs,
+                                   argv=["--env_id", env_id, "--exp_name", Path(fixtures[name]).name,
+                                         *FIXTURE_FLAGS])))
+    for c in commands:
+        step = plan(c, fixtures)
+        if step is None or c.tokens[0].endswith("sweep.sh"):
+            failures += check_here(c)
+        if step is not None:
+            planned.append((c, step))
+    planned.sort(key=lambda step: bool(step[1]["extras"]))  # see command_runner.runtime_only
+    spec = tmp_path / "commands.json"
+    spec.write_text(json.dumps([step for _, step in planned]))
+    result = subprocess.run([sys.executable, "-m", "tests.command_runner", str(spec), str(tmp_path / "results.json")],
+                            cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=600)
+    print(result.stderr)  # each command's time and outcome, shown where the test fails
+    assert result.returncode == 0, result.stderr[-5000:]
+    outcomes = json.loads((tmp_path / "results.json").read_text())
+    for (c, step), outcome in zip(planned, outcomes):
+        if outcome != "ok":
+            failures.append(f"{c.where if c else 'fixture'}: {c.text if c else step['argv']}\n"
+                            f"  ran as: {step['mode']} {step['program']} {' '.join(step['argv'])}\n  {outcome}")
+    assert not failures, "\n\n".join(failures)
+
+
+def check_here(c: Command) -> list[str]:
+    tokens = c.tokens
+    if tokens[0] == "bash" or tokens[0].endswith(".sh"):  # scripts/sweep.sh's trainer command is planned apart
+        script = tokens[1] if tokens[0] == "bash" else tokens[0]
+        checked = subprocess.run(["bash", "-n", str(REPO / script)], capture_output=True, text=True)
+        return [] if checked.returncode == 0 else [f"{c.where}: {c.text}\n  {checked.stderr}"]
+    if tokens[0] == "cp":
+        return [] if (REPO / tokens[1]).exists() else [f"{c.where}: {c.text}\n  no {tokens[1]}"]
+    if tokens[:3] == ["python", "-m", "pytest"]:
+        paths = [t.split("::")[0] for t in tokens[3:] if t.startswith("tests")]
+        return [f"{c.where}: {c.text}\n  no {p}" for p in paths if not (REPO / p).exists()]
+    if "tensorboard" in tokens[0]:
+        return []
+    return [f"{c.where}: {c.text}\n  the test does not know how to run this command"]
