@@ -16,7 +16,8 @@ if ! "$python" -m venv --help >/dev/null 2>&1 || ! "$python" -c "import ensurepi
   $sudo_cmd apt-get install -y -qq python3-venv
 fi
 [ -x .venv/bin/python ] || "$python" -m venv .venv
-# The CPU build first: a bare torch requirement would pull a CUDA build of several GB.
+# torch first, alone: where pip's index serves a CPU build (as a CPU-only index does), that is what it takes; PyPI's
+# Linux wheel is the CUDA build of several GB, which runs on a CPU too (README.md, Set-up).
 .venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -r "$requirements"
 .venv/bin/python -c "import torch, mani_skill, gymnasium; print('ready: torch', torch.__version__, '| mani_skill', mani_skill.__version__, '| gymnasium', gymnasium.__version__)"
