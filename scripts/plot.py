@@ -1,14 +1,22 @@
-"""Learning curves from the TensorBoard logs of run directories: mean and 95% interval across seeds, one PNG per metric.
+"""Learning curves from the TensorBoard logs of run directories: mean and 95% interval across seeds, one PNG per metric
+(or the interquartile mean and its stratified bootstrap interval); across tasks, rliable's performance profiles.
 
     python scripts/plot.py runs/HalfCheetah-v5__* --out plots/                      # eval/return vs steps and wall time
     python scripts/plot.py runs/* --metrics eval/success_once charts/SPS --out plots/
     python scripts/plot.py runs/* --group '^(.*)__seed\\d+$' --out plots/          # how run names map to curves
+    python scripts/plot.py runs/HalfCheetah-v5__* --iqm --out plots/                # IQM (pip install rliable)
+    python scripts/plot.py runs/*_*__seed* --group '_(\\w+?)__seed\\d+$' --tasks '^(.*?)_' \\
+        --normalize Hopper-v5=0:3000 Walker2d-v5=0:4000 --out plots/              # performance profiles
 
 Runs are grouped into curves by name: --group is a regular expression whose first group (else whole match) names
 the curve; by default a trailing seed is dropped from the run name (`__seed3` as scripts/sweep.sh names runs, or
 the trainers' default `__{seed}__{unix time}`). Each run's curve is interpolated onto the steps (or seconds) of the
 group's shortest run; the band is the 95% Student-t interval of the mean across the group's runs, and each run
 is drawn thin. The y-axis spans the runs' values (the band of two or three seeds can reach far beyond them).
+--iqm draws the interquartile mean instead (the mean of the middle half of the runs; of fewer than 4, the mean) and
+its 95% bootstrap interval, each resample drawing whole runs (rliable's sample-efficiency curves). --tasks (with
+--normalize, as scripts/summarize.py takes them) writes rliable's performance profile of the first metric's final
+values instead: for each group, the fraction of its runs over all tasks that score above tau. pip install rliable.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import warnings
 from collections import defaultdict
 from pathlib import Path
 
@@ -73,21 +82,127 @@ def mean_and_interval(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, t * values.std(0, ddof=1) / np.sqrt(n)
 
 
-def group_curve(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """x of the shortest curve, and the mean and interval half-width of all curves interpolated onto it."""
+def group_curve(curves: list[tuple[np.ndarray, np.ndarray]], iqm_reps: int = 0) -> tuple[np.ndarray, ...]:
+    """x of the shortest curve, and of all curves interpolated onto it: the mean and its interval's bounds, or with
+    iqm_reps the interquartile mean and its stratified bootstrap interval (of that many resamples)."""
     shortest = min((x for x, _ in curves), key=lambda x: x[-1])
     values = np.stack([np.interp(shortest, x, y) for x, y in curves])
-    return (shortest, *mean_and_interval(values))
+    if iqm_reps:
+        return (shortest, *iqm_and_interval(values, iqm_reps))
+    mean, half_width = mean_and_interval(values)
+    return shortest, mean, mean - half_width, mean + half_width
 
 
-def plot(run_dirs: list[Path], metrics: list[str], pattern: str, out_dir: Path) -> list[Path]:
+def rliable():
+    """rliable's library and metrics modules (Agarwal et al. 2021): the IQM, its stratified bootstrap and the
+    aggregates across tasks."""
+    try:
+        from rliable import library, metrics
+    except ImportError as e:
+        raise UserError(f"the interquartile mean and the aggregates across tasks need rliable ({e}): "
+                        "pip install rliable") from e
+    return library, metrics
+
+
+def interval_estimates(scores: dict[str, np.ndarray], statistics, reps: int) -> tuple[dict, dict]:
+    """rliable's point estimates and 95% stratified bootstrap intervals (percentile method) of statistics(scores) for
+    each entry of scores (runs x tasks, or a pair of such); seeded, so a table or plot is the same each time."""
+    library, _ = rliable()
+    with warnings.catch_warnings():  # arch, under rliable, announces that it will take a Generator instead
+        warnings.simplefilter("ignore", FutureWarning)
+        return library.get_interval_estimates(scores, statistics, reps=reps, random_state=np.random.RandomState(0))
+
+
+def iqm_and_interval(values: np.ndarray, reps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The interquartile mean over runs (axis 0) at each point of axis 1, and its 95% bootstrap interval: each
+    resample draws whole runs, curves and all, as rliable's sample-efficiency curves do."""
+    _, metrics = rliable()
+
+    def iqm_at_each_point(scores: np.ndarray) -> np.ndarray:  # scores: runs x 1 task x points
+        return np.array([metrics.aggregate_iqm(scores[..., i]) for i in range(scores.shape[-1])])
+
+    point, interval = interval_estimates({"runs": values[:, None, :]}, iqm_at_each_point, reps)
+    return point["runs"], interval["runs"][0], interval["runs"][1]
+
+
+def pyplot():
     try:
         import matplotlib
     except ImportError as e:
         raise UserError("plotting needs matplotlib: pip install matplotlib") from e
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
 
+
+def task_scores(run_dirs: list[Path], metric: str, pattern: str, task_pattern: str,
+                normalize: list[str]) -> tuple[dict[str, np.ndarray], tuple[str, ...]]:
+    """Each group's final values of metric as a runs x tasks matrix, each task's scaled by --normalize's
+    (score - LOW) / (HIGH - LOW), and the tasks' names: what rliable's aggregates take."""
+    bounds = {}
+    for item in normalize:
+        task, _, span = item.rpartition("=")
+        try:
+            low, high = (float(x) for x in span.split(":"))
+        except ValueError:
+            low = high = None
+        if not task or low is None or high == low:
+            raise UserError(f"--normalize takes TASK=LOW:HIGH with LOW != HIGH, got {item!r}")
+        bounds[task] = (low, high)
+    matrices, tasks = {}, set()
+    for name, runs in group_runs(run_dirs, pattern).items():
+        by_task = {}
+        for task, task_runs in sorted(group_runs(runs, task_pattern).items()):
+            finals = [read_scalars(run, metric)[2] for run in task_runs]
+            empty = [run for run, values in zip(task_runs, finals) if len(values) == 0]
+            if empty:
+                raise UserError(f"{empty[0]} logged no {metric!r}")
+            low, high = bounds.get(task, (0.0, 1.0))
+            by_task[task] = (np.array([values[-1] for values in finals]) - low) / (high - low)
+        counts = {task: len(values) for task, values in by_task.items()}
+        if len(set(counts.values())) > 1:
+            raise UserError(f"{name} has a different number of runs on its tasks ({counts}); the stratified bootstrap "
+                            "needs as many on each")
+        matrices[name] = np.stack(list(by_task.values()), axis=1)
+        tasks.add(tuple(by_task))
+    if len(tasks) > 1:
+        raise UserError(f"the groups have different tasks ({sorted(tasks)}); check --group and --tasks")
+    unknown = set(bounds) - set(*tasks)
+    if unknown:
+        raise UserError(f"--normalize names {sorted(unknown)}, which no run is a task of; the tasks: {sorted(*tasks)}")
+    return matrices, tasks.pop()
+
+
+def performance_profile(run_dirs: list[Path], metric: str, pattern: str, task_pattern: str, normalize: list[str],
+                        out_dir: Path, reps: int) -> Path:
+    """rliable's performance profile of each group: the fraction of its runs (over all tasks) whose normalized final
+    score exceeds tau, against tau, with 95% stratified bootstrap bands."""
+    library, _ = rliable()
+    plt = pyplot()
+    from rliable import plot_utils
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    matrices, task_names = task_scores(run_dirs, metric, pattern, task_pattern, normalize)
+    low = min(m.min() for m in matrices.values())
+    high = max(m.max() for m in matrices.values())
+    taus = np.linspace(min(low, 0.0), max(high, 1.0), 101)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        profiles, bands = library.create_performance_profile(matrices, taus, reps=reps)
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    colors = dict(zip(matrices, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    plot_utils.plot_performance_profiles(profiles, taus, performance_profile_cis=bands, ax=axis, colors=colors)
+    axis.set_title(f"{metric}, final, normalized: {len(task_names)} tasks")
+    axis.legend(handles=[plt.Line2D([], [], color=colors[name], label=name) for name in matrices], fontsize="small")
+    figure.tight_layout()
+    path = out_dir / ("performance_profile_" + metric.replace("/", "_") + ".png")
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def plot(run_dirs: list[Path], metrics: list[str], pattern: str, out_dir: Path, iqm_reps: int = 0) -> list[Path]:
+    plt = pyplot()
     groups = group_runs(run_dirs, pattern)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -103,9 +218,9 @@ def plot(run_dirs: list[Path], metrics: list[str], pattern: str, out_dir: Path) 
             label = f"{name} ({len(series)} run{'s' if len(series) > 1 else ''})"
             for axis, index, scale in ((by_step, 0, 1.0), (by_time, 1, 60.0)):
                 curves = [(s[index] / scale, s[2]) for s in series]
-                x, mean, half_width = group_curve(curves)
-                line, = axis.plot(x, mean, label=label)
-                axis.fill_between(x, mean - half_width, mean + half_width, color=line.get_color(), alpha=0.2)
+                x, center, low_band, high_band = group_curve(curves, iqm_reps)
+                line, = axis.plot(x, center, label=label)
+                axis.fill_between(x, low_band, high_band, color=line.get_color(), alpha=0.2)
                 for run_x, run_y in curves:  # each run thin: with few seeds the t-interval is wide
                     axis.plot(run_x, run_y, color=line.get_color(), linewidth=0.6, alpha=0.5)
             values = np.concatenate([s[2] for s in series])
@@ -121,7 +236,8 @@ def plot(run_dirs: list[Path], metrics: list[str], pattern: str, out_dir: Path) 
         by_step.legend(fontsize="small")
         for axis in (by_step, by_time):
             axis.grid(alpha=0.3)
-        figure.suptitle(f"{metric}: mean and 95% interval across runs")
+        statistic = "interquartile mean and 95% stratified bootstrap interval" if iqm_reps else "mean and 95% interval"
+        figure.suptitle(f"{metric}: {statistic} across runs")
         figure.tight_layout()
         path = out_dir / (metric.replace("/", "_") + ".png")
         figure.savefig(path, dpi=100)
@@ -136,6 +252,12 @@ def run_dirs_parser(doc: str) -> argparse.ArgumentParser:
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (runs/NAME)")
     parser.add_argument("--metrics", nargs="+", default=["eval/return"], help="TensorBoard scalar tags")
     parser.add_argument("--group", default=DEFAULT_GROUP, help="regular expression naming a run's curve or row")
+    parser.add_argument("--iqm", action="store_true",
+                        help="the interquartile mean and its 95%% stratified bootstrap interval (pip install rliable)")
+    parser.add_argument("--tasks", help="regular expression naming a run's task: rliable's aggregates across tasks")
+    parser.add_argument("--normalize", nargs="+", default=[], metavar="TASK=LOW:HIGH",
+                        help="with --tasks: a task's scores as (score - LOW) / (HIGH - LOW)")
+    parser.add_argument("--reps", type=int, default=2000, help="bootstrap resamples of --iqm and --tasks")
     return parser
 
 
@@ -153,7 +275,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = run_dirs_parser(__doc__)
     parser.add_argument("--out", type=Path, default=Path("plots"), help="directory for the PNG files")
     options = parser.parse_args(argv)
-    return report_user_errors(lambda: print(*plot(options.runs, options.metrics, options.group, options.out), sep="\n"))
+    if options.tasks is not None:
+        return report_user_errors(lambda: print(performance_profile(
+            options.runs, options.metrics[0], options.group, options.tasks, options.normalize, options.out,
+            options.reps)))
+    iqm_reps = options.reps if options.iqm else 0
+    return report_user_errors(lambda: print(*plot(options.runs, options.metrics, options.group, options.out, iqm_reps),
+                                            sep="\n"))
 
 
 if __name__ == "__main__":
