@@ -1,0 +1,198 @@
+"""Many seeds in one process, the update alone (issue 38's prototype): N seeds' PPO minibatch steps at CleanRL's
+MuJoCo settings (HalfCheetah's 17-dim observation, 6-dim action, 2x64 tanh networks, minibatches of 64), three ways:
+
+- loop:    N copies of ppo.py's Agent, each with its own fused Adam, stepped one after the other;
+- stacked: one Agent whose every weight has a leading seed dimension (ippo.py's AgentLinear), one fused Adam,
+           each seed's gradient clipped on its own (ippo.py's clip_grad_norm_per_net);
+- vmap:    the N Agents' parameters stacked with torch.func.stack_module_state and the loss of ppo.py's Agent
+           run over them with torch.func.vmap and functional_call, one fused Adam.
+
+    python benchmarks/seeds_update.py                       # N = 1, 2, 4, 8, 16; 320 minibatch steps each
+    python benchmarks/seeds_update.py --seeds 1 8 --steps 64
+
+Prints a markdown table: milliseconds a minibatch step for all N seeds, and the cost of N seeds relative to one
+seed's loop. Also whether each way's parameters after the steps equal the loop's (to float rounding), and whether
+the stacked layer with N = 1 gives ppo.py's numbers bit for bit (nn.Linear's addmm against a batched matmul).
+"""
+
+import argparse
+import copy
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+from torch.func import functional_call, stack_module_state, vmap
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import ippo  # noqa: E402
+import ppo  # noqa: E402
+
+OBS, ACT, HIDDEN, MINIBATCH = 17, 6, (64, 64), 64
+BOX = {"type": "Box", "shape": [ACT], "low": [-1.0] * ACT, "high": [1.0] * ACT}
+
+
+def make_agents(num_seeds: int) -> list[ppo.Agent]:
+    agents = []
+    for seed in range(num_seeds):
+        torch.manual_seed(seed)
+        agents.append(ppo.Agent(OBS, BOX, False, False, HIDDEN, "tanh", -0.5))
+    return agents
+
+
+def loss_of(agent_or_call, obs, actions, old_logprobs, advantages, returns):
+    """ppo.py's clipped surrogate and value loss (norm_adv, clip 0.2, vf 0.5) of one seed's minibatch."""
+    _, logprob, entropy, value = agent_or_call(obs, actions)
+    ratio = (logprob - old_logprobs).exp()
+    advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    pg_loss = torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 0.8, 1.2)).mean()
+    return pg_loss + 0.5 * 0.5 * ((value - returns) ** 2).mean()
+
+
+class StackedAgent(nn.Module):
+    """ppo.py's Agent with a leading seed dimension on every weight (ippo.py's AgentLinear layers)."""
+
+    def __init__(self, agents: list[ppo.Agent]):
+        super().__init__()
+        self.actor = ippo.mlp(len(agents), OBS, HIDDEN, "tanh", ACT, out_std=0.01 * np.sqrt(2))
+        self.critic = ippo.mlp(len(agents), OBS, HIDDEN, "tanh", 1, out_std=1.0)
+        with torch.no_grad():  # the same initial weights as the loop's agents
+            for name in ("actor", "critic"):
+                stacked = [m for m in getattr(self, name) if isinstance(m, ippo.AgentLinear)]
+                for i, agent in enumerate(agents):
+                    linears = [m for m in getattr(agent, name) if isinstance(m, nn.Linear)]
+                    for layer, linear in zip(stacked, linears):
+                        layer.weight[i].copy_(linear.weight.T)
+                        layer.bias[i, 0].copy_(linear.bias)
+        self.actor_logstd = nn.Parameter(torch.stack([agent.actor_logstd.detach() for agent in agents]))
+
+    def get_action_and_value(self, obs, action):
+        mean = self.actor(obs)
+        std = self.actor_logstd.expand_as(mean).exp()
+        logprob = -((action - mean) ** 2) / (2 * std**2) - std.log() - ppo.LOG_SQRT_2PI
+        entropy = ppo.NORMAL_ENTROPY_AT_UNIT_STD + std.log()
+        return action, logprob.sum(-1), entropy.sum(-1), self.critic(obs).squeeze(-1)
+
+
+def minibatches(num_seeds: int, steps: int):
+    generator = torch.Generator().manual_seed(0)
+    return [tuple(torch.randn((num_seeds, MINIBATCH) + shape, generator=generator) for shape in
+                  ((OBS,), (ACT,), (), (), ())) for _ in range(steps)]
+
+
+def run_loop(agents, data):
+    """Returns nothing: the agents are stepped in place."""
+    optimizers = [torch.optim.Adam(agent.parameters(), lr=3e-4, eps=1e-5, fused=True) for agent in agents]
+    for batch in data:
+        for i, (agent, optimizer) in enumerate(zip(agents, optimizers)):
+            loss = loss_of(agent.get_action_and_value, *(x[i] for x in batch))
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(agent.parameters(), 0.5)
+            optimizer.step()
+
+
+def run_stacked(agent: StackedAgent, data):
+    optimizer = torch.optim.Adam(agent.parameters(), lr=3e-4, eps=1e-5, fused=True)
+    per_seed_loss = vmap(loss_of_stacked_slice, in_dims=(0, 0, 0, 0, 0, 0))
+    for batch in data:
+        _, logprob, _, value = agent.get_action_and_value(batch[0], batch[1])
+        loss = per_seed_loss(logprob, value, *batch[1:]).sum()  # seeds' losses summed: disjoint gradients
+        optimizer.zero_grad()
+        loss.backward()
+        ippo.clip_grad_norm_per_net(agent, 0.5)
+        optimizer.step()
+    return agent
+
+
+def loss_of_stacked_slice(logprob, value, actions, old_logprobs, advantages, returns):
+    return loss_of(lambda obs, act: (act, logprob, None, value), None, actions, old_logprobs, advantages, returns)
+
+
+def run_vmap(agents, data):
+    params, buffers = stack_module_state(agents)
+    params = {name: nn.Parameter(p.detach()) for name, p in params.items()}
+    base = copy.deepcopy(agents[0]).to("meta")
+
+    def seed_loss(seed_params, seed_buffers, obs, actions, old_logprobs, advantages, returns):
+        def call(o, a):
+            return functional_call(base, (seed_params, seed_buffers), (o, a))
+        return loss_of(call, obs, actions, old_logprobs, advantages, returns)
+
+    base.forward = base.get_action_and_value
+    optimizer = torch.optim.Adam(params.values(), lr=3e-4, eps=1e-5, fused=True)
+    losses = vmap(seed_loss)
+    for batch in data:
+        loss = losses(params, buffers, *batch).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        grads = [p.grad for p in params.values()]
+        norms = torch.stack([g.reshape(g.shape[0], -1).square().sum(1) for g in grads]).sum(0).sqrt()
+        scale = (0.5 / (norms + 1e-6)).clamp(max=1.0)
+        for g in grads:
+            g.mul_(scale.reshape((-1,) + (1,) * (g.dim() - 1)))
+        optimizer.step()
+    return params, base
+
+
+def outputs(call, probe_obs, probe_actions) -> torch.Tensor:
+    """Log-probabilities and values of probe actions: what a policy computes, to compare the ways' results."""
+    with torch.no_grad():
+        _, logprob, _, value = call(probe_obs, probe_actions)
+    return torch.cat([logprob.flatten(), value.flatten()])
+
+
+def timed(fn, repeats: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--steps", type=int, default=320, help="minibatch steps (ppo.py at CleanRL's settings: 320)")
+    options = parser.parse_args()
+    torch.set_num_threads(1)
+    x = torch.randn(MINIBATCH, OBS)
+    linear = ppo.layer_init(nn.Linear(OBS, 64))
+    stacked = ippo.AgentLinear(1, OBS, 64)
+    with torch.no_grad():
+        stacked.weight[0].copy_(linear.weight.T)
+        stacked.bias[0, 0].copy_(linear.bias)
+    same_bits = torch.equal(linear(x), stacked(x[None])[0])
+    print(f"stacked layer with N = 1 equals nn.Linear bit for bit: {same_bits}\n")
+    print("| seeds | loop (ms/step) | stacked (ms/step) | vmap (ms/step) | loop / one seed | stacked / one seed "
+          "| vmap / one seed | stacked = loop | vmap = loop |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    one_seed = None
+    for n in options.seeds:
+        data = minibatches(n, options.steps)
+        loop_time = timed(lambda: run_loop(make_agents(n), data)) / options.steps * 1e3
+        stacked_time = timed(lambda: run_stacked(StackedAgent(make_agents(n)), data)) / options.steps * 1e3
+        vmap_time = timed(lambda: run_vmap(make_agents(n), data)) / options.steps * 1e3
+        one_seed = one_seed or loop_time
+        probe_obs, probe_actions = torch.randn(n, 32, OBS), torch.randn(n, 32, ACT)
+        loop_agents = make_agents(n)
+        run_loop(loop_agents, data)
+        reference = [outputs(a.get_action_and_value, probe_obs[i], probe_actions[i]) for i, a in enumerate(loop_agents)]
+        stacked_agent = run_stacked(StackedAgent(make_agents(n)), data)
+        stacked_out = outputs(stacked_agent.get_action_and_value, probe_obs, probe_actions).reshape(2, n, 32)
+        params, base = run_vmap(make_agents(n), data)
+        vmap_out = [outputs(lambda o, a: functional_call(base, {k: v[i] for k, v in params.items()}, (o, a)),
+                            probe_obs[i], probe_actions[i]) for i in range(n)]
+        stacked_close = all(torch.allclose(ref, torch.cat([stacked_out[0, i], stacked_out[1, i]]), rtol=1e-3, atol=1e-4)
+                            for i, ref in enumerate(reference))
+        vmap_close = all(torch.allclose(ref, out, rtol=1e-3, atol=1e-4) for ref, out in zip(reference, vmap_out))
+        print(f"| {n} | {loop_time:.2f} | {stacked_time:.2f} | {vmap_time:.2f} | {loop_time / one_seed:.2f} | "
+              f"{stacked_time / one_seed:.2f} | {vmap_time / one_seed:.2f} | {stacked_close} | {vmap_close} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
