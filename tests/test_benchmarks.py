@@ -6,7 +6,7 @@ import sys
 
 import torch
 
-from tests.util import REPO, load, script_env
+from tests.util import REPO, load, runs_ahead, script_env
 
 
 def run(command: list[str], cwd, extra_env: dict | None = None) -> subprocess.CompletedProcess:
@@ -14,11 +14,78 @@ def run(command: list[str], cwd, extra_env: dict | None = None) -> subprocess.Co
                           timeout=900)
 
 
-def test_mujoco_benchmark_writes_its_table_and_plots(tmp_path):
-    result = run(["bash", str(REPO / "benchmarks/mujoco.sh"), "2048", "1", "1"], tmp_path,
-                 {"OUT": str(tmp_path / "out"), "PYTHON": sys.executable})
+def mujoco(directory):
+    return run(["bash", str(REPO / "benchmarks/mujoco.sh"), "2048", "1", "1"], directory,
+               {"OUT": str(directory / "out"), "PYTHON": sys.executable})
+
+
+def speed(directory):
+    return run([sys.executable, str(REPO / "benchmarks/speed_cleanrl_settings.py"), "--total_timesteps", "4096",
+                "--variants", "small", "default+2threads", "--raw_steps", "500"], directory)
+
+
+def atari_speed(directory):
+    return run([sys.executable, str(REPO / "benchmarks/speed_cleanrl_settings.py"), "--suite", "atari", "--env_id",
+                "PongNoFrameskip-v4", "--total_timesteps", "2048", "--variants", "1thread", "--raw_steps", "200"],
+               directory)
+
+
+def atari_learning(directory):
+    """The script's settings with 2 envs for its 8 (flags after the seeds override them), 1,024 steps each: enough
+    for each to finish a Pong episode of an untrained policy (about 760 steps); one evaluation, the final one."""
+    return run(["bash", str(REPO / "benchmarks/learn_atari.sh"), "PongNoFrameskip-v4", "2048", "1", "--num_envs=2",
+                "--num_eval_envs=2", "--eval_freq=1000"],
+               directory, {"OUT": str(directory / "out"), "PYTHON": sys.executable, "EVAL_EPISODES": "2"})
+
+
+def recurrent(directory):
+    return run([sys.executable, str(REPO / "benchmarks/rnn_pomdp.py"), "--tasks", "cartpole", "--seeds", "1", "2",
+                "--total_timesteps", "2048", "--flags=--critic_obs", "--out", str(directory / "out")], directory)
+
+
+def multi_agent(directory):
+    return run([sys.executable, str(REPO / "benchmarks/vmas_navigation.py"), "--variants", "ippo", "shared",
+                "--seeds", "1", "--frames", "6000", "--out", str(directory / "out")], directory)
+
+
+def pushcube(directory):
+    """Seed 2 alone; the run trains and evaluates in one ManiSkill env (flags after the seeds override the script's
+    4 worker envs: most of a tiny run is their processes starting); ppo_eval.py plays in the script's 4 workers."""
+    return run(["bash", str(REPO / "benchmarks/learn_maniskill_cpu.sh"), "PushCube-v1", "100", "2", "--num_envs=1",
+                "--num_eval_envs=1", "--num_minibatches=1"], directory,
+               {"OUT": str(directory / "out"), "PYTHON": sys.executable, "EVAL_EPISODES": "4"})
+
+
+def mpe_spread(directory):
+    """One MAPPO run of 6,400 frames (two iterations, one evaluation) on MPE simple_spread_v3 in worker processes."""
+    return run([sys.executable, str(REPO / "benchmarks/mpe_spread.py"), "--variants", "mappo_continuous", "--seeds",
+                "1", "--frames", "6400", "--out", str(directory / "out")], directory)
+
+
+def throughput(directory):
+    return run([sys.executable, str(REPO / "benchmarks/throughput.py"), "--runs", "PushCube-v1:1", "Pendulum-v1:2",
+                "--steps", "20", "--iterations", "2"], directory)
+
+
+# The benchmarks that run one command each, two at a time (tests/util.py), the longest first. The throughput
+# benchmark's two rates of a run come from its last iteration, so a neighbour slows both alike.
+ahead = runs_ahead({job.__name__: ((test,), job) for job, test in [
+    (pushcube, "test_pushcube_benchmark_writes_its_table_and_plots"),
+    (speed, "test_speed_benchmark_prints_its_table"),
+    (atari_learning, "test_atari_learning_benchmark_writes_its_table_and_plots"),
+    (mujoco, "test_mujoco_benchmark_writes_its_table_and_plots"),
+    (multi_agent, "test_multi_agent_benchmark_writes_its_table_and_plots"),
+    (throughput, "test_throughput_benchmark_prints_its_table"),
+    (atari_speed, "test_atari_speed_benchmark_prints_its_table"),
+    (recurrent, "test_recurrent_benchmark_writes_its_table_and_plots"),
+    (mpe_spread, "test_mpe_spread_benchmark_writes_its_table_and_plot"),
+]})
+
+
+def test_mujoco_benchmark_writes_its_table_and_plots(ahead):
+    directory, result = ahead["mujoco"]
     assert result.returncode == 0, result.stderr[-3000:]
-    table = (tmp_path / "out/table.md").read_text().splitlines()
+    table = (directory / "out/table.md").read_text().splitlines()
     tasks = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")
     assert table[1].startswith('seeds: 1; command: bash benchmarks/mujoco.sh 2048 "1" 1, i.e. ppo.py --num_envs 1 ')
     assert table[2].startswith("- HalfCheetah-v5: --hidden_sizes 256 256 --activation relu --log_std_init -2 ")
@@ -26,14 +93,13 @@ def test_mujoco_benchmark_writes_its_table_and_plots(tmp_path):
     assert table[8].startswith("| runs | n | eval/return (final) | charts/SPS (final) |")
     assert [row.split(" | ")[0] for row in table[10:]] == [f"| mujoco_{task}" for task in tasks]
     for task in tasks:
-        assert (tmp_path / "out" / task / "eval_return.png").stat().st_size > 10_000
-        ckpt = load(tmp_path / "runs" / f"mujoco_{task}__seed1" / "final_ckpt.pt")
+        assert (directory / "out" / task / "eval_return.png").stat().st_size > 10_000
+        ckpt = load(directory / "runs" / f"mujoco_{task}__seed1" / "final_ckpt.pt")
         assert ckpt["args"]["activation"] == ("relu" if task == "HalfCheetah-v5" else "tanh")
 
 
-def test_speed_benchmark_prints_its_table(tmp_path):
-    result = run([sys.executable, str(REPO / "benchmarks/speed_cleanrl_settings.py"), "--total_timesteps", "4096",
-                  "--variants", "small", "default+2threads", "--raw_steps", "500"], tmp_path)
+def test_speed_benchmark_prints_its_table(ahead):
+    directory, result = ahead["speed"]
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     assert lines[0].startswith("HalfCheetah-v4, 4096 steps; raw env, random actions:")
@@ -41,34 +107,27 @@ def test_speed_benchmark_prints_its_table(tmp_path):
     assert lines[-1].startswith("| ppo.py --torch_threads 2 | ")  # each row names the flags it ran
 
 
-def test_atari_speed_benchmark_prints_its_table(tmp_path):
-    result = run([sys.executable, str(REPO / "benchmarks/speed_cleanrl_settings.py"), "--suite", "atari",
-                  "--env_id", "PongNoFrameskip-v4", "--total_timesteps", "2048", "--variants", "1thread",
-                  "--raw_steps", "200"], tmp_path)
+def test_atari_speed_benchmark_prints_its_table(ahead):
+    directory, result = ahead["atari_speed"]
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     assert lines[0].startswith("PongNoFrameskip-v4, 2048 steps; raw env, random actions:")
     assert lines[-1].startswith("| ppo_rgb.py --torch_threads 1 | ")
 
 
-def test_atari_learning_benchmark_writes_its_table_and_plots(tmp_path):
-    """The script's settings with 2 envs for its 8 (flags after the seeds override them), 1,024 steps each: enough
-    for each to finish a Pong episode of an untrained policy (about 760 steps); one evaluation, the final one."""
-    result = run(["bash", str(REPO / "benchmarks/learn_atari.sh"), "PongNoFrameskip-v4", "2048", "1", "--num_envs=2",
-                  "--num_eval_envs=2", "--eval_freq=1000"],
-                 tmp_path, {"OUT": str(tmp_path / "out"), "PYTHON": sys.executable, "EVAL_EPISODES": "2"})
+def test_atari_learning_benchmark_writes_its_table_and_plots(ahead):
+    directory, result = ahead["atari_learning"]
     assert result.returncode == 0, result.stderr[-3000:]
-    table = (tmp_path / "out/table.md").read_text().splitlines()
+    table = (directory / "out/table.md").read_text().splitlines()
     assert table[1].startswith("seeds: 1; command: ppo_rgb.py --env_id=PongNoFrameskip-v4 --num_envs=8 ")
     assert [line.split(" | ")[:2] for line in table if line.startswith("| pong")] == [["| pong_atari__seed1", "1"]]
     assert [line.split()[:2] for line in table if line.startswith("return ")] == [["return", "2"]]
     for metric in ("charts_episodic_return", "eval_return"):
-        assert (tmp_path / "out" / f"{metric}.png").stat().st_size > 10_000
+        assert (directory / "out" / f"{metric}.png").stat().st_size > 10_000
 
 
-def test_throughput_benchmark_prints_its_table(tmp_path):
-    result = run([sys.executable, str(REPO / "benchmarks/throughput.py"), "--runs", "PushCube-v1:1", "Pendulum-v1:2",
-                  "--steps", "20", "--iterations", "2"], tmp_path)
+def test_throughput_benchmark_prints_its_table(ahead):
+    _, result = ahead["throughput"]
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [line.strip("| ").split(" | ") for line in result.stdout.strip().splitlines()[2:]]
     assert [row[:2] for row in rows] == [["PushCube-v1", "1"], ["Pendulum-v1", "2"]]
@@ -85,43 +144,37 @@ def test_throughput_benchmark_rejects_a_malformed_run(tmp_path):
     assert result.returncode == 2 and "is not ENV_ID:NUM_ENVS" in result.stderr.strip().splitlines()[-1]
 
 
-def test_recurrent_benchmark_writes_its_table_and_plots(tmp_path):
-    result = run([sys.executable, str(REPO / "benchmarks/rnn_pomdp.py"), "--tasks", "cartpole", "--seeds", "1", "2",
-                  "--total_timesteps", "2048", "--flags=--critic_obs", "--out", str(tmp_path / "out")], tmp_path)
+def test_recurrent_benchmark_writes_its_table_and_plots(ahead):
+    directory, result = ahead["recurrent"]
     assert result.returncode == 0, result.stderr[-3000:]
-    table = (tmp_path / "out/table.md").read_text().splitlines()
+    table = (directory / "out/table.md").read_text().splitlines()
     assert "--total_timesteps 2048" in table[1] and table[1].endswith("--critic_obs --seed SEED")
     assert [row.split(" | ")[:2] for row in table[-2:]] == [["| cartpole", "1"], ["| cartpole", "2"]]
-    assert (tmp_path / "out/cartpole/eval_return.png").stat().st_size > 10_000
-    assert len(list((tmp_path / "runs").glob("cartpole_s*/final_ckpt.pt"))) == 2
+    assert (directory / "out/cartpole/eval_return.png").stat().st_size > 10_000
+    assert len(list((directory / "runs").glob("cartpole_s*/final_ckpt.pt"))) == 2
 
 
-def test_multi_agent_benchmark_writes_its_table_and_plots(tmp_path):
-    result = run([sys.executable, str(REPO / "benchmarks/vmas_navigation.py"), "--variants", "ippo", "shared",
-                  "--seeds", "1", "--frames", "6000", "--out", str(tmp_path / "out")], tmp_path)
+def test_multi_agent_benchmark_writes_its_table_and_plots(ahead):
+    directory, result = ahead["multi_agent"]
     assert result.returncode == 0, result.stderr[-3000:]
-    table = (tmp_path / "out/table.md").read_text().splitlines()
+    table = (directory / "out/table.md").read_text().splitlines()
     assert table[1].startswith("command: python ippo.py --env_id vmas:navigation ")
     assert [row.split(" | ")[:2] for row in table[-2:]] == [["| ippo", "1"], ["| shared", "1"]]
-    assert (tmp_path / "out/eval_return.png").stat().st_size > 10_000
+    assert (directory / "out/eval_return.png").stat().st_size > 10_000
 
 
-def test_pushcube_benchmark_writes_its_table_and_plots(tmp_path):
-    """Seed 2 alone; the run trains and evaluates in one ManiSkill env (flags after the seeds override the script's
-    4 worker envs: most of a tiny run is their processes starting); ppo_eval.py plays in the script's 4 workers."""
-    result = run(["bash", str(REPO / "benchmarks/learn_maniskill_cpu.sh"), "PushCube-v1", "100", "2", "--num_envs=1",
-                  "--num_eval_envs=1", "--num_minibatches=1"], tmp_path,
-                 {"OUT": str(tmp_path / "out"), "PYTHON": sys.executable, "EVAL_EPISODES": "4"})
+def test_pushcube_benchmark_writes_its_table_and_plots(ahead):
+    directory, result = ahead["pushcube"]
     assert result.returncode == 0, result.stderr[-3000:]
-    table = (tmp_path / "out/table.md").read_text().splitlines()
+    table = (directory / "out/table.md").read_text().splitlines()
     assert table[1].startswith("seeds: 2; command: ppo.py --env_id=PushCube-v1 --num_envs=4 ")
     assert [line.split(" | ")[:2] for line in table if line.startswith("| pushcube")] == [
         ["| pushcube_cpu", "1"], ["| pushcube_cpu__seed2", "1"]]  # the mean over seeds, then each run
     assert "`ppo_eval.py runs/pushcube_cpu__seed2 --num_episodes 4 --num_envs 4 --sim_backend cpu`:" in table
     assert [line.split()[:2] for line in table if line.startswith("success_once")] == [["success_once", "4"]]
     for metric in ("eval_success_once", "eval_return"):
-        assert (tmp_path / "out" / f"{metric}.png").stat().st_size > 10_000
-    assert (tmp_path / "runs/pushcube_cpu__seed2/final_ckpt.pt").exists()
+        assert (directory / "out" / f"{metric}.png").stat().st_size > 10_000
+    assert (directory / "runs/pushcube_cpu__seed2/final_ckpt.pt").exists()
 
 
 def test_memory_benchmark_prints_its_tenths(tmp_path):
@@ -180,16 +233,14 @@ def test_gpu_kit_refuses_or_skips_without_a_gpu_and_reports_fake_runs(tmp_path):
     assert (tmp_path / "out/eval_return.png").stat().st_size > 10_000
 
 
-def test_mpe_spread_benchmark_writes_its_table_and_plot(tmp_path):
-    """One MAPPO run of 6,400 frames (two iterations, one evaluation) on MPE simple_spread_v3 in worker processes."""
-    result = run([sys.executable, str(REPO / "benchmarks/mpe_spread.py"), "--variants", "mappo_continuous", "--seeds",
-                  "1", "--frames", "6400", "--out", str(tmp_path / "out")], tmp_path)
+def test_mpe_spread_benchmark_writes_its_table_and_plot(ahead):
+    directory, result = ahead["mpe_spread"]
     assert result.returncode == 0, result.stderr[-3000:]
-    table = (tmp_path / "out/table.md").read_text().splitlines()
+    table = (directory / "out/table.md").read_text().splitlines()
     assert table[0].startswith("ippo.py on PettingZoo MPE simple_spread_v3, ")
     assert table[-1].startswith("| mappo_continuous | 1 | ")
-    assert (tmp_path / "out/eval_return.png").stat().st_size > 10_000
-    ckpt = load(next((tmp_path / "runs").glob("spread_mappo_continuous_s1_*")) / "final_ckpt.pt")
+    assert (directory / "out/eval_return.png").stat().st_size > 10_000
+    ckpt = load(next((directory / "runs").glob("spread_mappo_continuous_s1_*")) / "final_ckpt.pt")
     assert ckpt["agents"] == ["agent_0", "agent_1", "agent_2"] and ckpt["action_spaces"][0]["type"] == "Box"
     assert ckpt["model"]["critic.0.weight"].shape[1] == 54 + 3  # state() and the agent id of the shared network
 

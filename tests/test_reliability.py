@@ -1,6 +1,7 @@
 """Long runs: torchrun data parallelism, SIGTERM and resume under torchrun, checkpoint retention, hard kills, flat
 memory."""
 
+import importlib
 import os
 import signal
 import subprocess
@@ -12,7 +13,8 @@ import pytest
 import torch
 
 from tests.test_learning import CARTPOLE
-from tests.util import REPO, fast_args, load, run_script, scalars, script_env, start_script, wait_for
+from tests.util import (REPO, fast_args, load, refused_in_one_line, run_script, runs_ahead, scalars, script_env,
+                        start_script, wait_for)
 
 TRAINERS = ["ppo", "ppo_rnn", "ippo"]
 # Checkpoint retention, kills and torn writes: ppo.py's write_checkpoint, open_run and save_checkpoint, and ippo.py's
@@ -61,23 +63,6 @@ def files_below(directory) -> list[str]:
 
 
 @pytest.mark.parametrize("trainer", TRAINERS)
-def test_torchrun_two_ranks_learn_and_only_rank_0_writes(tmp_path, trainer):
-    command, threshold = LEARNING[trainer]
-    result = run_torchrun([str(REPO / f"{trainer}.py"), *command.split(), "--exp_name", "dp"], tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count("run dp:") == 1 and "world_size=2" in result.stdout
-    run = tmp_path / "runs" / "dp"
-    assert files_below(tmp_path) == [f"runs/dp/{name}" for name in files_below(run)]  # nothing outside the run
-    assert len(list(run.glob("events.out.tfevents.*"))) == 1
-    ckpt = load(run / "final_ckpt.pt")
-    total = int(command.split("--total_timesteps ")[1].split()[0])
-    assert ckpt["world_size"] == 2 and len(ckpt["other_ranks_rng"]) == 1 and ckpt["global_step"] == total
-    if "--norm_obs" in command:  # every observation of both ranks went into the shared statistics (from 1e-4)
-        assert abs(ckpt["model"]["obs_normalizer.count"].item() - total) < 1e-3
-    assert scalars(run)["eval/return"][-1][1] >= threshold
-
-
-@pytest.mark.parametrize("trainer", TRAINERS)
 def test_torchrun_notices_ranks_that_drift_apart(tmp_path, trainer):
     """The check that every rank holds rank 0's parameters after each update fails once gradients are not averaged."""
     argv = fast_args(ENV[trainer], "drift", num_envs=2, total_timesteps=32 * 2 * 3, **FLAGS[trainer])
@@ -107,7 +92,7 @@ CRITIC_ENV = {"ppo": "tests.envs:PointMassCritic-v0", "ppo_rnn": "tests.envs:Poi
 
 
 @pytest.mark.parametrize("trainer", TRAINERS + ["ppo_rgb"])
-def test_torchrun_sigterm_then_resume_equals_uninterrupted_run(tmp_path, trainer):
+def test_torchrun_sigterm_then_resume_equals_uninterrupted_run(tmp_path, capfd, trainer):
     """SIGTERM to torchrun's process group and a --resume under torchrun reproduce an uninterrupted two-rank run:
     the linear lr schedule, observation, reward and value normalization (of both ranks' numbers), a privileged
     critic's inputs and every rank's RNG streams continue exactly, TensorBoard continues its step axis, only rank 0
@@ -162,8 +147,11 @@ def test_torchrun_sigterm_then_resume_equals_uninterrupted_run(tmp_path, trainer
     assert all(name.startswith(("runs/full/", "runs/cut/")) for name in files_below(tmp_path))
     assert len(list((tmp_path / "runs/full").glob("events.out.tfevents.*"))) == 1
 
-    refused = run_script(f"{trainer}.py", ["--resume", "runs/cut", "--total_timesteps", str(32 * 2 * 50)], tmp_path)
-    assert refused.returncode == 2 and "trained by 2 processes and this is 1" in refused.stderr
+    capfd.readouterr()  # in-process below: one process, not torchrun
+    refused = refused_in_one_line(importlib.import_module(trainer), ["--resume", "runs/cut", "--total_timesteps",
+                                                                     str(32 * 2 * 50)], tmp_path, capfd,
+                                  whole_process=False)
+    assert "trained by 2 processes and this is 1" in refused, refused
 
 
 @pytest.mark.parametrize("trainer", CHECKPOINT_WRITERS)
@@ -246,3 +234,32 @@ def test_resident_memory_stays_flat(tmp_path):
         assert len(rss) == 1000, trainer
         warm = max(rss[200:250])
         assert max(rss[250:]) < 1.05 * warm, (trainer, warm, max(rss[250:]))
+
+
+def learning_run(trainer: str):
+    return lambda directory: run_torchrun([str(REPO / f"{trainer}.py"), *LEARNING[trainer][0].split(), "--exp_name",
+                                           "dp"], directory)
+
+
+# The learning runs under torchrun, one at a time from the first test of the file on, beside the file's other tests
+# (tests/util.py): most of those run one process, or wait on a process starting. Their tests come last.
+ahead = runs_ahead({trainer: ((f"test_torchrun_two_ranks_learn_and_only_rank_0_writes[{trainer}]",),
+                              learning_run(trainer)) for trainer in TRAINERS},
+                   workers=1, from_the_first_test=True)
+
+
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_torchrun_two_ranks_learn_and_only_rank_0_writes(ahead, trainer):
+    command, threshold = LEARNING[trainer]
+    tmp_path, result = ahead[trainer]
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("run dp:") == 1 and "world_size=2" in result.stdout
+    run = tmp_path / "runs" / "dp"
+    assert files_below(tmp_path) == [f"runs/dp/{name}" for name in files_below(run)]  # nothing outside the run
+    assert len(list(run.glob("events.out.tfevents.*"))) == 1
+    ckpt = load(run / "final_ckpt.pt")
+    total = int(command.split("--total_timesteps ")[1].split()[0])
+    assert ckpt["world_size"] == 2 and len(ckpt["other_ranks_rng"]) == 1 and ckpt["global_step"] == total
+    if "--norm_obs" in command:  # every observation of both ranks went into the shared statistics (from 1e-4)
+        assert abs(ckpt["model"]["obs_normalizer.count"].item() - total) < 1e-3
+    assert scalars(run)["eval/return"][-1][1] >= threshold

@@ -4,9 +4,11 @@ import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
+import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -33,6 +35,44 @@ def run_scripts(runs: list[tuple], cwd: Path, timeout: float = 900) -> list[subp
     with ThreadPoolExecutor(max_workers=2) as pool:
         return list(pool.map(lambda run: run_script(run[0], run[1], run[2] if len(run) > 2 else cwd, timeout=timeout),
                              runs))
+
+
+class Ahead:
+    """The runs a module's tests read, started ahead by runs_ahead: ahead[name] waits for run name and is its
+    directory and what its function returned (a run that raised raises here, in the test that reads it)."""
+
+    def __init__(self, started: dict[str, tuple[Path, Future]]):
+        self.started = started
+
+    def __getitem__(self, name: str) -> tuple[Path, object]:
+        directory, future = self.started[name]
+        return directory, future.result()
+
+
+def runs_ahead(jobs: dict[str, tuple[tuple[str, ...], Callable[[Path], object]]], workers: int = 2,
+               from_the_first_test: bool = False):
+    """A module-scoped fixture for independent runs that tests read (name: (the tests that read it, a function of a
+    directory of its own that runs it)): the runs of the tests selected in the module start when the first of those
+    tests starts, two at a time (one per core of the 2-core machines the suite is sized for) in the order of jobs
+    (the longest first keeps both cores busy to the end), so that a test reading one run leaves the second core to
+    another test's. Tests are named as pytest names them, parameters included (test_x[a]). workers: how many run at
+    once (1 for runs of two processes each). from_the_first_test: start them when the module's first test starts,
+    whether or not it reads one, so that they run beside the module's other tests."""
+
+    @pytest.fixture(scope="module", autouse=from_the_first_test)
+    def ahead(request, tmp_path_factory):
+        selected = {item.name for item in request.session.items if getattr(item, "module", None) is request.module}
+        pool = ThreadPoolExecutor(max_workers=workers)
+        started = {}
+        for name in (name for name, (tests, _) in jobs.items() if selected.intersection(tests)):
+            directory = tmp_path_factory.mktemp(name)
+            started[name] = (directory, pool.submit(jobs[name][1], directory))
+        try:
+            yield Ahead(started)
+        finally:  # what has not started does not start; what runs ends within its own timeout
+            pool.shutdown(cancel_futures=True)
+
+    return ahead
 
 
 def refused_in_one_line(module, argv: list[str], cwd: Path, capfd, whole_process: bool) -> str:
