@@ -142,7 +142,7 @@ def run_one(command: dict):
         args = module.parse_args(argv)
         maniskill, _ = module.find_env(args.env_id)
         num_ranks = command["num_ranks"]
-        if num_ranks > 1 or command["abbreviated"] or (maniskill and not command["run_maniskill"]):
+        if num_ranks > 1 or command["abbreviated"] or maniskill:
             return validate(module, argv, num_ranks)
     if module.__name__ != "ppo_eval":
         argv = smoke_argv(module, argv)

@@ -3,10 +3,11 @@ docstrings and headers of the trainers, ppo_eval.py, pomdp.py, scripts/ and benc
 (a new example is covered the day it is written) and run as after the README's set-up alone (tests/command_runner.py
 hides what only requirements-dev.txt installs, unless the command says "pip install X").
 
-A trainer's command on a Gymnasium env, and the README's first ManiSkill CPU run, run cut to one batch and a short
-evaluation with the command's own flags (videos included); the other ManiSkill and GPU commands, and those that run
-for hours, are parsed and validated as on a machine with CUDA; a script's flags are parsed by its own parser;
-ppo_eval.py's commands evaluate (or export) a small ManiSkill run; a shell script is checked by bash -n."""
+A trainer's command on a Gymnasium env runs cut to one batch and a short evaluation with the command's own flags
+(videos included); ManiSkill's commands (each starts worker processes or a GPU simulation), torchrun's and those
+that "..." abbreviates are parsed and validated as on a machine with CUDA, and a small ManiSkill CPU run with video
+runs as after the runtime set-up; a script's flags are parsed by its own parser; ppo_eval.py's commands evaluate
+(or export) small runs; a shell script is checked by bash -n."""
 
 import ast
 import json
@@ -28,9 +29,6 @@ COMMAND_START = re.compile(r"^(\$ )?(python|\.venv/bin/python|torchrun|bash|scri
                            r"\.venv/bin/tensorboard)\b")
 # Names that a doc uses for a module, a run or a path of the reader's own: checked for their flags only.
 OWN_MODULES = ("my_tasks", "my_package", "my_module")
-# The README's first trainer command, which its set-up section promises runs: the one ManiSkill command that runs.
-SETUP_COMMAND = next(f"README.md:{i}" for i, line in enumerate((REPO / "README.md").read_text().splitlines(), 1)
-                     if line.startswith(".venv/bin/python ppo.py"))
 # The smoke run that the placeholders of run directories and checkpoints stand for, per trainer.
 FIXTURE_ENVS = {"ppo.py": ("tests.envs:PointMass-v0", []), "maniskill": ("PushCube-v1", []),
                 "ppo_rnn.py": ("tests.envs:PointMass-v0", []), "ppo_rgb.py": ("tests.envs:PointMassPixels-v0", []),
@@ -38,7 +36,7 @@ FIXTURE_ENVS = {"ppo.py": ("tests.envs:PointMass-v0", []), "maniskill": ("PushCu
 DEV = "requirements-dev.txt"  # the extras of a command that may use every package of the --dev set-up
 MANISKILL_EVAL_FLAGS = {"--save_trajectory", "--sim_backend", "--reconfiguration_freq", "--control_mode"}
 FIXTURE_FLAGS = ["--num_envs=1", "--num_eval_envs=1", "--num_steps=8", "--num_minibatches=1", "--total_timesteps=8",
-                 "--eval_freq=1", "--num_eval_steps=4", "--no_capture_video", "--sim_backend=cpu"]
+                 "--eval_freq=1", "--num_eval_steps=4", "--sim_backend=cpu"]
 
 
 @dataclass
@@ -160,10 +158,9 @@ def trainer_plan(c: Command, program: str, argv: list[str], fixtures: dict[str, 
         if token == "--checkpoint":
             argv[i + 1] = fixtures["ppo.py"] + "/final_ckpt.pt"
     own_module = any(part.split(".")[0] in OWN_MODULES for t in argv for part in re.split("[=:]", t))
-    # the runner runs it unless it is a ManiSkill command (then it validates it), save the README's first, its set-up;
-    # a command that "..." abbreviates is validated
+    # the runner runs it unless it is a ManiSkill command or one that "..." abbreviates: those it validates
     return dict(program=program, argv=argv, mode="parse_trainer" if own_module else "smoke", extras=extras(c),
-                num_ranks=num_ranks, run_maniskill=c.where == SETUP_COMMAND, abbreviated="..." in c.text.split())
+                num_ranks=num_ranks, abbreviated="..." in c.text.split())
 
 
 def eval_plan(c: Command, argv: list[str], fixtures: dict[str, str]) -> dict:
@@ -190,7 +187,7 @@ def test_every_command_the_project_prints_runs(tmp_path):
     for name, (env_id, needs) in FIXTURE_ENVS.items():
         planned.append((None, dict(program="ppo.py" if name == "maniskill" else name, mode="run", extras=needs,
                                    argv=["--env_id", env_id, "--exp_name", Path(fixtures[name]).name,
-                                         *FIXTURE_FLAGS])))
+                                         *FIXTURE_FLAGS, *([] if name == "maniskill" else ["--no_capture_video"])])))
     for c in commands:
         step = plan(c, fixtures)
         if step is None or c.tokens[0].endswith("sweep.sh"):
