@@ -157,11 +157,13 @@ def main():
     dev_only = dev_only_modules()
     torch.set_num_threads(1)
     results = []
-    for command in commands:
+    for index, command in enumerate(commands):
         start = time.perf_counter()
         stderr = io.StringIO()
         runtime_only(dev_only, command["extras"])
-        with contextlib.redirect_stderr(stderr):
+        directory = Path("." if command.get("here") else f"command{index}")  # a fixture run stays in the runner's
+        directory.mkdir(exist_ok=True)
+        with contextlib.redirect_stderr(stderr), contextlib.chdir(directory):
             try:
                 run_one(command)
                 result = "ok"

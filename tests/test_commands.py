@@ -182,12 +182,15 @@ def eval_plan(c: Command, argv: list[str], fixtures: dict[str, str]) -> dict:
 def test_every_command_the_project_prints_runs(tmp_path):
     commands = collect()
     assert len(commands) > 80, [c.text for c in commands]  # the collector still finds the docs' commands
-    fixtures = {name: f"runs/fixture_{Path(name).stem}" for name in FIXTURE_ENVS}
+    # each command runs in a directory of its own (two runs started in one second would share a default name); the
+    # fixtures in their runner's
+    fixtures = {name: str(tmp_path / "runner0/runs" / f"fixture_{Path(name).stem}") for name in FIXTURE_ENVS}
     planned, failures = [], []
     for name, (env_id, needs) in FIXTURE_ENVS.items():
+        argv = ["--env_id", env_id, "--exp_name", Path(fixtures[name]).name, *FIXTURE_FLAGS,
+                *([] if name == "maniskill" else ["--no_capture_video"])]
         planned.append((None, dict(program="ppo.py" if name == "maniskill" else name, mode="run", extras=needs,
-                                   argv=["--env_id", env_id, "--exp_name", Path(fixtures[name]).name,
-                                         *FIXTURE_FLAGS, *([] if name == "maniskill" else ["--no_capture_video"])])))
+                                   here=True, argv=argv)))
     for c in commands:
         step = plan(c, fixtures)
         if step is None or c.tokens[0].endswith("sweep.sh"):
@@ -195,14 +198,26 @@ def test_every_command_the_project_prints_runs(tmp_path):
         if step is not None:
             planned.append((c, step))
     planned.sort(key=lambda step: bool(step[1]["extras"]))  # see command_runner.runtime_only
-    spec = tmp_path / "commands.json"
-    spec.write_text(json.dumps([step for _, step in planned]))
-    result = subprocess.run([sys.executable, "-m", "tests.command_runner", str(spec), str(tmp_path / "results.json")],
-                            cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=600)
-    print(result.stderr)  # each command's time and outcome, shown where the test fails
-    assert result.returncode == 0, result.stderr[-5000:]
-    outcomes = json.loads((tmp_path / "results.json").read_text())
-    for (c, step), outcome in zip(planned, outcomes):
+    # two runners, one per core, each in a directory of its own: the fixtures and what reads them, and every other
+    # one of the rest (in order: see command_runner.runtime_only)
+    uses_fixture = lambda step: step[0] is None or any("/runs/fixture_" in t for t in step[1]["argv"])  # noqa: E731
+    rest = [s for s in planned if not uses_fixture(s)]
+    halves = [sorted([s for s in planned if uses_fixture(s)] + rest[1::2], key=lambda s: bool(s[1]["extras"])),
+              rest[::2]]
+    runners = []
+    for i, half in enumerate(halves):
+        cwd = tmp_path / f"runner{i}"
+        cwd.mkdir()
+        (cwd / "commands.json").write_text(json.dumps([step for _, step in half]))
+        runners.append(subprocess.Popen([sys.executable, "-m", "tests.command_runner", "commands.json", "results.json"],
+                                        cwd=cwd, env=script_env(), stderr=subprocess.PIPE, text=True))
+    outcomes = []
+    for runner, i in zip(runners, range(2)):
+        _, stderr = runner.communicate(timeout=600)
+        print(stderr)  # each command's time and outcome, shown where the test fails
+        assert runner.returncode == 0, stderr[-5000:]
+        outcomes += json.loads((tmp_path / f"runner{i}" / "results.json").read_text())
+    for (c, step), outcome in zip(halves[0] + halves[1], outcomes):
         if outcome != "ok":
             failures.append(f"{c.where if c else 'fixture'}: {c.text if c else step['argv']}\n"
                             f"  ran as: {step['mode']} {step['program']} {' '.join(step['argv'])}\n  {outcome}")
