@@ -198,6 +198,16 @@ def test_rnn_replay_benchmark_prints_its_row(tmp_path):
         assert row[0] == "| 4 x 6" and row[3] == ("packed" if flags else "stretches") and int(row[4]) > 0
 
 
+def test_seeds_update_benchmark_agrees_with_the_loop(tmp_path):
+    result = run([sys.executable, str(REPO / "benchmarks/seeds_update.py"), "--seeds", "1", "3", "--steps", "4"],
+                 tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].endswith("bit for bit: True")
+    rows = [line.split(" | ") for line in lines[-2:]]
+    assert [row[0] for row in rows] == ["| 1", "| 3"] and all(row[-2:] == ["True", "True |"] for row in rows), lines
+
+
 def test_gpu_kit_refuses_or_skips_without_a_gpu_and_reports_fake_runs(tmp_path):
     """scripts/setup_gpu.sh refuses a machine without an NVIDIA GPU in one line; benchmarks/gpu.sh parses, says there
     is no GPU and exits 0; its report writes the table and curves of finished runs."""
