@@ -11,8 +11,9 @@ MuJoCo settings (HalfCheetah's 17-dim observation, 6-dim action, 2x64 tanh netwo
     python benchmarks/seeds_update.py --seeds 1 8 --steps 64
 
 Prints a markdown table: milliseconds a minibatch step for all N seeds, and the cost of N seeds relative to one
-seed's loop. Also whether each way's parameters after the steps equal the loop's (to float rounding), and whether
-the stacked layer with N = 1 gives ppo.py's numbers bit for bit (nn.Linear's addmm against a batched matmul).
+seed's loop; then the rollout's policy call for N seeds of one env each, the same three ways. Also whether each
+way's parameters after the steps equal the loop's (to float rounding), and whether the stacked layer with N = 1
+gives ppo.py's numbers bit for bit (nn.Linear's addmm against a batched matmul).
 """
 
 import argparse
@@ -68,9 +69,11 @@ class StackedAgent(nn.Module):
                         layer.bias[i, 0].copy_(linear.bias)
         self.actor_logstd = nn.Parameter(torch.stack([agent.actor_logstd.detach() for agent in agents]))
 
-    def get_action_and_value(self, obs, action):
+    def get_action_and_value(self, obs, action=None):
         mean = self.actor(obs)
         std = self.actor_logstd.expand_as(mean).exp()
+        if action is None:
+            action = torch.normal(mean, std)
         logprob = -((action - mean) ** 2) / (2 * std**2) - std.log() - ppo.LOG_SQRT_2PI
         entropy = ppo.NORMAL_ENTROPY_AT_UNIT_STD + std.log()
         return action, logprob.sum(-1), entropy.sum(-1), self.critic(obs).squeeze(-1)
@@ -144,6 +147,22 @@ def outputs(call, probe_obs, probe_actions) -> torch.Tensor:
     return torch.cat([logprob.flatten(), value.flatten()])
 
 
+def policy_steps(n: int, steps: int) -> tuple[float, float, float]:
+    """Milliseconds of one rollout step's policy call (a sampled action, its log-probability and the value) for n
+    seeds of one env each, as ppo.py's rollout makes it (inference mode): the loop, stacked weights, torch.func."""
+    obs = torch.randn(n, 1, OBS)
+    agents = make_agents(n)
+    stacked = StackedAgent(agents)
+    params, buffers = stack_module_state(agents)
+    base = copy.deepcopy(agents[0]).to("meta")
+    base.forward = base.get_action_and_value
+    policy = vmap(lambda p, b, o: functional_call(base, (p, b), (o,)), randomness="different")
+    ways = (lambda: [agent.get_action_and_value(obs[i]) for i, agent in enumerate(agents)],
+            lambda: stacked.get_action_and_value(obs), lambda: policy(params, buffers, obs))
+    with torch.inference_mode():
+        return tuple(timed(lambda: [way() for _ in range(steps)]) / steps * 1e3 for way in ways)
+
+
 def timed(fn, repeats: int = 3) -> float:
     best = float("inf")
     for _ in range(repeats):
@@ -192,6 +211,10 @@ def main():
         print(f"| {n} | {loop_time:.2f} | {stacked_time:.2f} | {vmap_time:.2f} | {loop_time / one_seed:.2f} | "
               f"{stacked_time / one_seed:.2f} | {vmap_time / one_seed:.2f} | {stacked_close} | {vmap_close} |",
               flush=True)
+    print("\nThe rollout's policy call (one env a seed, inference mode), ms a step for all seeds:\n")
+    print("| seeds | loop | stacked | vmap |\n|---:|---:|---:|---:|")
+    for n in options.seeds:
+        print("| {} | {:.3f} | {:.3f} | {:.3f} |".format(n, *policy_steps(n, options.steps)), flush=True)
 
 
 if __name__ == "__main__":
