@@ -43,9 +43,8 @@ def make_agents(num_seeds: int) -> list[ppo.Agent]:
     return agents
 
 
-def loss_of(agent_or_call, obs, actions, old_logprobs, advantages, returns):
+def loss_of(logprob, value, old_logprobs, advantages, returns):
     """ppo.py's clipped surrogate and value loss (norm_adv, clip 0.2, vf 0.5) of one seed's minibatch."""
-    _, logprob, entropy, value = agent_or_call(obs, actions)
     ratio = (logprob - old_logprobs).exp()
     advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     pg_loss = torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 0.8, 1.2)).mean()
@@ -90,7 +89,9 @@ def run_loop(agents, data):
     optimizers = [torch.optim.Adam(agent.parameters(), lr=3e-4, eps=1e-5, fused=True) for agent in agents]
     for batch in data:
         for i, (agent, optimizer) in enumerate(zip(agents, optimizers)):
-            loss = loss_of(agent.get_action_and_value, *(x[i] for x in batch))
+            obs, actions, *targets = (x[i] for x in batch)
+            _, logprob, _, value = agent.get_action_and_value(obs, actions)
+            loss = loss_of(logprob, value, *targets)
             optimizer.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(agent.parameters(), 0.5)
@@ -99,10 +100,10 @@ def run_loop(agents, data):
 
 def run_stacked(agent: StackedAgent, data):
     optimizer = torch.optim.Adam(agent.parameters(), lr=3e-4, eps=1e-5, fused=True)
-    per_seed_loss = vmap(loss_of_stacked_slice, in_dims=(0, 0, 0, 0, 0, 0))
-    for batch in data:
-        _, logprob, _, value = agent.get_action_and_value(batch[0], batch[1])
-        loss = per_seed_loss(logprob, value, *batch[1:]).sum()  # seeds' losses summed: disjoint gradients
+    per_seed_loss = vmap(loss_of)
+    for obs, actions, *targets in data:
+        _, logprob, _, value = agent.get_action_and_value(obs, actions)
+        loss = per_seed_loss(logprob, value, *targets).sum()  # seeds' losses summed: disjoint gradients
         optimizer.zero_grad()
         loss.backward()
         ippo.clip_grad_norm_per_net(agent, 0.5)
@@ -110,21 +111,22 @@ def run_stacked(agent: StackedAgent, data):
     return agent
 
 
-def loss_of_stacked_slice(logprob, value, actions, old_logprobs, advantages, returns):
-    return loss_of(lambda obs, act: (act, logprob, None, value), None, actions, old_logprobs, advantages, returns)
+def meta_agent(agent: ppo.Agent) -> ppo.Agent:
+    """A weightless copy of agent whose call is get_action_and_value, for functional_call."""
+    base = copy.deepcopy(agent).to("meta")
+    base.forward = base.get_action_and_value
+    return base
 
 
 def run_vmap(agents, data):
     params, buffers = stack_module_state(agents)
     params = {name: nn.Parameter(p.detach()) for name, p in params.items()}
-    base = copy.deepcopy(agents[0]).to("meta")
+    base = meta_agent(agents[0])
 
-    def seed_loss(seed_params, seed_buffers, obs, actions, old_logprobs, advantages, returns):
-        def call(o, a):
-            return functional_call(base, (seed_params, seed_buffers), (o, a))
-        return loss_of(call, obs, actions, old_logprobs, advantages, returns)
+    def seed_loss(seed_params, seed_buffers, obs, actions, *targets):
+        _, logprob, _, value = functional_call(base, (seed_params, seed_buffers), (obs, actions))
+        return loss_of(logprob, value, *targets)
 
-    base.forward = base.get_action_and_value
     optimizer = torch.optim.Adam(params.values(), lr=3e-4, eps=1e-5, fused=True)
     losses = vmap(seed_loss)
     for batch in data:
@@ -154,8 +156,7 @@ def policy_steps(n: int, steps: int) -> tuple[float, float, float]:
     agents = make_agents(n)
     stacked = StackedAgent(agents)
     params, buffers = stack_module_state(agents)
-    base = copy.deepcopy(agents[0]).to("meta")
-    base.forward = base.get_action_and_value
+    base = meta_agent(agents[0])
     policy = vmap(lambda p, b, o: functional_call(base, (p, b), (o,)), randomness="different")
     ways = (lambda: [agent.get_action_and_value(obs[i]) for i, agent in enumerate(agents)],
             lambda: stacked.get_action_and_value(obs), lambda: policy(params, buffers, obs))

@@ -22,6 +22,7 @@ values instead: for each group, the fraction of its runs over all tasks that sco
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import sys
 import warnings
@@ -108,9 +109,16 @@ def interval_estimates(scores: dict[str, np.ndarray], statistics, reps: int) -> 
     """rliable's point estimates and 95% stratified bootstrap intervals (percentile method) of statistics(scores) for
     each entry of scores (runs x tasks, or a pair of such); seeded, so a table or plot is the same each time."""
     library, _ = rliable()
-    with warnings.catch_warnings():  # arch, under rliable, announces that it will take a Generator instead
-        warnings.simplefilter("ignore", FutureWarning)
+    with quiet_bootstrap():
         return library.get_interval_estimates(scores, statistics, reps=reps, random_state=np.random.RandomState(0))
+
+
+@contextlib.contextmanager
+def quiet_bootstrap():
+    """arch, rliable's bootstrap, announces at every call that it will take a Generator instead of a RandomState."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        yield
 
 
 def iqm_and_interval(values: np.ndarray, reps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -186,8 +194,7 @@ def performance_profile(run_dirs: list[Path], metric: str, pattern: str, task_pa
     low = min(m.min() for m in matrices.values())
     high = max(m.max() for m in matrices.values())
     taus = np.linspace(min(low, 0.0), max(high, 1.0), 101)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
+    with quiet_bootstrap():
         profiles, bands = library.create_performance_profile(matrices, taus, reps=reps)
     figure, axis = plt.subplots(figsize=(7, 4.5))
     colors = dict(zip(matrices, plt.rcParams["axes.prop_cycle"].by_key()["color"]))

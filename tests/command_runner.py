@@ -1,13 +1,14 @@
 """Runs the commands that tests/test_commands.py collected from the docs, in one process (one import of torch and the
-simulators), as after the README's set-up alone: the packages that only requirements-dev.txt brings cannot be
-imported, except those a command names with "pip install X" beside it.
+simulators; the test starts two), as after the README's set-up alone: the packages that only requirements-dev.txt
+brings cannot be imported, except those a command names with "pip install X" beside it.
 
     python -m tests.command_runner commands.json results.json   (from the directory the runs go to)
 
 Each command is {"program", "argv", "mode", "extras"}; mode "run" runs it (a trainer's run cut to one batch and a
 short evaluation); "smoke" runs a trainer's command on a Gymnasium env that way and validates the others: parses
 their flags and checks them as the trainer does before it starts (GPU commands as on a machine with CUDA);
-"parse" parses a script's flags, "parse_trainer" a trainer's. results.json holds, per command, "ok" or the error."""
+"parse" parses a script's flags, "parse_trainer" a trainer's, "parse_eval" ppo_eval.py's. results.json holds, per
+command, "ok" or the error."""
 
 import argparse
 import contextlib
@@ -88,22 +89,13 @@ def trainer(program: str):
     return importlib.import_module(name if name in TRAINERS or name == "ppo_eval" else "ppo")  # my_idea.py: ppo's copy
 
 
-def smoke_argv(module, argv: list[str]) -> list[str]:
+def smoke_argv(module, args, argv: list[str]) -> list[str]:
     """The command cut to one batch (after the checkpoint's, on --resume) and a short evaluation after it."""
-    args = module.parse_args(argv)
-    batch = args.num_envs * args.num_steps
     done = 0
     if args.resume is not None:
         done = module.load_checkpoint(module.find_resume_checkpoint(args.resume))["global_step"]
-    return [*argv, f"--total_timesteps={done + batch}", "--eval_freq=1", f"--num_eval_steps={EVAL_STEPS}"]
-
-
-def validate(module, argv: list[str], num_ranks: int):
-    """What the trainer checks before it starts, as on a machine with CUDA: the flags, the env id, every setting."""
-    args = module.parse_args(argv)
-    with mock.patch("torch.cuda.is_available", return_value=True):
-        maniskill, time_limit = module.find_env(args.env_id)
-        module.validate(args, maniskill, time_limit, num_ranks, num_ranks)
+    return [*argv, f"--total_timesteps={done + args.num_envs * args.num_steps}", "--eval_freq=1",
+            f"--num_eval_steps={EVAL_STEPS}"]
 
 
 class Parsed(Exception):
@@ -134,18 +126,18 @@ def run_one(command: dict):
     module = trainer(program)
     if command["extras"]:  # a trainer imports its optional packages at its start, which their blocking may have failed
         module = importlib.reload(module)
-    if mode == "parse_trainer":  # a command for the reader's own task module, or torchrun's --resume: its flags
-        return module.parse_args(argv)
     if mode == "parse_eval":
         return tyro.cli(module.EvalArgs, args=argv, use_underscores=True)
-    if mode == "smoke":
-        args = module.parse_args(argv)
-        maniskill, _ = module.find_env(args.env_id)
-        num_ranks = command["num_ranks"]
-        if num_ranks > 1 or command["abbreviated"] or maniskill:
-            return validate(module, argv, num_ranks)
     if module.__name__ != "ppo_eval":
-        argv = smoke_argv(module, argv)
+        args = module.parse_args(argv)
+        if mode == "parse_trainer":  # a command for the reader's own task module, or torchrun's --resume
+            return
+        maniskill, time_limit = module.find_env(args.env_id)
+        if mode == "smoke" and (command["num_ranks"] > 1 or command["abbreviated"] or maniskill):
+            # what the trainer checks before it starts, as on a machine with CUDA
+            with mock.patch("torch.cuda.is_available", return_value=True):
+                return module.validate(args, maniskill, time_limit, command["num_ranks"], command["num_ranks"])
+        argv = smoke_argv(module, args, argv)
     status = module.cli(argv)
     if status != 0:
         raise AssertionError(f"exit status {status}")

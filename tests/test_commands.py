@@ -27,7 +27,7 @@ SHELL_FILES = [*sorted((REPO / "scripts").glob("*.sh")), *sorted((REPO / "benchm
 TRAINERS = ("ppo.py", "ppo_rnn.py", "ppo_rgb.py", "ippo.py", "my_idea.py")
 COMMAND_START = re.compile(r"^(\$ )?(python|\.venv/bin/python|torchrun|bash|scripts/|benchmarks/|cp |tensorboard|"
                            r"\.venv/bin/tensorboard)\b")
-# Names that a doc uses for a module, a run or a path of the reader's own: checked for their flags only.
+# Modules that a doc names as the reader's own: a command that imports one is checked for its flags only.
 OWN_MODULES = ("my_tasks", "my_package", "my_module")
 # The smoke run that the placeholders of run directories and checkpoints stand for, per trainer.
 FIXTURE_ENVS = {"ppo.py": ("tests.envs:PointMass-v0", []), "maniskill": ("PushCube-v1", []),
@@ -47,29 +47,30 @@ class Command:
     tokens: list[str] = field(default_factory=list)
 
 
-def doc_commands(path: Path) -> list[Command]:
-    commands, in_block, comments = [], False, []
-    lines = path.read_text().splitlines()
+def logical_lines(lines: list[str]):
+    """(line number, the first physical line, the line with its backslash continuations joined, stripped)."""
     i = 0
     while i < len(lines):
-        line = lines[i].strip()
+        number, first, line = i + 1, lines[i], lines[i].strip()
         i += 1
-        if line.startswith("```"):
-            in_block, comments = not in_block, []
-            continue
-        if not in_block:
-            continue
-        if line.startswith("#"):
-            comments.append(line)
-            continue
-        start = i
         while line.endswith("\\") and i < len(lines):
             line = line[:-1] + " " + lines[i].strip()
             i += 1
-        if COMMAND_START.match(line):
-            commands.append(command(f"{path.relative_to(REPO)}:{start}", line, comments))
-        if not line:
-            comments = []
+        yield number, first, line
+
+
+def doc_commands(path: Path) -> list[Command]:
+    commands, in_block, comments = [], False, []
+    for number, _, line in logical_lines(path.read_text().splitlines()):
+        if line.startswith("```"):
+            in_block, comments = not in_block, []
+        elif in_block and line.startswith("#"):
+            comments.append(line)
+        elif in_block:
+            if COMMAND_START.match(line):
+                commands.append(command(f"{path.relative_to(REPO)}:{number}", line, comments))
+            if not line:
+                comments = []
     return commands
 
 
@@ -83,19 +84,10 @@ def docstring_commands(path: Path) -> list[Command]:
                 break
             header.append(line[2:])  # "# " off: a command stands indented after it
         text = "\n".join(header)
-    commands, lines = [], text.splitlines()
-    i = 0
-    while i < len(lines):
-        indented = lines[i].startswith(" ")  # commands stand indented; a line of prose that names one does not
-        line = lines[i].strip()
-        i += 1
-        start = i
-        while line.endswith("\\") and i < len(lines):
-            line = line[:-1] + " " + lines[i].strip()
-            i += 1
-        if indented and COMMAND_START.match(line):
-            commands.append(command(f"{path.relative_to(REPO)}:docstring {start}", line, []))
-    return commands
+    # commands stand indented; a line of prose that names one does not
+    return [command(f"{path.relative_to(REPO)}:docstring {number}", line, [])
+            for number, first, line in logical_lines(text.splitlines())
+            if first.startswith(" ") and COMMAND_START.match(line)]
 
 
 def command(where: str, line: str, comments: list[str]) -> Command:
@@ -109,15 +101,17 @@ def collect() -> list[Command]:
     commands = [c for path in DOCS for c in doc_commands(path)]
     commands += [c for path in PYTHON_FILES + SHELL_FILES for c in docstring_commands(path)]
     for c in commands:
-        c.tokens = [t for t in shlex.split(c.text) if t != "..."]
-        if c.tokens and c.tokens[0] == ".venv/bin/python":
-            c.tokens[0] = "python"
+        c.tokens = ["python" if t == ".venv/bin/python" else t for t in shlex.split(c.text) if t != "..."]
     return commands
 
 
 def extras(c: Command) -> list[str]:
     """The packages a command says it needs: "pip install X Y" beside it."""
     return [name for group in re.findall(r"pip install ((?:[\w.\[\]-]+ ?)+)", c.comment) for name in group.split()]
+
+
+def names_own_module(argv: list[str]) -> bool:
+    return any(part.split(".")[0] in OWN_MODULES for token in argv for part in re.split("[=:]", token))
 
 
 def plan(c: Command, fixtures: dict[str, str]) -> dict | None:
@@ -127,8 +121,8 @@ def plan(c: Command, fixtures: dict[str, str]) -> dict | None:
     if tokens[0].endswith("sweep.sh"):  # the first run of the sweep
         options = tokens[:tokens.index("--")]
         first_values = [options[i + 1].split()[0] for i, t in enumerate(options) if t == "--vary"]
-        tokens = ["python" if t == ".venv/bin/python" else t for t in tokens[tokens.index("--") + 1:]]
-        tokens += [*first_values, f"--seed={options[options.index('--seeds') + 1].split()[0]}"]
+        first_seed = options[options.index("--seeds") + 1].split()[0]
+        tokens = tokens[tokens.index("--") + 1:] + [*first_values, f"--seed={first_seed}"]
     if tokens[0] == "torchrun":
         script = next(i for i, t in enumerate(tokens) if t.endswith(".py"))
         ranks = 1
@@ -157,16 +151,14 @@ def trainer_plan(c: Command, program: str, argv: list[str], fixtures: dict[str, 
     for i, token in enumerate(argv):
         if token == "--checkpoint":
             argv[i + 1] = fixtures["ppo.py"] + "/final_ckpt.pt"
-    own_module = any(part.split(".")[0] in OWN_MODULES for t in argv for part in re.split("[=:]", t))
     # the runner runs it unless it is a ManiSkill command or one that "..." abbreviates: those it validates
-    return dict(program=program, argv=argv, mode="parse_trainer" if own_module else "smoke", extras=extras(c),
-                num_ranks=num_ranks, abbreviated="..." in c.text.split())
+    return dict(program=program, argv=argv, mode="parse_trainer" if names_own_module(argv) else "smoke",
+                extras=extras(c), num_ranks=num_ranks, abbreviated="..." in c.text.split())
 
 
 def eval_plan(c: Command, argv: list[str], fixtures: dict[str, str]) -> dict:
     fixture = fixtures["maniskill" if set(argv) & MANISKILL_EVAL_FLAGS else "ppo.py"]
     argv = [fixture if t.startswith("runs/") else t for t in argv]
-    own_module = any(t.split(":")[0] in OWN_MODULES for t in argv)
     for i, token in enumerate(argv):
         if token == "--trainer":
             argv[i + 1] = str(REPO / "ppo.py")
@@ -176,7 +168,8 @@ def eval_plan(c: Command, argv: list[str], fixtures: dict[str, str]) -> dict:
             argv[i + 1] = "10"
     if "--num_episodes" not in argv:
         argv += ["--num_episodes", "2"]
-    return dict(program="ppo_eval.py", argv=argv, mode="parse_eval" if own_module else "run", extras=extras(c))
+    return dict(program="ppo_eval.py", argv=argv, mode="parse_eval" if names_own_module(argv) else "run",
+                extras=extras(c))
 
 
 def test_every_command_the_project_prints_runs(tmp_path):
