@@ -6,12 +6,14 @@ import sys
 
 import torch
 
-from tests.util import REPO, load, runs_ahead, script_env
+from tests.util import REPO, load, run_python, runs_ahead, script_env
 
 
 def run(command: list[str], cwd, extra_env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(command, cwd=cwd, env={**script_env(), **(extra_env or {})}, capture_output=True, text=True,
-                          timeout=900)
+    env = {**script_env(), **(extra_env or {})}
+    if command[0] == sys.executable:
+        return run_python(command[1:], cwd, env)
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
 
 
 def mujoco(directory):

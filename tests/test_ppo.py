@@ -7,8 +7,6 @@ import importlib.util
 import json
 import os
 import signal
-import subprocess
-import sys
 import types
 from pathlib import Path
 
@@ -21,9 +19,9 @@ import ppo
 import ppo_eval
 import ppo_rgb
 import ppo_rnn
-from tests.util import (REPO, assert_same_numbers, fast_args, load, refused_in_one_line, run_script, run_scripts,
-                        scalars, script_env, sigterm_beside_full_run, snapshot, start_script, video_frames,
-                        wait_for)
+from tests.util import (REPO, assert_same_numbers, fast_args, load, refused_in_one_line, run_python, run_script,
+                        run_scripts, scalars, sigterm_beside_full_run, snapshot, start_script,
+                        video_frames, wait_for)
 
 POINT_MASS = "tests.envs:PointMass-v0"
 
@@ -500,8 +498,7 @@ def test_a_full_disk_under_the_logs_is_one_line_too(tmp_path, trainer, env_id):
         pytest.importorskip("vmas")
     argv = fast_args(env_id, "full", total_timesteps=32 * 200, eval_freq=1000, save_model=False,
                      **({"max_episode_steps": 16} if trainer == "ippo" else {}))
-    result = subprocess.run([sys.executable, "-m", "tests.harness", "full_logs", trainer, *argv], cwd=tmp_path,
-                            env=script_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    result = run_python(["-m", "tests.harness", "full_logs", trainer, *argv], tmp_path, timeout=300)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
     assert len(errors) == 1 and errors[0].startswith("error: the disk is full"), result.stderr[-3000:]

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from tests.test_learning import CARTPOLE
-from tests.util import (REPO, fast_args, load, refused_in_one_line, run_script, runs_ahead, scalars, script_env,
-                        start_script, wait_for)
+from tests.util import (REPO, fast_args, load, refused_in_one_line, run_python, run_script, runs_ahead, scalars,
+                        script_env, start_python, start_script, wait_for)
 
 TRAINERS = ["ppo", "ppo_rnn", "ippo"]
 # Checkpoint retention, kills and torn writes: ppo.py's write_checkpoint, open_run and save_checkpoint, and ippo.py's
@@ -42,9 +42,9 @@ LEARNING = {
 
 
 def torchrun(args: list[str], cwd: Path, nproc: int = 2) -> list[str]:
-    """Two ranks on this machine. torchrun keeps its own logs beside cwd: by default it leaves a directory in /tmp
-    after every run."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+    """Python's arguments for two ranks on this machine. torchrun keeps its own logs beside cwd: by default it leaves
+    a directory in /tmp after every run."""
+    return ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
             "--log-dir", str(cwd.parent / f"{cwd.name}-torchrun"), *args]
 
 
@@ -54,8 +54,7 @@ def torchrun_env() -> dict:
 
 
 def run_torchrun(args: list[str], cwd: Path, timeout: float = 600, nproc: int = 2) -> subprocess.CompletedProcess:
-    return subprocess.run(torchrun(args, cwd, nproc), cwd=cwd, env=torchrun_env(), stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_python(torchrun(args, cwd, nproc), cwd, torchrun_env(), timeout)
 
 
 def files_below(directory) -> list[str]:
@@ -103,10 +102,8 @@ def test_torchrun_sigterm_then_resume_equals_uninterrupted_run(tmp_path, capfd, 
     argv = dict(total_timesteps=steps, eval_freq=5, norm_obs=True, norm_reward=True, norm_value=True,
                 lr_schedule="linear", **({} if trainer == "ippo" else dict(critic_obs=True)), **FLAGS[trainer])
     # The uninterrupted run and the one to cut, side by side: most of a short run is its processes starting.
-    full, proc = (subprocess.Popen(torchrun([script, *fast_args(CRITIC_ENV[trainer], name, **argv)], tmp_path),
-                                   cwd=tmp_path, env=torchrun_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
-                  for name in ("full", "cut"))
+    full, proc = (start_python(torchrun([script, *fast_args(CRITIC_ENV[trainer], name, **argv)], tmp_path), tmp_path,
+                               torchrun_env(), new_session=True) for name in ("full", "cut"))
     run = tmp_path / "runs" / "cut"
     try:
         wait_for(run / "ckpt_5.pt", proc, 300)
@@ -196,9 +193,7 @@ def test_sigkill_during_training_then_resume(tmp_path, trainer):
 @pytest.mark.parametrize("trainer", CHECKPOINT_WRITERS)
 def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path, trainer):
     argv = fast_args(ENV[trainer], "torn", total_timesteps=32 * 8, eval_freq=2, **FLAGS[trainer])
-    proc = subprocess.Popen([sys.executable, "-m", "tests.harness", "stall_checkpoint", trainer, *argv], cwd=tmp_path,
-                            env=script_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = start_python(["-m", "tests.harness", "stall_checkpoint", trainer, *argv], tmp_path, new_session=True)
     wait_for(tmp_path / "stalled", proc, 300)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)

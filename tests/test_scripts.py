@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.util import REPO, fast_args, load, scalars, script_env
+from tests.util import REPO, fast_args, load, run_python, scalars, script_env
 
 sys.path.insert(0, str(REPO / "scripts"))
 import plot  # noqa: E402
@@ -21,8 +21,7 @@ def sweep(tmp_path, *options):
 
 
 def run_tool(tmp_path, script, *args):
-    return subprocess.run([sys.executable, str(REPO / "scripts" / script), *map(str, args)], cwd=tmp_path,
-                          env=script_env(), capture_output=True, text=True, timeout=300)
+    return run_python([str(REPO / "scripts" / script), *map(str, args)], tmp_path, timeout=300)
 
 
 def test_sweep_runs_every_combination_then_finishes_what_is_missing(tmp_path):

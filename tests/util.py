@@ -1,8 +1,12 @@
 import contextlib
+import itertools
 import os
+import pickle
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -20,12 +24,116 @@ def script_env() -> dict:
     return {**os.environ, "PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1"}
 
 
+class Zygote:
+    """tests/zygote.py, started on first use: the suite's runs of the project's scripts start as its forks, which
+    have torch and the rest imported already (about 1.5 s of every run)."""
+
+    def __init__(self):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.server = subprocess.Popen([sys.executable, "-m", "tests.zygote", str(theirs.fileno())], cwd=REPO,
+                                       env=script_env(), stdin=subprocess.DEVNULL, pass_fds=[theirs.fileno()])
+        theirs.close()
+        self.socket, self.send_lock, self.tokens = ours, threading.Lock(), itertools.count()
+        self.replies: dict[tuple[str, int], int] = {}
+        self.replied = threading.Condition()
+        threading.Thread(target=self.read_replies, daemon=True).start()
+
+    def read_replies(self):
+        while message := self.socket.recv(4096):
+            kind, token, value = pickle.loads(message)
+            with self.replied:
+                self.replies[kind, token] = value
+                self.replied.notify_all()
+
+    def reply(self, kind: str, token: int, timeout: float | None) -> int | None:
+        with self.replied:
+            self.replied.wait_for(lambda: (kind, token) in self.replies, timeout)
+            return self.replies.get((kind, token))
+
+    def start(self, argv: list[str], cwd: Path, env: dict, new_session: bool) -> "ForkedProcess":
+        token = next(self.tokens)
+        stdout, stderr = os.pipe(), os.pipe()
+        with open(os.devnull) as stdin, self.send_lock:
+            socket.send_fds(self.socket, [pickle.dumps(dict(token=token, argv=argv, cwd=str(cwd), env=env,
+                                                            new_session=new_session))],
+                            [stdin.fileno(), stdout[1], stderr[1]])
+        os.close(stdout[1])
+        os.close(stderr[1])
+        return ForkedProcess(self, token, argv, stdout[0], stderr[0])
+
+
+class ForkedProcess:
+    """What the tests use of subprocess.Popen (text mode, stdout and stderr piped) for a Zygote's child."""
+
+    def __init__(self, zygote: Zygote, token: int, argv: list[str], stdout: int, stderr: int):
+        self.zygote, self.token, self.args = zygote, token, [sys.executable, *argv]
+        self.pid = zygote.reply("started", token, 60)
+        if self.pid is None:
+            raise RuntimeError(f"tests/zygote.py did not start {argv}: {zygote.server.poll()=}")
+        self.returncode: int | None = None
+        self.output = {}
+        self.readers = [threading.Thread(target=self.read, args=(name, fd)) for name, fd in
+                        (("stdout", stdout), ("stderr", stderr))]
+        for reader in self.readers:
+            reader.start()
+
+    def read(self, name: str, fd: int):
+        with open(fd, encoding="utf-8", errors="replace") as f:
+            self.output[name] = f.read()
+
+    def poll(self) -> int | None:
+        return self.wait(0) if self.returncode is None else self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.zygote.reply("ended", self.token, timeout)
+            if self.returncode is None and timeout != 0:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        self.wait(timeout)
+        for reader in self.readers:  # the pipes close when the child and whatever it started have ended
+            reader.join()
+        return self.output["stdout"], self.output["stderr"]
+
+    def send_signal(self, signum: int):
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+
+ZYGOTE: list[Zygote] = []
+ZYGOTE_LOCK = threading.Lock()
+
+
+def start_python(argv: list[str], cwd: Path, env: dict | None = None, new_session: bool = False) -> ForkedProcess:
+    """`python ARGV` (a script path or -m MODULE first) from cwd, as a fork of the suite's Zygote."""
+    with ZYGOTE_LOCK:
+        if not ZYGOTE:
+            ZYGOTE.append(Zygote())
+    return ZYGOTE[0].start(argv, cwd, env or script_env(), new_session)
+
+
+def run_python(argv: list[str], cwd: Path, env: dict | None = None, timeout: float = 900
+               ) -> subprocess.CompletedProcess:
+    """subprocess.run of `python ARGV` with its output captured as text, as a fork of the suite's Zygote."""
+    proc = start_python(argv, cwd, env)
+    try:
+        stdout, stderr = proc.communicate(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
 def run_script(script: str, args: list[str], cwd: Path, timeout: float = 900, extra_env: dict | None = None
                ) -> subprocess.CompletedProcess:
     """Run a project script as a user would, from cwd, with the repo on PYTHONPATH for tests.envs."""
-    env = {**script_env(), **(extra_env or {})}
-    return subprocess.run([sys.executable, str(REPO / script), *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_python([str(REPO / script), *args], cwd, {**script_env(), **(extra_env or {})}, timeout)
 
 
 def run_scripts(runs: list[tuple], cwd: Path, timeout: float = 900) -> list[subprocess.CompletedProcess]:
@@ -92,11 +200,9 @@ def refused_in_one_line(module, argv: list[str], cwd: Path, capfd, whole_process
     return lines[0]
 
 
-def start_script(script: str, args: list[str], cwd: Path) -> subprocess.Popen:
+def start_script(script: str, args: list[str], cwd: Path) -> ForkedProcess:
     """Start a project script in a new session, so that a test can signal its whole process group."""
-    env = script_env()
-    return subprocess.Popen([sys.executable, str(REPO / script), *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return start_python([str(REPO / script), *args], cwd, new_session=True)
 
 
 def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
