@@ -1398,6 +1398,8 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
         if trajectory_path is not None:
             raise UserError("trajectories are recorded in one ManiSkill vector env: on the CPU simulation, use one env")
         # The fork start method hangs while workers build SAPIEN scenes; forkserver needs module-level builders.
+        # The forkserver, which every worker forks from, imports ManiSkill once for all (about 2 s of CPU a worker).
+        multiprocessing.get_context("forkserver").set_forkserver_preload(["__main__", "mani_skill.envs"])
         env_fns = [functools.partial(build_maniskill_cpu_worker_env, args.env_id, env_kwargs, ignore_terminations,
                                      video_dir if i == 0 else None, video_trigger, max_steps_per_video)
                    for i in range(num_envs)]
