@@ -5,13 +5,21 @@ MuJoCo settings (HalfCheetah's 17-dim observation, 6-dim action, 2x64 tanh netwo
 - stacked: one Agent whose every weight has a leading seed dimension (ippo.py's AgentLinear), one fused Adam,
            each seed's gradient clipped on its own (ippo.py's clip_grad_norm_per_net);
 - vmap:    the N Agents' parameters stacked with torch.func.stack_module_state and the loss of ppo.py's Agent
-           run over them with torch.func.vmap and functional_call, one fused Adam.
+           run over them with torch.func.vmap and functional_call, one fused Adam;
+- per-seed: N copies of ppo.py's Agent, their weights stacked anew at every call (torch.stack, so each seed's
+           gradient lands in its own Agent), one fused Adam with a parameter group per seed (each seed its own
+           learning rate and step count; a seed whose update stopped takes no step), nn.utils.clip_grad_norm_ per
+           seed. One Adam over stacked weights shares one step count and one learning rate across seeds, which an
+           adaptive learning rate or a KL stop per seed cannot;
+- stacked+groups: stacked weights, each seed's slice of each weight also a parameter of its own (a view: the same
+           memory), one fused Adam with a parameter group per seed over those views (each seed its own learning
+           rate and step count), the stacked gradients clipped per seed and handed to the views.
 
     python benchmarks/seeds_update.py                       # N = 1, 2, 4, 8, 16; 320 minibatch steps each
     python benchmarks/seeds_update.py --seeds 1 8 --steps 64
 
 Prints a markdown table: milliseconds a minibatch step for all N seeds, and the cost of N seeds relative to one
-seed's loop; then the rollout's policy call for N seeds of one env each, the same three ways. Also whether each
+seed's loop; then the rollout's policy call for N seeds of one env each, the same four ways. Also whether each
 way's parameters after the steps equal the loop's (to float rounding), and whether the stacked layer with N = 1
 gives ppo.py's numbers bit for bit (nn.Linear's addmm against a batched matmul).
 """
@@ -84,6 +92,44 @@ def minibatches(num_seeds: int, steps: int):
                   ((OBS,), (ACT,), (), (), ())) for _ in range(steps)]
 
 
+def stacked_mlp(mlps: list[nn.Sequential], x: torch.Tensor) -> torch.Tensor:
+    """N MLPs of one shape on x (N, B, in) in batched matmuls, with their weights as they are now."""
+    for layers in zip(*mlps):
+        if isinstance(layers[0], nn.Linear):
+            weight = torch.stack([layer.weight for layer in layers]).transpose(1, 2)
+            x = torch.baddbmm(torch.stack([layer.bias for layer in layers])[:, None], x, weight)
+        else:
+            x = layers[0](x)
+    return x
+
+
+def per_seed_policy(agents: list[ppo.Agent], obs, action=None):
+    """ppo.py's get_action_and_value for N Agents at once, on (N, B, ...) inputs."""
+    mean = stacked_mlp([agent.actor for agent in agents], obs)
+    std = torch.stack([agent.actor_logstd for agent in agents]).expand_as(mean).exp()
+    if action is None:
+        action = torch.normal(mean, std)
+    logprob = -((action - mean) ** 2) / (2 * std**2) - std.log() - ppo.LOG_SQRT_2PI
+    entropy = ppo.NORMAL_ENTROPY_AT_UNIT_STD + std.log()
+    value = stacked_mlp([agent.critic for agent in agents], obs).squeeze(-1)
+    return action, logprob.sum(-1), entropy.sum(-1), value
+
+
+def run_per_seed(agents, data):
+    optimizer = torch.optim.Adam([{"params": agent.parameters()} for agent in agents], lr=3e-4, eps=1e-5,
+                                 fused=True)
+    per_seed_loss = vmap(loss_of)
+    for obs, actions, *targets in data:
+        _, logprob, _, value = per_seed_policy(agents, obs, actions)
+        loss = per_seed_loss(logprob, value, *targets).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        for agent in agents:
+            nn.utils.clip_grad_norm_(agent.parameters(), 0.5)
+        optimizer.step()
+    return agents
+
+
 def run_loop(agents, data):
     """Returns nothing: the agents are stepped in place."""
     optimizers = [torch.optim.Adam(agent.parameters(), lr=3e-4, eps=1e-5, fused=True) for agent in agents]
@@ -107,6 +153,24 @@ def run_stacked(agent: StackedAgent, data):
         optimizer.zero_grad()
         loss.backward()
         ippo.clip_grad_norm_per_net(agent, 0.5)
+        optimizer.step()
+    return agent
+
+
+def run_stacked_groups(agent: StackedAgent, data):
+    stacked = list(agent.parameters())
+    views = [[nn.Parameter(p.detach()[seed]) for p in stacked] for seed in range(stacked[0].shape[0])]
+    optimizer = torch.optim.Adam([{"params": seed_views} for seed_views in views], lr=3e-4, eps=1e-5, fused=True)
+    per_seed_loss = vmap(loss_of)
+    for obs, actions, *targets in data:
+        _, logprob, _, value = agent.get_action_and_value(obs, actions)
+        loss = per_seed_loss(logprob, value, *targets).sum()
+        agent.zero_grad()
+        loss.backward()
+        ippo.clip_grad_norm_per_net(agent, 0.5)
+        for seed, seed_views in enumerate(views):  # a seed whose update stopped would get None: no step
+            for view, p in zip(seed_views, stacked):
+                view.grad = p.grad[seed]
         optimizer.step()
     return agent
 
@@ -149,9 +213,10 @@ def outputs(call, probe_obs, probe_actions) -> torch.Tensor:
     return torch.cat([logprob.flatten(), value.flatten()])
 
 
-def policy_steps(n: int, steps: int) -> tuple[float, float, float]:
+def policy_steps(n: int, steps: int) -> tuple[float, float, float, float]:
     """Milliseconds of one rollout step's policy call (a sampled action, its log-probability and the value) for n
-    seeds of one env each, as ppo.py's rollout makes it (inference mode): the loop, stacked weights, torch.func."""
+    seeds of one env each, as ppo.py's rollout makes it (inference mode): the loop, stacked weights, torch.func,
+    per-seed weights stacked at the call."""
     obs = torch.randn(n, 1, OBS)
     agents = make_agents(n)
     stacked = StackedAgent(agents)
@@ -159,7 +224,8 @@ def policy_steps(n: int, steps: int) -> tuple[float, float, float]:
     base = meta_agent(agents[0])
     policy = vmap(lambda p, b, o: functional_call(base, (p, b), (o,)), randomness="different")
     ways = (lambda: [agent.get_action_and_value(obs[i]) for i, agent in enumerate(agents)],
-            lambda: stacked.get_action_and_value(obs), lambda: policy(params, buffers, obs))
+            lambda: stacked.get_action_and_value(obs), lambda: policy(params, buffers, obs),
+            lambda: per_seed_policy(agents, obs))
     with torch.inference_mode():
         return tuple(timed(lambda: [way() for _ in range(steps)]) / steps * 1e3 for way in ways)
 
@@ -187,15 +253,19 @@ def main():
         stacked.bias[0, 0].copy_(linear.bias)
     same_bits = torch.equal(linear(x), stacked(x[None])[0])
     print(f"stacked layer with N = 1 equals nn.Linear bit for bit: {same_bits}\n")
-    print("| seeds | loop (ms/step) | stacked (ms/step) | vmap (ms/step) | loop / one seed | stacked / one seed "
-          "| vmap / one seed | stacked = loop | vmap = loop |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    print("| seeds | loop (ms/step) | stacked (ms/step) | vmap (ms/step) | per-seed (ms/step) "
+          "| stacked+groups (ms/step) | loop / one seed | stacked / one seed | vmap / one seed | per-seed / one seed "
+          "| stacked+groups / one seed "
+          "| stacked = loop | vmap = loop | per-seed = loop | stacked+groups = loop |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|")
     one_seed = None
     for n in options.seeds:
         data = minibatches(n, options.steps)
         loop_time = timed(lambda: run_loop(make_agents(n), data)) / options.steps * 1e3
         stacked_time = timed(lambda: run_stacked(StackedAgent(make_agents(n)), data)) / options.steps * 1e3
         vmap_time = timed(lambda: run_vmap(make_agents(n), data)) / options.steps * 1e3
+        per_seed_time = timed(lambda: run_per_seed(make_agents(n), data)) / options.steps * 1e3
+        groups_time = timed(lambda: run_stacked_groups(StackedAgent(make_agents(n)), data)) / options.steps * 1e3
         one_seed = one_seed or loop_time
         probe_obs, probe_actions = torch.randn(n, 32, OBS), torch.randn(n, 32, ACT)
         loop_agents = make_agents(n)
@@ -206,16 +276,26 @@ def main():
         params, base = run_vmap(make_agents(n), data)
         vmap_out = [outputs(lambda o, a: functional_call(base, {k: v[i] for k, v in params.items()}, (o, a)),
                             probe_obs[i], probe_actions[i]) for i in range(n)]
+        per_seed_agents = run_per_seed(make_agents(n), data)
+        per_seed_out = outputs(lambda o, a: per_seed_policy(per_seed_agents, o, a), probe_obs,
+                               probe_actions).reshape(2, n, 32)
+        per_seed_close = all(torch.allclose(ref, torch.cat([per_seed_out[0, i], per_seed_out[1, i]]), rtol=1e-3,
+                                            atol=1e-4) for i, ref in enumerate(reference))
+        groups_out = outputs(run_stacked_groups(StackedAgent(make_agents(n)), data).get_action_and_value, probe_obs,
+                             probe_actions).reshape(2, n, 32)
+        groups_close = all(torch.allclose(ref, torch.cat([groups_out[0, i], groups_out[1, i]]), rtol=1e-3, atol=1e-4)
+                           for i, ref in enumerate(reference))
         stacked_close = all(torch.allclose(ref, torch.cat([stacked_out[0, i], stacked_out[1, i]]), rtol=1e-3, atol=1e-4)
                             for i, ref in enumerate(reference))
         vmap_close = all(torch.allclose(ref, out, rtol=1e-3, atol=1e-4) for ref, out in zip(reference, vmap_out))
-        print(f"| {n} | {loop_time:.2f} | {stacked_time:.2f} | {vmap_time:.2f} | {loop_time / one_seed:.2f} | "
-              f"{stacked_time / one_seed:.2f} | {vmap_time / one_seed:.2f} | {stacked_close} | {vmap_close} |",
-              flush=True)
+        print(f"| {n} | {loop_time:.2f} | {stacked_time:.2f} | {vmap_time:.2f} | {per_seed_time:.2f} | "
+              f"{groups_time:.2f} | {loop_time / one_seed:.2f} | {stacked_time / one_seed:.2f} | "
+              f"{vmap_time / one_seed:.2f} | {per_seed_time / one_seed:.2f} | {groups_time / one_seed:.2f} | "
+              f"{stacked_close} | {vmap_close} | {per_seed_close} | {groups_close} |", flush=True)
     print("\nThe rollout's policy call (one env a seed, inference mode), ms a step for all seeds:\n")
-    print("| seeds | loop | stacked | vmap |\n|---:|---:|---:|---:|")
+    print("| seeds | loop | stacked | vmap | per-seed |\n|---:|---:|---:|---:|---:|")
     for n in options.seeds:
-        print("| {} | {:.3f} | {:.3f} | {:.3f} |".format(n, *policy_steps(n, options.steps)), flush=True)
+        print("| {} | {:.3f} | {:.3f} | {:.3f} | {:.3f} |".format(n, *policy_steps(n, options.steps)), flush=True)
 
 
 if __name__ == "__main__":

@@ -206,9 +206,9 @@ def test_seeds_update_benchmark_agrees_with_the_loop(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     assert lines[0].endswith("bit for bit: True")
-    rows = [line.split(" | ") for line in lines if line.count(" | ") == 8 and line[2].isdigit()]  # the update's
-    assert [row[0] for row in rows] == ["| 1", "| 3"] and all(row[-2:] == ["True", "True |"] for row in rows), lines
-    policy_rows = [line.split(" | ") for line in lines if line.count(" | ") == 3 and line[2].isdigit()]
+    rows = [line.split(" | ") for line in lines if line.count(" | ") == 14 and line[2].isdigit()]  # the update's
+    assert [row[0] for row in rows] == ["| 1", "| 3"] and all(row[-4:] == ["True"] * 3 + ["True |"] for row in rows)
+    policy_rows = [line.split(" | ") for line in lines if line.count(" | ") == 4 and line[2].isdigit()]
     assert [row[0] for row in policy_rows] == ["| 1", "| 3"] and all(float(row[1]) > 0 for row in policy_rows)
 
 
