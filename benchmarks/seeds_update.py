@@ -1,5 +1,5 @@
 """Many seeds in one process, the update alone (issue 38's prototype): N seeds' PPO minibatch steps at CleanRL's
-MuJoCo settings (HalfCheetah's 17-dim observation, 6-dim action, 2x64 tanh networks, minibatches of 64), three ways:
+MuJoCo settings (HalfCheetah's 17-dim observation, 6-dim action, 2x64 tanh networks, minibatches of 64), five ways:
 
 - loop:    N copies of ppo.py's Agent, each with its own fused Adam, stepped one after the other;
 - stacked: one Agent whose every weight has a leading seed dimension (ippo.py's AgentLinear), one fused Adam,
@@ -157,7 +157,8 @@ def run_stacked(agent: StackedAgent, data):
     return agent
 
 
-def run_stacked_groups(agent: StackedAgent, data):
+def run_stacked_groups(agent: StackedAgent, data, stopped: frozenset = frozenset()):
+    """stopped: seeds left out of every step, as a seed whose update stopped at its KL would be."""
     stacked = list(agent.parameters())
     views = [[nn.Parameter(p.detach()[seed]) for p in stacked] for seed in range(stacked[0].shape[0])]
     optimizer = torch.optim.Adam([{"params": seed_views} for seed_views in views], lr=3e-4, eps=1e-5, fused=True)
@@ -166,11 +167,12 @@ def run_stacked_groups(agent: StackedAgent, data):
         _, logprob, _, value = agent.get_action_and_value(obs, actions)
         loss = per_seed_loss(logprob, value, *targets).sum()
         agent.zero_grad()
+        optimizer.zero_grad()  # the views' gradients to None: a view given none below takes no step
         loss.backward()
         ippo.clip_grad_norm_per_net(agent, 0.5)
-        for seed, seed_views in enumerate(views):  # a seed whose update stopped would get None: no step
+        for seed, seed_views in enumerate(views):
             for view, p in zip(seed_views, stacked):
-                view.grad = p.grad[seed]
+                view.grad = None if seed in stopped else p.grad[seed]
         optimizer.step()
     return agent
 

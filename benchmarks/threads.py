@@ -2,7 +2,8 @@
 docs run, one run at a time, the two thread counts alternating (issue 38's must-have 7).
 
     python benchmarks/threads.py                                 # every setting, two rounds (about 15 minutes)
-    python benchmarks/threads.py --settings cartpole --rounds 1  # a quick check
+    python benchmarks/threads.py --settings cartpole --rounds 1  # one setting
+    python benchmarks/threads.py --settings cartpole_pair --rounds 1 --total_timesteps 512  # a check of the script
 
 Prints a markdown table: each setting's training SPS (the run's final charts/SPS: steps over the wall time of the
 training loop, evaluations included; of two runs at once, their mean) with 1 and 2 threads in each round, and
@@ -59,6 +60,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--total_timesteps", type=int, help="each run's steps (default: the setting's own)")
     options = parser.parse_args()
     print(f"benchmarks/threads.py, {machine()}; training SPS with --torch_threads 1 and 2, alternating\n")
     print("| setting | " + " | ".join(f"round {r + 1}: 1 thread | 2 threads" for r in range(options.rounds))
@@ -68,6 +70,8 @@ def main():
         description, flags = SETTINGS[name]
         side_by_side = 2 if name.endswith("_pair") else 1
         flags = flags or SETTINGS[name.removesuffix("_pair")][1]
+        if options.total_timesteps is not None:  # the last of a repeated flag counts
+            flags += f" --total_timesteps {options.total_timesteps}"
         rounds = [(training_sps(flags, 1, side_by_side), training_sps(flags, 2, side_by_side)) if r % 2 == 0 else
                   tuple(reversed((training_sps(flags, 2, side_by_side), training_sps(flags, 1, side_by_side))))
                   for r in range(options.rounds)]

@@ -212,6 +212,38 @@ def test_seeds_update_benchmark_agrees_with_the_loop(tmp_path):
     assert [row[0] for row in policy_rows] == ["| 1", "| 3"] and all(float(row[1]) > 0 for row in policy_rows)
 
 
+def test_stacked_weights_with_a_group_per_seed_keep_a_stopped_seed_still():
+    """The premise of --num_seeds' optimizer (docs/ppo.md): each seed's slices of the stacked weights are views that
+    one Adam steps per seed, so a seed left out of the steps keeps its weights while the other trains as alone."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import seeds_update
+
+    data = seeds_update.minibatches(2, 3)
+    agent = seeds_update.StackedAgent(seeds_update.make_agents(2))
+    before = [p.detach().clone() for p in agent.parameters()]
+    seeds_update.run_stacked_groups(agent, data, stopped=frozenset({1}))
+    for p, old in zip(agent.parameters(), before):
+        assert torch.equal(p[1], old[1]) and not torch.equal(p[0], old[0])
+    alone = seeds_update.make_agents(2)[:1]
+    seeds_update.run_loop(alone, [tuple(x[:1] for x in batch) for batch in data])
+    obs, actions = torch.randn(1, 8, seeds_update.OBS), torch.randn(1, 8, seeds_update.ACT)
+    with torch.no_grad():
+        stacked_out = agent.get_action_and_value(obs.expand(2, -1, -1), actions.expand(2, -1, -1))
+        alone_out = alone[0].get_action_and_value(obs[0], actions[0])
+    for stacked_value, alone_value in ((stacked_out[1][0], alone_out[1]), (stacked_out[3][0], alone_out[3])):
+        assert torch.allclose(stacked_value, alone_value, atol=1e-5)  # log-probabilities, values
+
+
+def test_threads_benchmark_runs_side_by_side(tmp_path):
+    result = run([sys.executable, str(REPO / "benchmarks/threads.py"), "--settings", "cartpole_pair", "--rounds", "1",
+                  "--total_timesteps", "512"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    row = result.stdout.strip().splitlines()[-1].split(" | ")
+    assert row[0] == "| CartPole-v1, the README's command, two runs side by side (scripts/sweep.sh --jobs 2)"
+    one, two, ratio = float(row[1]), float(row[2]), float(row[3].rstrip(" |"))
+    assert one > 0 and two > 0 and abs(ratio - two / one) <= 0.01  # the SPS are printed rounded
+
+
 def test_gpu_kit_refuses_or_skips_without_a_gpu_and_reports_fake_runs(tmp_path):
     """scripts/setup_gpu.sh refuses a machine without an NVIDIA GPU in one line; benchmarks/gpu.sh parses, says there
     is no GPU and exits 0; its report writes the table and curves of finished runs."""

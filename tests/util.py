@@ -35,19 +35,26 @@ class Zygote:
         theirs.close()
         self.socket, self.send_lock, self.tokens = ours, threading.Lock(), itertools.count()
         self.replies: dict[tuple[str, int], int] = {}
-        self.replied = threading.Condition()
+        self.replied, self.ended = threading.Condition(), False
         threading.Thread(target=self.read_replies, daemon=True).start()
 
     def read_replies(self):
-        while message := self.socket.recv(4096):
-            kind, token, value = pickle.loads(message)
+        try:
+            while message := self.socket.recv(4096):
+                kind, token, value = pickle.loads(message)
+                with self.replied:
+                    self.replies[kind, token] = value
+                    self.replied.notify_all()
+        finally:  # the zygote died: nothing it started will be reported, so no test may wait for it
             with self.replied:
-                self.replies[kind, token] = value
+                self.ended = True
                 self.replied.notify_all()
 
     def reply(self, kind: str, token: int, timeout: float | None) -> int | None:
         with self.replied:
-            self.replied.wait_for(lambda: (kind, token) in self.replies, timeout)
+            self.replied.wait_for(lambda: (kind, token) in self.replies or self.ended, timeout)
+            if (kind, token) not in self.replies and self.ended:
+                raise RuntimeError(f"tests/zygote.py ended (exit status {self.server.poll()}): see its stderr")
             return self.replies.get((kind, token))
 
     def start(self, argv: list[str], cwd: Path, env: dict, new_session: bool) -> "ForkedProcess":
@@ -72,7 +79,7 @@ class ForkedProcess:
             raise RuntimeError(f"tests/zygote.py did not start {argv}: {zygote.server.poll()=}")
         self.returncode: int | None = None
         self.output = {}
-        self.readers = [threading.Thread(target=self.read, args=(name, fd)) for name, fd in
+        self.readers = [threading.Thread(target=self.read, args=(name, fd), daemon=True) for name, fd in
                         (("stdout", stdout), ("stderr", stderr))]
         for reader in self.readers:
             reader.start()
@@ -92,14 +99,18 @@ class ForkedProcess:
         return self.returncode
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        deadline = None if timeout is None else time.monotonic() + timeout
         self.wait(timeout)
         for reader in self.readers:  # the pipes close when the child and whatever it started have ended
-            reader.join()
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if reader.is_alive():  # a process the child started (e.g. a torchrun rank) still holds a pipe
+                raise subprocess.TimeoutExpired(self.args, timeout)
         return self.output["stdout"], self.output["stderr"]
 
     def send_signal(self, signum: int):
         if self.poll() is None:
-            os.kill(self.pid, signum)
+            with contextlib.suppress(ProcessLookupError):  # it ended before the zygote's report arrived
+                os.kill(self.pid, signum)
 
     def kill(self):
         self.send_signal(signal.SIGKILL)
@@ -124,8 +135,8 @@ def run_python(argv: list[str], cwd: Path, env: dict | None = None, timeout: flo
     try:
         stdout, stderr = proc.communicate(timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
+        proc.kill()  # as subprocess.run does: what the child started may hold the pipes on
+        proc.wait()
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 

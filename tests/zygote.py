@@ -6,7 +6,9 @@ trainer imports: torch and the rest take about 1.5 s of each run's 2.5-5 s to im
 stdin, stdout and stderr. For each it forks a child, which runs the script as `python ARGV` would run it in a fresh
 process with that environment (sys.path and sys.argv as Python sets them, its own session if asked), and answers
 ("started", token, pid), later ("ended", token, returncode) with returncode as subprocess gives it. It imports but
-runs nothing of torch, so no thread pool exists to be lost in the fork.
+runs nothing of torch, so no OpenMP pool exists to be lost in the fork (numpy's OpenBLAS threads handle forks).
+What a fork shares that fresh interpreters would not: the modules above (imported under the zygote's environment),
+Python's hash seed, and the zygote's frames in a traceback.
 """
 
 import os
@@ -54,7 +56,8 @@ def serve(sock: socket.socket) -> dict:
         if pid == 0:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            for fd in (wakeup_read, wakeup_write, sock.fileno()):
+            os.close(sock.detach())
+            for fd in (wakeup_read, wakeup_write):
                 os.close(fd)
             for target, fd in enumerate(fds):
                 os.dup2(fd, target)
