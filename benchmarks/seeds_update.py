@@ -215,6 +215,13 @@ def outputs(call, probe_obs, probe_actions) -> torch.Tensor:
     return torch.cat([logprob.flatten(), value.flatten()])
 
 
+def agrees(reference: list[torch.Tensor], batched: torch.Tensor) -> bool:
+    """Whether the (2, N, probes) outputs of all seeds at once equal each seed's loop outputs, to float rounding."""
+    batched = batched.reshape(2, len(reference), -1)
+    return all(torch.allclose(ref, torch.cat([batched[0, i], batched[1, i]]), rtol=1e-3, atol=1e-4)
+               for i, ref in enumerate(reference))
+
+
 def policy_steps(n: int, steps: int) -> tuple[float, float, float, float]:
     """Milliseconds of one rollout step's policy call (a sampled action, its log-probability and the value) for n
     seeds of one env each, as ppo.py's rollout makes it (inference mode): the loop, stacked weights, torch.func,
@@ -273,23 +280,18 @@ def main():
         loop_agents = make_agents(n)
         run_loop(loop_agents, data)
         reference = [outputs(a.get_action_and_value, probe_obs[i], probe_actions[i]) for i, a in enumerate(loop_agents)]
-        stacked_agent = run_stacked(StackedAgent(make_agents(n)), data)
-        stacked_out = outputs(stacked_agent.get_action_and_value, probe_obs, probe_actions).reshape(2, n, 32)
+        stacked_out = outputs(run_stacked(StackedAgent(make_agents(n)), data).get_action_and_value, probe_obs,
+                              probe_actions)
         params, base = run_vmap(make_agents(n), data)
-        vmap_out = [outputs(lambda o, a: functional_call(base, {k: v[i] for k, v in params.items()}, (o, a)),
-                            probe_obs[i], probe_actions[i]) for i in range(n)]
+        vmap_out = torch.stack([outputs(lambda o, a: functional_call(base, {k: v[i] for k, v in params.items()},
+                                                                     (o, a)),
+                                        probe_obs[i], probe_actions[i]).reshape(2, 32) for i in range(n)], dim=1)
         per_seed_agents = run_per_seed(make_agents(n), data)
-        per_seed_out = outputs(lambda o, a: per_seed_policy(per_seed_agents, o, a), probe_obs,
-                               probe_actions).reshape(2, n, 32)
-        per_seed_close = all(torch.allclose(ref, torch.cat([per_seed_out[0, i], per_seed_out[1, i]]), rtol=1e-3,
-                                            atol=1e-4) for i, ref in enumerate(reference))
+        per_seed_out = outputs(lambda o, a: per_seed_policy(per_seed_agents, o, a), probe_obs, probe_actions)
         groups_out = outputs(run_stacked_groups(StackedAgent(make_agents(n)), data).get_action_and_value, probe_obs,
-                             probe_actions).reshape(2, n, 32)
-        groups_close = all(torch.allclose(ref, torch.cat([groups_out[0, i], groups_out[1, i]]), rtol=1e-3, atol=1e-4)
-                           for i, ref in enumerate(reference))
-        stacked_close = all(torch.allclose(ref, torch.cat([stacked_out[0, i], stacked_out[1, i]]), rtol=1e-3, atol=1e-4)
-                            for i, ref in enumerate(reference))
-        vmap_close = all(torch.allclose(ref, out, rtol=1e-3, atol=1e-4) for ref, out in zip(reference, vmap_out))
+                             probe_actions)
+        stacked_close, vmap_close, per_seed_close, groups_close = (
+            agrees(reference, out) for out in (stacked_out, vmap_out, per_seed_out, groups_out))
         print(f"| {n} | {loop_time:.2f} | {stacked_time:.2f} | {vmap_time:.2f} | {per_seed_time:.2f} | "
               f"{groups_time:.2f} | {loop_time / one_seed:.2f} | {stacked_time / one_seed:.2f} | "
               f"{vmap_time / one_seed:.2f} | {per_seed_time / one_seed:.2f} | {groups_time / one_seed:.2f} | "

@@ -72,9 +72,10 @@ def main():
         flags = flags or SETTINGS[name.removesuffix("_pair")][1]
         if options.total_timesteps is not None:  # the last of a repeated flag counts
             flags += f" --total_timesteps {options.total_timesteps}"
-        rounds = [(training_sps(flags, 1, side_by_side), training_sps(flags, 2, side_by_side)) if r % 2 == 0 else
-                  tuple(reversed((training_sps(flags, 2, side_by_side), training_sps(flags, 1, side_by_side))))
-                  for r in range(options.rounds)]
+        rounds = []
+        for r in range(options.rounds):  # 1 thread first in odd rounds, 2 threads first in even ones
+            sps = {threads: training_sps(flags, threads, side_by_side) for threads in ((1, 2), (2, 1))[r % 2]}
+            rounds.append((sps[1], sps[2]))
         ratio = sum(two for _, two in rounds) / sum(one for one, _ in rounds)
         cells = " | ".join(f"{one:.0f} | {two:.0f}" for one, two in rounds)
         print(f"| {description} | {cells} | {ratio:.2f} |", flush=True)

@@ -1,5 +1,6 @@
 """The benchmark scripts in tiny configurations, so that they keep working (their real runs: benchmarks/README.md)."""
 
+import importlib
 import os
 import subprocess
 import sys
@@ -14,6 +15,13 @@ def run(command: list[str], cwd, extra_env: dict | None = None) -> subprocess.Co
     if command[0] == sys.executable:
         return run_python(command[1:], cwd, env)
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+
+
+def benchmark_module(name: str):
+    """A script of benchmarks/ imported as a module, for its parts."""
+    if str(REPO / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(REPO / "benchmarks"))
+    return importlib.import_module(name)
 
 
 def mujoco(directory):
@@ -215,9 +223,7 @@ def test_seeds_update_benchmark_agrees_with_the_loop(tmp_path):
 def test_stacked_weights_with_a_group_per_seed_keep_a_stopped_seed_still():
     """The premise of --num_seeds' optimizer (docs/ppo.md): each seed's slices of the stacked weights are views that
     one Adam steps per seed, so a seed left out of the steps keeps its weights while the other trains as alone."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import seeds_update
-
+    seeds_update = benchmark_module("seeds_update")
     data = seeds_update.minibatches(2, 3)
     agent = seeds_update.StackedAgent(seeds_update.make_agents(2))
     before = [p.detach().clone() for p in agent.parameters()]
@@ -301,9 +307,7 @@ def test_same_numbers_holds_against_head_and_tells_runs_apart(tmp_path):
     assert row.startswith("| ppo | tests.envs:PointMass-v0 | ")
     if subprocess.run(["git", "-C", str(REPO), "diff", "--quiet", "HEAD", "--", "ppo.py"]).returncode == 0:
         assert row.endswith("| yes |") and result.returncode == 0, row
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import same_numbers
-
+    same_numbers = benchmark_module("same_numbers")
     argv = same_numbers.EXPERIMENTS["ppo"][0]
     runs = [same_numbers.run(REPO / "ppo.py", argv + ["--seed", str(seed)], tmp_path / f"seed{seed}")
             for seed in (1, 2)]
