@@ -19,6 +19,7 @@ Docs: docs/ppo.md (flags, examples), docs/bootstrap.md, docs/checkpoints.md.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import datetime
 import errno
@@ -71,6 +72,9 @@ class Args:
     """name of the run; runs/{exp_name} (default: {env_id}__ppo__{seed}__{unix time})"""
     seed: int = 1
     """seed of the experiment (torch, numpy, python and the environments)"""
+    num_seeds: int = 1
+    """train seeds seed, seed+1, ..., seed+num_seeds-1 in this one process, each a run of its own in
+    runs/{run_name}/{run_name}__seed{seed}, as a run of that seed alone would train (docs/ppo.md)"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
@@ -219,7 +223,9 @@ def mlp(in_dim: int, hidden_sizes: tuple[int, ...], activation: str, out_dim: in
 
 
 class RunningMeanStd(nn.Module):
-    """Running mean and variance in float64 (parallel-variance merge); buffers, so checkpoints carry them."""
+    """Running mean and variance in float64 (parallel-variance merge); buffers, so checkpoints carry them. Rows are
+    x's second-to-last dimension: where the buffers have a leading dimension (one statistic per network of a stack),
+    x has the same one before its rows."""
 
     def __init__(self, dim: int, clip: float = 10.0):
         super().__init__()
@@ -229,21 +235,22 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
 
     def update(self, x: torch.Tensor):
-        batch_var, batch_mean = torch.var_mean(x.double(), dim=0, correction=0)
-        batch_count = x.shape[0]
+        batch_var, batch_mean = torch.var_mean(x.double(), dim=-2, correction=0)
+        batch_count = x.shape[-2]
+        count = self.count.unsqueeze(-1)
         delta = batch_mean - self.mean
-        total = self.count + batch_count
+        total = count + batch_count
         self.mean += delta * batch_count / total
-        self.var.copy_((self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total)
-                       / total)
-        self.count.copy_(total)
+        self.var.copy_((self.var * count + batch_var * batch_count + delta**2 * count * batch_count / total) / total)
+        self.count.copy_(total.squeeze(-1))
 
     def std(self) -> torch.Tensor:
         return torch.sqrt(self.var + 1e-8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dims = x.shape[-1]  # the first dims normalize alone too: the actor's part of a --critic_obs observation
-        return torch.clamp((x.double() - self.mean[:dims]) / self.std()[:dims], -self.clip, self.clip).float()
+        return torch.clamp((x.double() - self.mean[..., None, :dims]) / self.std()[..., None, :dims], -self.clip,
+                           self.clip).float()
 
     def denormalize(self, x: torch.Tensor) -> torch.Tensor:
         return (x.double() * self.std() + self.mean).float()
@@ -253,7 +260,7 @@ class RewardNormalizer(nn.Module):
     """Divides rewards by the running std of each env's discounted return (SB3's VecNormalize): the critic then
     learns values of about unit scale whatever the task's reward scale. The return restarts when an episode ends."""
 
-    def __init__(self, num_envs: int, gamma: float, clip: float = 10.0):
+    def __init__(self, num_envs: int | tuple[int, ...], gamma: float, clip: float = 10.0):
         super().__init__()
         self.gamma, self.clip = gamma, clip
         self.return_rms = RunningMeanStd(1)
@@ -262,7 +269,7 @@ class RewardNormalizer(nn.Module):
 
     def forward(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
         self.discounted_return.mul_(self.gamma).add_(reward)
-        self.return_rms.update(gather_rows(self.discounted_return[:, None]))  # so that every rank scales alike
+        self.return_rms.update(gather_rows(self.discounted_return[..., None]))  # so that every rank scales alike
         self.discounted_return.masked_fill_(done, 0.0)
         return torch.clamp(reward / torch.sqrt(self.return_rms.var + 1e-8), -self.clip, self.clip).float()
 
@@ -335,7 +342,7 @@ class Agent(nn.Module):
         return obs if self.obs_normalizer is None else self.obs_normalizer(obs)
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
-        value = self.critic(obs).flatten()
+        value = self.critic(obs).squeeze(-1)
         return value if self.value_normalizer is None else self.value_normalizer.denormalize(value)
 
     def get_action(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
@@ -344,12 +351,13 @@ class Agent(nn.Module):
         logits_or_mean = self.actor(obs[..., :self.obs_dim])
         return self.discrete_actions.mode(logits_or_mean) if self.discrete else logits_or_mean
 
-    def get_action_and_value(self, obs: torch.Tensor, action: Optional[torch.Tensor] = None):
+    def get_action_and_value(self, obs: torch.Tensor, action: Optional[torch.Tensor] = None, generators=(None,)):
+        """generators: where a sampled action's randomness comes from, one per seed (None: torch's default)."""
         actor_obs = obs[..., :self.obs_dim]
         if self.discrete:
             pi = self.discrete_actions.distribution(self.actor(actor_obs))
             if action is None:
-                action = pi.sample()
+                action = sample(pi, generators)
             return action, pi.log_prob(action), pi.entropy(), self.get_value(obs)
         # torch.distributions.Normal's sample, log_prob and entropy, written out: building its object costs more than
         # the arithmetic at a rollout step's batch size (12% of the training time of one CPU env at CleanRL's
@@ -358,7 +366,7 @@ class Agent(nn.Module):
         std = self.actor_logstd.expand_as(mean).exp()
         if action is None:
             with torch.no_grad():
-                action = torch.normal(mean, std)
+                action = draw_per_seed(torch.normal, generators, mean, std)
         # Two logs of std, as Normal takes: one shared log would add the entropy's gradient to the log-probability's
         # before dividing by std, which rounds otherwise (with ent_coef > 0).
         logprob = -((action - mean) ** 2) / (2 * std**2) - std.log() - LOG_SQRT_2PI
@@ -371,21 +379,95 @@ def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
                  args.norm_value, args.hidden_sizes, args.activation, args.log_std_init, envs.critic_dim)
 
 
+def draw_per_seed(draw, generators, *params: torch.Tensor) -> torch.Tensor:
+    """draw(*params, generator=g): with one generator per seed (--num_seeds), each seed's slice of params (their
+    first dimension) from its own."""
+    if len(generators) == 1:
+        return draw(*params, generator=generators[0])
+    return torch.stack([draw(*seed_params, generator=g) for g, *seed_params in zip(generators, *params)])
+
+
+def sample(pi: torch.distributions.Distribution, generators) -> torch.Tensor:
+    """pi.sample() for DiscreteActions' distributions, written out because their sample() takes no generator."""
+    base = pi.base_dist if isinstance(pi, Independent) else pi
+    if isinstance(base, Bernoulli):
+        return draw_per_seed(torch.bernoulli, generators, base.probs)
+
+    def categorical(probs: torch.Tensor, generator) -> torch.Tensor:
+        return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, True, generator=generator).reshape(
+            probs.shape[:-1])
+    return draw_per_seed(categorical, generators, base.probs)
+
+
+class SeedLinear(nn.Linear):
+    """The nn.Linear layers of --num_seeds networks as one: weight (seeds, out, in), bias (seeds, out), applied to
+    x of shape (seeds, rows, in), each seed's rows to its own weights."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.baddbmm(self.bias.unsqueeze(-2), x, self.weight.transpose(-1, -2))
+
+
+def stack_seeds(modules: list[nn.Module]) -> nn.Module:
+    """--num_seeds: one module of the seeds' modules (alike but for their values), each parameter and float buffer
+    stacked on a new first dimension, seed i's at index i: seed i's state dict is every tensor's [i]. Its nn.Linear
+    layers become SeedLinear; inputs and outputs carry the seed dimension first. One module is returned as it is."""
+    if len(modules) == 1:
+        return modules[0]
+    stacked = copy.deepcopy(modules[0])
+    for name, module in stacked.named_modules():
+        seeds = [m.get_submodule(name) for m in modules]
+        for key in module._parameters:
+            module._parameters[key] = nn.Parameter(torch.stack([seed._parameters[key].detach() for seed in seeds]))
+        for key, buffer in module._buffers.items():
+            if buffer.is_floating_point():  # integer buffers (DiscreteActions' index maps) describe the structure
+                module._buffers[key] = torch.stack([seed._buffers[key] for seed in seeds])
+        if type(module) is nn.Linear:
+            module.__class__ = SeedLinear  # the same parameters, stacked above
+    return stacked
+
+
+def seed_agent(args: Args, envs: TorchVecEnv, device: torch.device) -> tuple[Agent, list]:
+    """The run's agent and each seed's random generator (None: torch's default, the first seed's). Under --num_seeds
+    seed + i draws its initial weights, then its actions and minibatches, from a generator of its own, seeded and
+    used as torch's default generator is by a run of that seed alone; the agents are stacked (stack_seeds)."""
+    agents, generators = [make_agent(args, envs)], [None]
+    for i in range(1, args.num_seeds):
+        generator = torch.Generator(device).manual_seed(args.seed + i)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(args.seed + i)
+            agents.append(make_agent(args, envs))
+            if device.type == "cpu":  # the weights are drawn on the CPU, then the actions on the learner's device
+                generator.set_state(torch.get_rng_state())
+        generators.append(generator)
+    return stack_seeds(agents).to(device), generators
+
+
+def seed_parameter_groups(agent: Agent, num_seeds: int) -> list[dict]:
+    """The optimizer's parameter groups, one per seed: each seed's slices of the stacked parameters, as parameters
+    of their own (views of the same memory), so that each seed has its own Adam state, step count and learning rate,
+    and a seed given no gradient takes no step."""
+    if num_seeds == 1:
+        return [{"params": list(agent.parameters())}]
+    return [{"params": [nn.Parameter(p.detach()[i]) for p in agent.parameters()]} for i in range(num_seeds)]
+
+
 # ---------------------------------------------------------------------------------------------
 # ALGO LOGIC: rollout with final-value bootstrapping, advantages, the clipped-surrogate update
 # ---------------------------------------------------------------------------------------------
 
 class RolloutBuffer:
-    """One rollout's tensors, (num_steps, num_envs, ...), on the learner's device. dones[t] marks the episodes that
-    ended with step t; bootstrap_values[t] is V(final obs) for those of them that bootstrap, 0 elsewhere."""
+    """One rollout's tensors, (num_steps, *env_shape, ...), on the learner's device; env_shape is (num_envs,), or
+    (num_seeds, num_envs) under --num_seeds. dones[t] marks the episodes that ended with step t; bootstrap_values[t] is
+    V(final obs) for those of them that bootstrap, 0 elsewhere."""
 
-    def __init__(self, num_steps: int, num_envs: int, obs_dim: int, action_space: dict, device: torch.device):
-        self.obs = torch.zeros((num_steps, num_envs, obs_dim), device=device)
+    def __init__(self, num_steps: int, env_shape: tuple[int, ...], obs_dim: int, action_space: dict,
+                 device: torch.device):
+        self.obs = torch.zeros((num_steps, *env_shape, obs_dim), device=device)
         integer = action_space["type"] in ("Discrete", "MultiDiscrete")  # MultiBinary's are Bernoulli's floats
-        self.actions = torch.zeros((num_steps, num_envs, *action_space.get("shape", [])),
+        self.actions = torch.zeros((num_steps, *env_shape, *action_space.get("shape", [])),
                                    dtype=torch.long if integer else torch.float32, device=device)
         self.logprobs, self.rewards, self.dones, self.values, self.bootstrap_values = (
-            torch.zeros((num_steps, num_envs), device=device) for _ in range(5))
+            torch.zeros((num_steps, *env_shape), device=device) for _ in range(5))
 
 
 def rollout(agent: Agent, envs: TorchVecEnv, buf: RolloutBuffer, next_obs: torch.Tensor, policy_step,
@@ -460,82 +542,114 @@ def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch
 
 
 def ppo_loss(agent: Agent, args: Args, obs, actions, old_logprobs, advantages, returns, old_values):
-    """The clipped surrogate, value and entropy terms of one minibatch; its log-ratios and ratios, detached."""
+    """The clipped surrogate, value and entropy terms of one minibatch (under --num_seeds, (seeds, rows) tensors: one
+    value of each per seed); its log-ratios and ratios, detached."""
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
     logratio = newlogprob - old_logprobs
     ratio = logratio.exp()
     if args.norm_adv:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        advantages = (advantages - advantages.mean(-1, keepdim=True)) / (advantages.std(-1, keepdim=True) + 1e-8)
     clipped_ratio = torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-    pg_loss = torch.max(-advantages * ratio, -advantages * clipped_ratio).mean()
+    pg_loss = torch.max(-advantages * ratio, -advantages * clipped_ratio).mean(-1)
     if agent.value_normalizer is not None:  # the loss of standardized values; each term is a difference of values
         value_std = agent.value_normalizer.std().float()
         newvalue, returns, old_values = newvalue / value_std, returns / value_std, old_values / value_std
     if args.clip_vloss:
         v_clipped = old_values + torch.clamp(newvalue - old_values, -args.clip_coef, args.clip_coef)
-        v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
+        v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean(-1)
     else:
-        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
-    return (pg_loss, v_loss, entropy.mean()), logratio.detach(), ratio.detach()
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean(-1)
+    return (pg_loss, v_loss, entropy.mean(-1)), logratio.detach(), ratio.detach()
 
 
 def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, advantages: torch.Tensor,
-           returns: torch.Tensor, update_losses, args: Args) -> dict:
+           returns: torch.Tensor, update_losses, args: Args, generators) -> dict:
     """update_epochs epochs of minibatch steps over the rollout, stopped once a minibatch's approximate KL exceeds
     target_kl. update_losses is ppo_loss with agent and args bound (compiled under --compile). Returns the
     statistics to log (the losses of the last minibatch that stepped). The KL logged is the last minibatch's, the
-    one that stopped the update if one did."""
-    batch_size = args.num_envs * args.num_steps
-    b_obs = buf.obs.reshape((batch_size, -1))
-    b_actions = buf.actions.reshape((batch_size,) + buf.actions.shape[2:])
-    b_logprobs, b_advantages, b_returns, b_values = (x.reshape(-1) for x in (buf.logprobs, advantages, returns,
-                                                                             buf.values))
-    stats, clipfracs, minibatch_steps = {}, [], 0
-    for mb in minibatch_indices(batch_size, batch_size // args.num_minibatches, args.update_epochs, b_obs.device):
+    one that stopped the update if one did. Under --num_seeds each seed steps its own parameter group on minibatches
+    of its own rollout and stops at its own KL (the update ends when all have); each statistic holds one per seed."""
+    seed_shape = () if args.num_seeds == 1 else (args.num_seeds,)
+    batch_size = args.num_envs * args.num_steps  # each seed's
+    b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values = (
+        seed_major(x, args.num_seeds) for x in (buf.obs, buf.actions, buf.logprobs, advantages, returns, buf.values))
+    stats, clipfracs, logged_kls = {}, [], None
+    minibatch_steps = torch.zeros(seed_shape, dtype=torch.long, device=b_obs.device)
+    stepping = [True] * args.num_seeds  # minibatch_indices reads it: a seed that stopped draws no more permutations
+    for mb in minibatch_indices(batch_size, batch_size // args.num_minibatches, args.update_epochs, generators,
+                                stepping, b_obs.device):
         (pg_loss, v_loss, entropy_loss), logratio, ratio = update_losses(
             b_obs[mb], b_actions[mb], b_logprobs[mb], b_advantages[mb], b_returns[mb], b_values[mb])
         with torch.no_grad():
-            kls = torch.stack([(-logratio).mean(), ((ratio - 1) - logratio).mean()])
-            old_approx_kl, approx_kl = mean_over_ranks(kls)
+            kls = mean_over_ranks(torch.stack([(-logratio).mean(-1), ((ratio - 1) - logratio).mean(-1)]))
+            was_stepping = torch.tensor(stepping, device=kls.device).reshape(seed_shape)
+            logged_kls = kls if logged_kls is None else torch.where(was_stepping, kls, logged_kls)
             if "losses/first_minibatch_ratio_error" not in stats:
-                stats["losses/first_minibatch_ratio_error"] = (ratio - 1.0).abs().max()
-        if args.target_kl is not None and approx_kl > args.target_kl:
-            break
-        clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
-        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+                stats["losses/first_minibatch_ratio_error"] = (ratio - 1.0).abs().amax(-1)
+        approx_kl = kls[1]
+        if args.target_kl is not None:
+            over = (approx_kl > args.target_kl).reshape(-1).tolist()
+            stepping[:] = [go and not seed_over for go, seed_over in zip(stepping, over)]
+            if not any(stepping):
+                break
+        step_mask = torch.tensor(stepping, device=kls.device).reshape(seed_shape)
+        clipfracs.append(torch.where(step_mask, ((ratio - 1.0).abs() > args.clip_coef).float().mean(-1), torch.nan))
+        # Seeds' losses are independent: each seed's parameters get the gradient of its own loss alone.
+        loss = (pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef).sum()
 
-        optimizer.zero_grad()
+        agent.zero_grad()
         loss.backward()
         loss_finite = torch.isfinite(loss)
         if world_size() > 1:
             loss_finite = average_gradients(agent, loss_finite)
-        grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-        if not (loss_finite & torch.isfinite(grad_norm)):  # one wait for the GPU, not two
+        if args.num_seeds > 1:  # each seed's parameter group takes its slices of the gradients; a stopped seed none
+            for seed, (group, go) in enumerate(zip(optimizer.param_groups, stepping)):
+                for view, p in zip(group["params"], agent.parameters()):
+                    view.grad = p.grad[seed] if go else None
+        grad_norms = torch.stack([nn.utils.clip_grad_norm_(group["params"], args.max_grad_norm)
+                                  for group in optimizer.param_groups])
+        if not (loss_finite & torch.isfinite(grad_norms).all()):  # one wait for the GPU, not two
             raise NonFiniteError("gradient" if loss_finite else "loss")
         optimizer.step()
-        minibatch_steps += 1
+        minibatch_steps += step_mask
         if args.lr_schedule == "adaptive":
-            lr = optimizer.param_groups[0]["lr"]
-            optimizer.param_groups[0]["lr"] = adapt_learning_rate(lr, approx_kl.item(), args)
-        stats.update({"losses/policy_loss": pg_loss.detach(), "losses/value_loss": v_loss.detach(),
-                      "losses/entropy": entropy_loss.detach()})
+            for group, kl, go in zip(optimizer.param_groups, approx_kl.reshape(-1).tolist(), stepping):
+                if go:
+                    group["lr"] = adapt_learning_rate(group["lr"], kl, args)
+        for key, value in (("losses/policy_loss", pg_loss), ("losses/value_loss", v_loss),
+                           ("losses/entropy", entropy_loss)):
+            stats[key] = torch.where(step_mask, value.detach(), stats.get(key, torch.nan))
     if clipfracs:  # empty when the first minibatch already exceeded target_kl
-        stats["losses/clipfrac"] = torch.stack(clipfracs).mean()
-    var_y = b_returns.var()
-    explained_var = torch.where(var_y == 0, float("nan"), 1 - (b_returns - b_values).var() / var_y)
-    stats.update({"losses/old_approx_kl": old_approx_kl, "losses/approx_kl": approx_kl,
-                  "losses/minibatch_steps": minibatch_steps, "charts/learning_rate": optimizer.param_groups[0]["lr"],
+        stats["losses/clipfrac"] = torch.stack(clipfracs).nanmean(0)
+    returns_by_seed, values_by_seed = b_returns.reshape(*seed_shape, -1), b_values.reshape(*seed_shape, -1)
+    var_y = returns_by_seed.var(-1)
+    explained_var = torch.where(var_y == 0, float("nan"), 1 - (returns_by_seed - values_by_seed).var(-1) / var_y)
+    learning_rates = torch.tensor([group["lr"] for group in optimizer.param_groups], dtype=torch.float64)
+    stats.update({"losses/old_approx_kl": logged_kls[0], "losses/approx_kl": logged_kls[1],
+                  "losses/minibatch_steps": minibatch_steps, "charts/learning_rate": learning_rates.reshape(seed_shape),
                   "losses/explained_variance": explained_var})
     return stats
 
 
-def minibatch_indices(batch_size: int, minibatch_size: int, epochs: int, device: torch.device):
+def seed_major(x: torch.Tensor, num_seeds: int) -> torch.Tensor:
+    """A (num_steps, [seeds,] num_envs, ...) rollout tensor as one batch of rows, each seed's in a block."""
+    return x.flatten(0, 1) if num_seeds == 1 else x.transpose(0, 1).flatten(0, 2)
+
+
+def minibatch_indices(batch_size: int, minibatch_size: int, epochs: int, generators, stepping: list[bool],
+                      device: torch.device):
     """Each epoch a new permutation of the batch, cut into minibatches; drawn as needed, so that an update stopped
-    early draws no further permutations from the random stream."""
+    early draws no further permutations from the random stream. Under --num_seeds each seed's batch is permuted
+    with its own generator while stepping says it still steps, and a minibatch is (seeds, minibatch_size) indices
+    into the seeds' batches laid end to end."""
+    offsets = torch.arange(len(generators), device=device)[:, None] * batch_size
+    permutations = [None] * len(generators)
     for _ in range(epochs):
-        permutation = torch.randperm(batch_size, device=device)
+        permutations = [torch.randperm(batch_size, generator=generator, device=device) if go else permutation
+                        for generator, go, permutation in zip(generators, stepping, permutations)]
+        permutation = permutations[0] if len(generators) == 1 else torch.stack(permutations) + offsets
         for start in range(0, batch_size, minibatch_size):
-            yield permutation[start:start + minibatch_size]
+            yield permutation[..., start:start + minibatch_size]
 
 
 def adapt_learning_rate(lr: float, approx_kl: float, args: Args) -> float:
@@ -568,29 +682,40 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
           resume_state: Optional[dict], init_state: Optional[dict]) -> int:
     """Rank 0 alone logs, evaluates (eval_envs is None on the others) and writes checkpoints."""
     device, rank, num_ranks, num_iterations = setup.device, setup.rank, world_size(), setup.num_iterations
-    agent = make_agent(args, envs).to(device)
+    agent, generators = seed_agent(args, envs, device)
     # fused: one kernel per parameter for the whole Adam step, on the CPU as on the GPU; it rounds differently from
     # torch's default by about one float32 ulp per step, and takes a third of its time for small networks.
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    reward_normalizer = RewardNormalizer(args.num_envs, args.gamma).to(device) if args.norm_reward else None
+    optimizer = torch.optim.Adam(seed_parameter_groups(agent, args.num_seeds), lr=args.learning_rate, eps=1e-5,
+                                 fused=True)
+    env_shape = (args.num_envs,) if args.num_seeds == 1 else (args.num_seeds, args.num_envs)
+    reward_normalizer = (stack_seeds([RewardNormalizer(args.num_envs, args.gamma) for _ in range(args.num_seeds)])
+                         .to(device) if args.norm_reward else None)
     global_step, start_iteration = load_states(agent, optimizer, reward_normalizer, init_state, resume_state, args,
                                                envs)
-    policy_step = compile_unless_unavailable(agent.get_action_and_value, args.compile)
+    policy_step = compile_unless_unavailable(functools.partial(agent.get_action_and_value, generators=generators),
+                                             args.compile)
     update_losses = compile_unless_unavailable(functools.partial(ppo_loss, agent, args), args.compile)
     # Gymnasium seeds env i with seed + i (ManiSkill env 0 with seed, the others with draws from RandomState(seed)):
     # training and evaluation envs, and each rank, get disjoint blocks of seeds, and a resumed run new ones rather
-    # than a replay of its first iteration's starts.
+    # than a replay of its first iteration's starts. Under --num_seeds seed i's block of envs gets train_seed + i's
+    # (SeedBlocks), as a run of that seed alone.
     train_seed = args.seed + (start_iteration * num_ranks + rank) * (args.num_envs + args.num_eval_envs)
     next_obs = envs.reset(seed=train_seed)
     eval_seed = train_seed + args.num_envs  # seeds the next evaluation; later ones continue the envs' streams
     if resume_state is not None:
         # After the envs are built and reset, so that each rank's random stream continues where it stopped.
         set_rng_states(resume_state["rng"] if rank == 0 else resume_state["other_ranks_rng"][rank - 1], device)
+        for generator, state in zip(generators[1:], resume_state.get("seed_rngs", [])):
+            generator.set_state(state)
     writer = open_run(args, setup, resume_state) if rank == 0 else None
-    buf = RolloutBuffer(args.num_steps, args.num_envs, envs.obs_dim, space_to_dict(envs.single_action_space), device)
+    # each seed's logs: under --num_seeds in a run directory of its own, inside this run's
+    writers = [writer] if args.num_seeds == 1 or rank != 0 else [open_run(*run, resume_state) for run in
+                                                                  seed_runs(args, setup)]
+    buf = RolloutBuffer(args.num_steps, env_shape, envs.obs_dim, space_to_dict(envs.single_action_space), device)
 
     def save(iteration: int, final: bool = False) -> Optional[Path]:
-        return write_checkpoint(args, setup, envs, agent, optimizer, reward_normalizer, global_step, iteration, final)
+        return write_checkpoint(args, setup, envs, agent, optimizer, reward_normalizer, generators, global_step,
+                                iteration, final)
 
     checkpoint_freq = args.checkpoint_freq or args.eval_freq
     last_checkpoint = None
@@ -618,11 +743,12 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
                                                 args.gamma, args.gae_lambda, args.finite_horizon_gae)
                 returns = advantages + buf.values
                 if agent.value_normalizer is not None:  # standardize the critic's targets by every rank's
-                    agent.value_normalizer.update(gather_rows(returns.reshape(-1, 1)))
+                    seed_returns = seed_major(returns, args.num_seeds).reshape(*env_shape[:-1], -1, 1)
+                    agent.value_normalizer.update(gather_rows(seed_returns))
             rollout_time = time.perf_counter() - rollout_start
             update_start = time.perf_counter()
             agent.train()
-            stats = update(agent, optimizer, buf, advantages, returns, update_losses, args)
+            stats = update(agent, optimizer, buf, advantages, returns, update_losses, args, generators)
             if not parameters_finite(agent, iteration):
                 raise NonFiniteError("parameters")
             update_time = time.perf_counter() - update_start
@@ -631,40 +757,47 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
             episodes = gather_episodes(episodes)
             if rank == 0:
                 sps = int((global_step - start_step) / (time.perf_counter() - start_time))
-                stats.update({"charts/SPS": sps, "time/rollout_time": rollout_time, "time/update_time": update_time,
-                              "time/rollout_fps": args.num_envs * num_ranks * args.num_steps / rollout_time})
-                for tag, value in stats.items():  # tensors until here: only rank 0 waits for them
-                    writer.add_scalar(tag, float(value), global_step)
-                train_means = log_episode_metrics(writer, "train", episodes, global_step)
-                if "return" in train_means:
-                    writer.add_scalar("charts/episodic_return", train_means["return"], global_step)
-                    writer.add_scalar("charts/episodic_length", train_means["episode_len"], global_step)
-                postfix = {"step": global_step, "SPS": sps, **progress_items("train", train_means)}
+                timing = {"charts/SPS": sps, "time/rollout_time": rollout_time, "time/update_time": update_time,
+                          "time/rollout_fps": args.num_envs * num_ranks * args.num_steps / rollout_time}
+                train_means = []
+                for seed, (seed_writer, seed_episodes) in enumerate(zip(writers, by_seed(episodes, args.num_seeds))):
+                    for tag, value in stats.items():  # tensors until here: only rank 0 waits for them
+                        seed_writer.add_scalar(tag, float(value.reshape(-1)[seed]), global_step)
+                    for tag, value in timing.items():
+                        seed_writer.add_scalar(tag, value, global_step)
+                    train_means.append(log_episode_metrics(seed_writer, "train", seed_episodes, global_step))
+                    if "return" in train_means[-1]:
+                        seed_writer.add_scalar("charts/episodic_return", train_means[-1]["return"], global_step)
+                        seed_writer.add_scalar("charts/episodic_length", train_means[-1]["episode_len"], global_step)
+                postfix = {"step": global_step, "SPS": sps, **progress_items("train", mean_over_seeds(train_means))}
                 if iteration % args.eval_freq == 0 or iteration == num_iterations:
                     agent.eval()
                     with own_random_stream(eval_envs):
                         eval_episodes = evaluate(agent, eval_envs, setup.num_eval_steps, eval_seed)
-                    eval_means = log_episode_metrics(writer, "eval", eval_episodes, global_step)
+                    eval_means = [log_episode_metrics(seed_writer, "eval", seed_episodes, global_step) for
+                                  seed_writer, seed_episodes in zip(writers, by_seed(eval_episodes, args.num_seeds))]
                     eval_seed = None
-                    if eval_means["episodes"] == 0:
+                    if any(means["episodes"] == 0 for means in eval_means):
                         print(f"\nevaluation at iteration {iteration}: no episode finished within "
                               f"{setup.num_eval_steps} steps", file=sys.stderr)
-                    postfix.update(progress_items("eval", eval_means))
-                    writer.flush()
+                    postfix.update(progress_items("eval", mean_over_seeds(eval_means)))
+                    for seed_writer in writers:
+                        seed_writer.flush()
                 progress.set_postfix(postfix, refresh=False)
                 progress.update(1)
             checkpoint_due = args.save_model and (iteration % checkpoint_freq == 0 or iteration == num_iterations)
             if checkpoint_due:
                 last_checkpoint = save(iteration, final=iteration == num_iterations)
-                if rank == 0:
-                    writer.flush()
+                for seed_writer in writers if rank == 0 else []:
+                    seed_writer.flush()
             signum = agree_on_signal(stop.signum, device)
             if signum is not None and iteration < num_iterations:
                 if not checkpoint_due:
                     last_checkpoint = save(iteration)
                 progress.close()
                 if rank == 0:
-                    writer.flush()
+                    for seed_writer in writers:
+                        seed_writer.flush()
                     print_how_to_resume(signum, last_checkpoint, iteration, setup.run_dir)
                 return 128 + signum
     except (NonFiniteError, OSError) as e:
@@ -682,9 +815,9 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
     finally:
         stop.restore()
         threading.excepthook = thread_excepthook
-        if writer is not None:
+        for seed_writer in {writer, *writers} - {None}:
             with contextlib.suppress(OSError):  # a full disk fails the writer's last flush as well
-                writer.close()
+                seed_writer.close()
         if args.track and rank == 0:
             import wandb
             wandb.finish()
@@ -712,7 +845,7 @@ def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Op
         with torch.no_grad():
             action = agent.get_action(agent.normalize_obs(obs), deterministic=deterministic)
         obs, _, terminated, truncated, _, finished = eval_envs.step(action)
-        done = terminated | truncated
+        done = (terminated | truncated).flatten()  # (seeds, envs) from a vector env of seeds' blocks
         if finished is not None:
             wanted = counted < quota
             for key, value in finished.items():
@@ -732,6 +865,30 @@ def log_episode_metrics(writer: SummaryWriter, prefix: str, metrics: dict[str, t
     for key, value in means.items():
         writer.add_scalar(f"{prefix}/{key}", value, global_step)
     return means
+
+
+def by_seed(episodes: dict[str, torch.Tensor], num_seeds: int) -> list[dict[str, torch.Tensor]]:
+    """Each seed's share of finished episodes (metric -> values; "episodes": their number, where evaluate() counts
+    it), by the block of envs each finished in (SeedBlocks' "seed")."""
+    if num_seeds == 1:
+        return [episodes]
+    seed_of = episodes.get("seed")
+    shares = []
+    for seed in range(num_seeds):
+        mine = torch.zeros(0, dtype=torch.bool) if seed_of is None else seed_of == seed
+        share = {key: values[mine] for key, values in episodes.items() if key not in ("seed", "episodes")}
+        if "episodes" in episodes:
+            share["episodes"] = mine.sum(dtype=torch.float32).reshape(1)
+        shares.append(share)
+    return shares
+
+
+def mean_over_seeds(means: list[dict[str, float]]) -> dict[str, float]:
+    """The progress bar's: each metric's mean over the seeds that have it."""
+    if len(means) == 1:
+        return means[0]
+    keys = dict.fromkeys(key for seed_means in means for key in seed_means)
+    return {key: float(np.mean([seed_means[key] for seed_means in means if key in seed_means])) for key in keys}
 
 
 def progress_items(prefix: str, means: dict[str, float]) -> dict[str, float]:
@@ -810,6 +967,40 @@ def env_action(envs: TorchVecEnv, action: torch.Tensor) -> torch.Tensor:
     if isinstance(envs.single_action_space, gym.spaces.Box):
         return torch.clamp(action, envs.action_low, envs.action_high)
     return action.long() + envs.action_start
+
+
+class SeedBlocks:
+    """--num_seeds N: the seeds' envs as one vector env (TorchVecEnv) of N blocks of num_envs, seed i's the i-th;
+    tensors in and out are (N, num_envs, ...), and each finished episode's "seed" says whose it is. reset(seed=s)
+    seeds block i's envs as reset(seed=s + i) seeds a run's (ManiSkill's GPU simulation, though, draws the initial
+    states of every block from one torch stream: docs/ppo.md)."""
+
+    def __init__(self, envs: TorchVecEnv, num_seeds: int):
+        self.envs, self.num_seeds = envs, num_seeds
+        self.block = envs.num_envs // num_seeds
+
+    def __getattr__(self, name: str):  # spaces, devices, video: the vector env's
+        return getattr(self.envs, name)
+
+    def by_seed(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(self.num_seeds, self.block, *x.shape[1:])
+
+    def reset(self, seed: Optional[int] = None) -> torch.Tensor:
+        seeds = None if seed is None else [s for i in range(self.num_seeds) for s in self.block_seeds(seed + i)]
+        return self.by_seed(self.envs.reset(seed=seeds))
+
+    def block_seeds(self, seed: int) -> list[int]:
+        """The env seeds that reset(seed=seed) gives a run's envs: Gymnasium's seed + k; ManiSkill's GPU simulation's
+        seed, then draws from RandomState(seed)."""
+        if self.envs.torch_native:
+            return [seed, *np.random.RandomState(seed).randint(2**31, size=self.block - 1).tolist()]
+        return [seed + k for k in range(self.block)]
+
+    def step(self, action: torch.Tensor):
+        next_obs, reward, terminated, truncated, final_obs, finished = self.envs.step(action.flatten(0, 1))
+        if finished is not None:
+            finished["seed"] = torch.nonzero(terminated | truncated)[:, 0] // self.block
+        return (*(self.by_seed(x) for x in (next_obs, reward, terminated, truncated, final_obs)), finished)
 
 
 class CriticObservation(gym.Wrapper):
@@ -989,8 +1180,8 @@ def plain_name(name: Optional[str]) -> bool:
 FLAG_RULES = (
     (("exp_name",), plain_name, "a plain directory name under runs/ (no '/', not '..')"),
     (("env_id",), bool, "a task id"),
-    (("num_envs", "num_eval_envs", "num_steps", "num_minibatches", "update_epochs", "eval_freq", "total_timesteps"),
-     lambda value: value >= 1, "positive"),
+    (("num_envs", "num_eval_envs", "num_steps", "num_minibatches", "update_epochs", "eval_freq", "total_timesteps",
+      "num_seeds"), lambda value: value >= 1, "positive"),
     (("num_eval_steps", "save_train_video_freq", "max_episode_steps", "checkpoint_freq", "keep_checkpoints"),
      lambda value: value is None or value >= 1, "positive (or None)"),
     (("reconfiguration_freq", "eval_reconfiguration_freq"), lambda value: value is None or value >= 0,
@@ -1025,6 +1216,12 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
                         f"({args.max_learning_rate})")
     if args.anneal_lr and args.lr_schedule not in ("constant", "linear"):
         raise UserError(f"--anneal_lr means --lr_schedule=linear and conflicts with --lr_schedule={args.lr_schedule}")
+    if args.num_seeds > 1:
+        for given, flag in ((num_ranks > 1, "torchrun"), (args.compile, "--compile"),
+                            (args.checkpoint is not None, "--checkpoint"), (args.track, "--track")):
+            if given:
+                raise UserError(f"--num_seeds does not work with {flag} yet; start a run of each seed instead "
+                                "(scripts/sweep.sh)")
     derived = settings(args, maniskill, time_limit, num_ranks)
     if args.track and importlib.util.find_spec("wandb") is None:
         raise UserError("--track logs to Weights and Biases, which is not installed: pip install wandb")
@@ -1049,15 +1246,17 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     seeds_per_run = (num_iterations + 1) * num_ranks * (args.num_envs + args.num_eval_envs)
     if seeds_per_run >= 2**32:
         raise UserError(f"--total_timesteps={args.total_timesteps} would need more env seeds than numpy has (2**32)")
-    if not 0 <= args.seed < 2**32 - seeds_per_run:
-        raise UserError(f"--seed must be in [0, {2**32 - 1 - seeds_per_run}] for this run's length, got {args.seed}")
+    if not 0 <= args.seed <= 2**32 - seeds_per_run - args.num_seeds:
+        raise UserError(f"--seed must be in [0, {2**32 - seeds_per_run - args.num_seeds}] for this run's length and "
+                        f"--num_seeds, got {args.seed}")
     if derived["num_eval_steps"] is None:
         raise UserError(f"{args.env_id} has no time limit; give --max_episode_steps or --num_eval_steps")
     sim_backend = resolve_sim_backend(args.sim_backend) if maniskill else None
     if sim_backend == "gpu":
         for prefix, num_envs, partial_reset, reconfiguration_freq in (
-                ("", args.num_envs, args.partial_reset, args.reconfiguration_freq),
-                ("eval_", args.num_eval_envs, args.eval_partial_reset, args.eval_reconfiguration_freq)):
+                ("", args.num_envs * args.num_seeds, args.partial_reset, args.reconfiguration_freq),
+                ("eval_", args.num_eval_envs * args.num_seeds, args.eval_partial_reset,
+                 args.eval_reconfiguration_freq)):
             if num_envs > 1 and partial_reset and reconfiguration_freq:
                 raise UserError(f"--{prefix}partial_reset with --{prefix}reconfiguration_freq={reconfiguration_freq}: "
                                 "ManiSkill cannot reconfigure a GPU simulation while it resets only some of its envs; "
@@ -1065,7 +1264,7 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     if sim_backend == "cpu":
         # Each CPU env beyond one is a simulator process of ~0.5 GB that steps on a core of its own: past a few per
         # core they only cost memory (the defaults, sized for a GPU, would start 520 of them).
-        workers = sum(n for n in (args.num_envs, args.num_eval_envs) if n > 1)
+        workers = sum(n for n in (args.num_envs * args.num_seeds, args.num_eval_envs * args.num_seeds) if n > 1)
         if workers > CPU_WORKERS_PER_CORE * cores:
             num_envs, num_eval_envs = 2 * cores, min(args.num_eval_envs, cores)
             minibatches = max(d for d in range(1, args.num_minibatches + 1) if num_envs * args.num_steps % d == 0)
@@ -1276,7 +1475,7 @@ class TorchVecEnv:
     def _to_device(self, x, dtype: torch.dtype, shape: tuple = (-1,)) -> torch.Tensor:
         return torch.as_tensor(x).to(self.device, dtype).reshape(shape)
 
-    def reset(self, seed: Optional[int] = None) -> torch.Tensor:
+    def reset(self, seed: Optional[int | list[int]] = None) -> torch.Tensor:
         if self.reset_video_trigger is not None:
             self.reset_video_trigger.armed = True
         obs, _ = self.env.reset(seed=seed)
@@ -1325,8 +1524,9 @@ class TorchVecEnv:
 
 def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: bool, run_dir: Path,
               num_eval_steps: int, trajectory_path: Optional[Path] = None) -> TorchVecEnv:
-    """trajectory_path: ManiSkill only; record every episode there (.h5 and .json) with RecordEpisode."""
-    num_envs = args.num_eval_envs if evaluation else args.num_envs
+    """trajectory_path: ManiSkill only; record every episode there (.h5 and .json) with RecordEpisode. Under
+    --num_seeds, each seed's envs are a block of one vector env (SeedBlocks)."""
+    num_envs = (args.num_eval_envs if evaluation else args.num_envs) * args.num_seeds
     video_dir, video_trigger, max_steps_per_video = None, None, None
     if args.capture_video and evaluation:
         video_dir = str(run_dir / "videos")
@@ -1338,8 +1538,9 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
         max_steps_per_video = args.num_steps
     try:
         if maniskill:
-            return make_maniskill_envs(args, num_envs, device, evaluation, video_dir, video_trigger,
+            envs = make_maniskill_envs(args, num_envs, device, evaluation, video_dir, video_trigger,
                                        max_steps_per_video, trajectory_path)
+            return envs if args.num_seeds == 1 else SeedBlocks(envs, args.num_seeds)
         prefix = "eval" if evaluation else "train"
         if evaluation and video_dir is not None:
             video_trigger = ResetEpisodeTrigger()
@@ -1352,8 +1553,9 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
         else:
             env = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         critic_dim = env.get_attr("critic_dim")[0] if args.critic_obs else 0
-        return TorchVecEnv(env, device, torch_native=False, reset_video_trigger=video_trigger if evaluation else None,
+        envs = TorchVecEnv(env, device, torch_native=False, reset_video_trigger=video_trigger if evaluation else None,
                            critic_dim=critic_dim)
+        return envs if args.num_seeds == 1 else SeedBlocks(envs, args.num_seeds)
     except gym.error.DependencyNotInstalled as e:
         hint = "; or pass --no_capture_video" if args.capture_video else ""
         raise UserError(f"{args.env_id} needs an optional dependency: {e}{hint}") from e
@@ -1473,9 +1675,11 @@ def open_run(args: Args, setup: Setup, resume_state: Optional[dict]) -> SummaryW
 
 
 def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: torch.optim.Optimizer,
-                     reward_normalizer: Optional[RewardNormalizer], global_step: int, iteration: int,
-                     final: bool = False) -> Optional[Path]:
-    """Every rank calls it (each hands rank 0 its random state); rank 0 writes ckpt_{iteration}.pt."""
+                     reward_normalizer: Optional[RewardNormalizer], generators: list, global_step: int,
+                     iteration: int, final: bool = False) -> Optional[Path]:
+    """Every rank calls it (each hands rank 0 its random state); rank 0 writes ckpt_{iteration}.pt. Under
+    --num_seeds, first each seed's, as a run of its own would write it, in its run directory (seed_runs()); then the
+    run's, of all seeds, which --resume continues."""
     if not all_finite(agent):
         raise NonFiniteError("parameters")
     rank_rngs = gather_objects(rng_states(setup.device))
@@ -1487,16 +1691,48 @@ def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, 
              "observation_space": space_to_dict(envs.single_observation_space),
              "action_space": space_to_dict(envs.single_action_space),
              "global_step": global_step, "iteration": iteration, "world_size": world_size(),
-             "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:]}
-    path = setup.run_dir / f"ckpt_{iteration}.pt"
-    save_checkpoint(path, state)
-    if final:
-        save_checkpoint(setup.run_dir / "final_ckpt.pt", state)
-    if args.keep_checkpoints is not None:
-        numbered = numbered_checkpoints(setup.run_dir)
-        for old in sorted(numbered)[:-args.keep_checkpoints]:
-            numbered[old].unlink()
-    return path
+             "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:],
+             "seed_rngs": [generator.get_state() for generator in generators[1:]]}
+    runs = [(seed_setup.run_dir, seed_checkpoint(state, seed, seed_args, seed_setup, generators))
+            for seed, (seed_args, seed_setup) in enumerate(seed_runs(args, setup))] if args.num_seeds > 1 else []
+    for run_dir, run_state in [*runs, (setup.run_dir, state)]:
+        save_checkpoint(run_dir / f"ckpt_{iteration}.pt", run_state)
+        if final:
+            save_checkpoint(run_dir / "final_ckpt.pt", run_state)
+        if args.keep_checkpoints is not None:
+            numbered = numbered_checkpoints(run_dir)
+            for old in sorted(numbered)[:-args.keep_checkpoints]:
+                numbered[old].unlink()
+    return setup.run_dir / f"ckpt_{iteration}.pt"
+
+
+def seed_runs(args: Args, setup: Setup) -> list[tuple[Args, Setup]]:
+    """--num_seeds: each seed as a run of its own, {run_name}__seed{seed} in the run's directory: its flags (those of
+    a run of that seed alone) and where it writes."""
+    runs = []
+    for seed in range(args.seed, args.seed + args.num_seeds):
+        name = f"{setup.run_name}__seed{seed}"
+        runs.append((dataclasses.replace(args, seed=seed, num_seeds=1, exp_name=name),
+                     dataclasses.replace(setup, run_name=name, run_dir=setup.run_dir / name)))
+    return runs
+
+
+def seed_checkpoint(state: dict, seed: int, seed_args: Args, seed_setup: Setup, generators: list) -> dict:
+    """The seed-th seed's share of a checkpoint of all seeds, as a run of that seed alone writes one: ppo_eval.py
+    evaluates it, and --resume continues it alone."""
+    groups = state["optimizer"]["param_groups"]
+    ids = groups[seed]["params"]
+    optimizer = {"state": {i: state["optimizer"]["state"][id_] for i, id_ in enumerate(ids)
+                           if id_ in state["optimizer"]["state"]},
+                 "param_groups": [{**groups[seed], "params": list(range(len(ids)))}]}
+    rng = dict(state["rng"])
+    if seed > 0:  # its generator is its torch stream: the CPU's, or the learner GPU's
+        rng["torch" if generators[seed].device.type == "cpu" else "cuda"] = generators[seed].get_state()
+    return {**state, "run_name": seed_setup.run_name, "args": dataclasses.asdict(seed_args),
+            "model": {key: value[seed] for key, value in state["model"].items()}, "optimizer": optimizer,
+            "reward_normalizer": None if state["reward_normalizer"] is None else
+            {key: value[seed] for key, value in state["reward_normalizer"].items()},
+            "rng": rng, "seed_rngs": []}
 
 
 def print_how_to_resume(signum: int, checkpoint: Optional[Path], iteration: int, run_dir: Path):

@@ -277,7 +277,7 @@ class RewardNormalizer(nn.Module):
     """Divides rewards by the running std of each env's discounted return (SB3's VecNormalize): the critic then
     learns values of about unit scale whatever the task's reward scale. The return restarts when an episode ends."""
 
-    def __init__(self, num_envs: int, gamma: float, clip: float = 10.0):
+    def __init__(self, num_envs: int | tuple[int, ...], gamma: float, clip: float = 10.0):
         super().__init__()
         self.gamma, self.clip = gamma, clip
         self.return_rms = RunningMeanStd(1)
@@ -286,7 +286,7 @@ class RewardNormalizer(nn.Module):
 
     def forward(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
         self.discounted_return.mul_(self.gamma).add_(reward)
-        self.return_rms.update(gather_rows(self.discounted_return[:, None]))  # so that every rank scales alike
+        self.return_rms.update(gather_rows(self.discounted_return[..., None]))  # so that every rank scales alike
         self.discounted_return.masked_fill_(done, 0.0)
         return torch.clamp(reward / torch.sqrt(self.return_rms.var + 1e-8), -self.clip, self.clip).float()
 
@@ -549,23 +549,24 @@ def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch
 
 # Copied from ppo.py
 def ppo_loss(agent: Agent, args: Args, obs, actions, old_logprobs, advantages, returns, old_values):
-    """The clipped surrogate, value and entropy terms of one minibatch; its log-ratios and ratios, detached."""
+    """The clipped surrogate, value and entropy terms of one minibatch (under --num_seeds, (seeds, rows) tensors: one
+    value of each per seed); its log-ratios and ratios, detached."""
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
     logratio = newlogprob - old_logprobs
     ratio = logratio.exp()
     if args.norm_adv:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        advantages = (advantages - advantages.mean(-1, keepdim=True)) / (advantages.std(-1, keepdim=True) + 1e-8)
     clipped_ratio = torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-    pg_loss = torch.max(-advantages * ratio, -advantages * clipped_ratio).mean()
+    pg_loss = torch.max(-advantages * ratio, -advantages * clipped_ratio).mean(-1)
     if agent.value_normalizer is not None:  # the loss of standardized values; each term is a difference of values
         value_std = agent.value_normalizer.std().float()
         newvalue, returns, old_values = newvalue / value_std, returns / value_std, old_values / value_std
     if args.clip_vloss:
         v_clipped = old_values + torch.clamp(newvalue - old_values, -args.clip_coef, args.clip_coef)
-        v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean()
+        v_loss = 0.5 * torch.max((newvalue - returns) ** 2, (v_clipped - returns) ** 2).mean(-1)
     else:
-        v_loss = 0.5 * ((newvalue - returns) ** 2).mean()
-    return (pg_loss, v_loss, entropy.mean()), logratio.detach(), ratio.detach()
+        v_loss = 0.5 * ((newvalue - returns) ** 2).mean(-1)
+    return (pg_loss, v_loss, entropy.mean(-1)), logratio.detach(), ratio.detach()
 
 
 def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, advantages: torch.Tensor,
@@ -631,7 +632,7 @@ def random_shift(images: torch.Tensor, pad: int) -> torch.Tensor:
     return padded[torch.arange(num, device=images.device)[:, None, None], rows, columns].to(images.dtype)
 
 
-# Copied from ppo.py
+# Copied from ppo_rnn.py
 def minibatch_indices(batch_size: int, minibatch_size: int, epochs: int, device: torch.device):
     """Each epoch a new permutation of the batch, cut into minibatches; drawn as needed, so that an update stopped
     early draws no further permutations from the random stream."""
@@ -819,7 +820,7 @@ def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Op
         with torch.no_grad():
             action = agent.get_action(agent.normalize_obs(obs), deterministic=deterministic)
         obs, _, terminated, truncated, _, finished = eval_envs.step(action)
-        done = terminated | truncated
+        done = (terminated | truncated).flatten()  # (seeds, envs) from a vector env of seeds' blocks
         if finished is not None:
             wanted = counted < quota
             for key, value in finished.items():
@@ -1734,7 +1735,7 @@ def open_run(args: Args, setup: Setup, resume_state: Optional[dict]) -> SummaryW
     return writer
 
 
-# Copied from ppo.py
+# Copied from ppo_rnn.py
 def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: torch.optim.Optimizer,
                      reward_normalizer: Optional[RewardNormalizer], global_step: int, iteration: int,
                      final: bool = False) -> Optional[Path]:

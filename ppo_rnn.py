@@ -299,7 +299,9 @@ class RecurrentCore(nn.Module):
 
 # Copied from ppo.py
 class RunningMeanStd(nn.Module):
-    """Running mean and variance in float64 (parallel-variance merge); buffers, so checkpoints carry them."""
+    """Running mean and variance in float64 (parallel-variance merge); buffers, so checkpoints carry them. Rows are
+    x's second-to-last dimension: where the buffers have a leading dimension (one statistic per network of a stack),
+    x has the same one before its rows."""
 
     def __init__(self, dim: int, clip: float = 10.0):
         super().__init__()
@@ -309,21 +311,22 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
 
     def update(self, x: torch.Tensor):
-        batch_var, batch_mean = torch.var_mean(x.double(), dim=0, correction=0)
-        batch_count = x.shape[0]
+        batch_var, batch_mean = torch.var_mean(x.double(), dim=-2, correction=0)
+        batch_count = x.shape[-2]
+        count = self.count.unsqueeze(-1)
         delta = batch_mean - self.mean
-        total = self.count + batch_count
+        total = count + batch_count
         self.mean += delta * batch_count / total
-        self.var.copy_((self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total)
-                       / total)
-        self.count.copy_(total)
+        self.var.copy_((self.var * count + batch_var * batch_count + delta**2 * count * batch_count / total) / total)
+        self.count.copy_(total.squeeze(-1))
 
     def std(self) -> torch.Tensor:
         return torch.sqrt(self.var + 1e-8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dims = x.shape[-1]  # the first dims normalize alone too: the actor's part of a --critic_obs observation
-        return torch.clamp((x.double() - self.mean[:dims]) / self.std()[:dims], -self.clip, self.clip).float()
+        return torch.clamp((x.double() - self.mean[..., None, :dims]) / self.std()[..., None, :dims], -self.clip,
+                           self.clip).float()
 
     def denormalize(self, x: torch.Tensor) -> torch.Tensor:
         return (x.double() * self.std() + self.mean).float()
@@ -334,7 +337,7 @@ class RewardNormalizer(nn.Module):
     """Divides rewards by the running std of each env's discounted return (SB3's VecNormalize): the critic then
     learns values of about unit scale whatever the task's reward scale. The return restarts when an episode ends."""
 
-    def __init__(self, num_envs: int, gamma: float, clip: float = 10.0):
+    def __init__(self, num_envs: int | tuple[int, ...], gamma: float, clip: float = 10.0):
         super().__init__()
         self.gamma, self.clip = gamma, clip
         self.return_rms = RunningMeanStd(1)
@@ -343,7 +346,7 @@ class RewardNormalizer(nn.Module):
 
     def forward(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
         self.discounted_return.mul_(self.gamma).add_(reward)
-        self.return_rms.update(gather_rows(self.discounted_return[:, None]))  # so that every rank scales alike
+        self.return_rms.update(gather_rows(self.discounted_return[..., None]))  # so that every rank scales alike
         self.discounted_return.masked_fill_(done, 0.0)
         return torch.clamp(reward / torch.sqrt(self.return_rms.var + 1e-8), -self.clip, self.clip).float()
 
@@ -671,7 +674,6 @@ def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, a
     return stats
 
 
-# Copied from ppo.py
 def minibatch_indices(batch_size: int, minibatch_size: int, epochs: int, device: torch.device):
     """Each epoch a new permutation of the batch, cut into minibatches; drawn as needed, so that an update stopped
     early draws no further permutations from the random stream."""
@@ -1466,7 +1468,7 @@ class TorchVecEnv:
     def _to_device(self, x, dtype: torch.dtype, shape: tuple = (-1,)) -> torch.Tensor:
         return torch.as_tensor(x).to(self.device, dtype).reshape(shape)
 
-    def reset(self, seed: Optional[int] = None) -> torch.Tensor:
+    def reset(self, seed: Optional[int | list[int]] = None) -> torch.Tensor:
         if self.reset_video_trigger is not None:
             self.reset_video_trigger.armed = True
         obs, _ = self.env.reset(seed=seed)
@@ -1513,7 +1515,6 @@ class TorchVecEnv:
         self.env.close()
 
 
-# Copied from ppo.py
 def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: bool, run_dir: Path,
               num_eval_steps: int, trajectory_path: Optional[Path] = None) -> TorchVecEnv:
     """trajectory_path: ManiSkill only; record every episode there (.h5 and .json) with RecordEpisode."""
@@ -1666,7 +1667,6 @@ def open_run(args: Args, setup: Setup, resume_state: Optional[dict]) -> SummaryW
     return writer
 
 
-# Copied from ppo.py
 def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: torch.optim.Optimizer,
                      reward_normalizer: Optional[RewardNormalizer], global_step: int, iteration: int,
                      final: bool = False) -> Optional[Path]:

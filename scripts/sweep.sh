@@ -5,23 +5,33 @@
 #   scripts/sweep.sh --seeds "1 2" --vary "--learning_rate=1e-4 --learning_rate=3e-4" --vary "--num_envs=1 --num_envs=4" \
 #       --jobs 2 lr_envs -- python ppo.py --env_id=Hopper-v5 --num_steps=2048 --no_capture_video  # pip install mujoco
 #
+#   scripts/sweep.sh --seeds "1 2 3 4 5" --one_process mujoco -- python ppo.py --env_id=Hopper-v5 ...  # ppo.py only
+#
 # Each run is named NAME[__flag=value...]__seed{S} and writes runs/<that name>, its output in runs/<that name>.log.
+# --one_process trains the seeds of each combination in one process (ppo.py --num_seeds; the seeds consecutive):
+# runs/NAME[__flag=value...] holds each seed's run, NAME[__flag=value...]__seed{S}.
 # A run whose final checkpoint exists is skipped; one that was interrupted is resumed (--resume). Run it again after
 # a crash or a reboot and it finishes what is missing (a run killed before its first checkpoint starts again). Then:
 # python scripts/summarize.py runs/NAME__*/ and python scripts/plot.py runs/NAME__*/ --out plots/NAME (the run
 # directories, not their .log files), which group the seeds of each combination.
 set -euo pipefail
 
-usage() { echo "usage: $0 [--seeds \"1 2 3\"] [--vary \"--flag=a --flag=b\"]... [--jobs N] NAME -- COMMAND..." >&2; exit 2; }
+usage() {
+  echo "usage: $0 [--seeds \"1 2 3\"] [--vary \"--flag=a --flag=b\"]... [--jobs N] [--one_process]" \
+    "NAME -- COMMAND..." >&2
+  exit 2
+}
 
 seeds="1 2 3"
 jobs=1
+one_process=0
 varies=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --seeds) [ $# -ge 2 ] || usage; seeds="$2"; shift 2 ;;
     --vary) [ $# -ge 2 ] || usage; varies+=("$2"); shift 2 ;;
     --jobs) [ $# -ge 2 ] || usage; jobs="$2"; shift 2 ;;
+    --one_process) one_process=1; shift ;;
     --) usage ;;
     -*) echo "error: unknown option $1" >&2; usage ;;
     *) break ;;
@@ -49,16 +59,36 @@ for value in "${varies[@]}"; do
   combinations=("${extended[@]}")
 done
 
+batches=("$seeds")  # the seeds of each process
+if [ "$one_process" = 1 ]; then
+  read -ra listed <<< "$seeds"
+  for i in "${!listed[@]}"; do
+    if [ "${listed[$i]}" != $(( listed[0] + i )) ]; then
+      echo "error: --one_process needs consecutive seeds, not $seeds" >&2
+      exit 2
+    fi
+  done
+else
+  read -ra batches <<< "$seeds"
+fi
+
 mkdir -p runs
 failed=0
 running=0
 for combination in "${combinations[@]}"; do
-  for seed in $seeds; do
+  for batch in "${batches[@]}"; do
+    read -ra batch_seeds <<< "$batch"
     suffix=""
     for flag in $combination; do
       suffix+="__${flag#--}"
     done
-    run="${name}${suffix//\//-}__seed${seed}"
+    run="${name}${suffix//\//-}"
+    seed_flags=(--seed "${batch_seeds[0]}")
+    if [ "$one_process" = 1 ]; then
+      seed_flags+=(--num_seeds "${#batch_seeds[@]}")
+    else
+      run+="__seed${batch_seeds[0]}"
+    fi
     if [ -f "runs/$run/final_ckpt.pt" ]; then
       echo "done already: runs/$run"
       continue
@@ -68,7 +98,7 @@ for combination in "${combinations[@]}"; do
       running=$((running - 1))
     fi
     # shellcheck disable=SC2206  # the words of a combination are flags
-    argv=("${command[@]}" $combination --seed "$seed" --exp_name "$run")
+    argv=("${command[@]}" $combination "${seed_flags[@]}" --exp_name "$run")
     if compgen -G "runs/$run/*.pt" >/dev/null; then
       echo "resuming: runs/$run"
       argv+=(--resume "runs/$run")

@@ -45,6 +45,16 @@ def test_trains_and_evaluates_on_the_gpu_simulation_with_video(tmp_path, trainer
     assert len(results["episodes"]) == 16
 
 
+def test_seeds_share_one_gpu_simulation(tmp_path):
+    """ppo.py --num_seeds 2: 2 x 16 envs in one simulation; each seed's run evaluates its own 16 envs."""
+    result = run_script("ppo.py", gpu_args("ppo", "seeds", num_seeds=2), tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for seed in (1, 2):
+        run = tmp_path / f"runs/seeds/seeds__seed{seed}"
+        assert [value for _, value in scalars(run)["eval/episodes"]] == [16.0] * 3
+        assert load(run / "final_ckpt.pt")["args"]["seed"] == seed
+
+
 @pytest.mark.parametrize("trainer", TRAINERS)
 def test_compile_on_the_gpu(tmp_path, trainer):
     result = run_script(f"{trainer}.py", gpu_args(trainer, "compiled", compile=True, eval_freq=3), tmp_path)

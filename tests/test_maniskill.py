@@ -9,6 +9,7 @@ import re
 import signal
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -223,6 +224,33 @@ def test_gpu_path_default_flags_build(tmp_path, gpu_sized_envs, trainer):
         # 512 tiled 512x512 frames would be 400 MB each: the cameras shrink to keep a tiled frame near 1024 pixels
         assert train_kwargs["human_render_camera_configs"] == dict(width=42, height=42)  # 22 rows of 24
         assert eval_kwargs["human_render_camera_configs"] == dict(shader_pack="default", width=256, height=256)
+    finally:
+        envs.close()
+        eval_envs.close()
+
+
+def test_gpu_path_puts_the_seeds_in_blocks_of_one_simulation(tmp_path, gpu_sized_envs):
+    """`ppo.py --num_seeds 4 --num_envs 16` on a GPU: one simulation of 64 training envs (and 4 x 2 evaluation envs),
+    seed i's block reset with the env seeds that ManiSkill gives a run of seed + i alone."""
+    args = ppo.Args(env_id="PickCube-v1", num_seeds=4, num_envs=16, num_eval_envs=2, num_minibatches=4)
+    ppo.validate(args, maniskill=True, time_limit=50)
+    envs = ppo.make_envs(args, True, torch.device("cpu"), evaluation=False, run_dir=tmp_path, num_eval_steps=50)
+    eval_envs = ppo.make_envs(args, True, torch.device("cpu"), evaluation=True, run_dir=tmp_path, num_eval_steps=50)
+    try:
+        train_kwargs, eval_kwargs = gpu_sized_envs
+        assert train_kwargs["num_envs"] == 64 and eval_kwargs["num_envs"] == 8
+        assert envs.num_envs == 64 and (envs.num_seeds, envs.block) == (4, 16) and eval_envs.block == 2
+        asked = []
+
+        def reset(seed=None, options=None):
+            asked.append(seed)
+            return torch.zeros(64, envs.obs_dim), {}
+
+        envs.envs.env.reset = reset  # the one CPU env cannot reset as 64
+        assert envs.reset(seed=100).shape == (4, 16, envs.obs_dim)
+        for i in range(4):  # sapien_env.py's _set_main_rng for a run's reset(seed=100 + i)
+            block = asked[0][16 * i:16 * (i + 1)]
+            assert block == [100 + i, *np.random.RandomState(100 + i).randint(2**31, size=15).tolist()]
     finally:
         envs.close()
         eval_envs.close()

@@ -76,6 +76,22 @@ def test_sweep_runs_every_combination_then_finishes_what_is_missing(tmp_path):
     assert unmatched.returncode == 2 and "does not match the run name" in unmatched.stderr
 
 
+def test_sweep_puts_each_combinations_seeds_in_one_process(tmp_path):
+    options = ("--seeds", "3 4", "--vary", "--learning_rate=1e-3 --learning_rate=3e-4", "--one_process")
+    first = sweep(tmp_path, *options)
+    assert first.returncode == 0, first.stderr
+    for lr in ("1e-3", "3e-4"):
+        run = tmp_path / "runs" / f"pend__learning_rate={lr}"
+        assert load(run / "final_ckpt.pt")["args"]["num_seeds"] == 2
+        for seed in (3, 4):
+            saved = load(run / f"pend__learning_rate={lr}__seed{seed}" / "final_ckpt.pt")["args"]
+            assert saved["seed"] == seed and saved["learning_rate"] == float(lr)
+    again = sweep(tmp_path, *options)
+    assert again.returncode == 0 and again.stdout.count("done already") == 2, again.stderr
+    gap = sweep(tmp_path, "--seeds", "1 3", "--one_process")
+    assert gap.returncode == 2 and "--one_process needs consecutive seeds, not 1 3" in gap.stderr
+
+
 def test_sweep_reports_failed_runs(tmp_path):
     failed = sweep(tmp_path, "--seeds", "1", "--vary", "--learning_rate=-1")
     assert failed.returncode == 1 and "1 run(s) failed" in failed.stderr

@@ -1,0 +1,119 @@
+"""ppo.py --num_seeds: each seed of a batch trains as a run of that seed alone would, writes a run of its own that
+ppo_eval.py and the scripts take, and the batch stops and resumes as one run."""
+
+import signal
+
+import pytest
+import torch
+
+import ppo
+from tests.util import REPO, fast_args, load, run_script, run_scripts, scalars, sigterm_beside_full_run
+
+# Every quantity a seed must own: observation, reward and value statistics, advantage normalization, the adaptive
+# learning rate, the KL early stop, gradient clipping, and the random streams of weights, actions and minibatches.
+PER_SEED = dict(norm_obs=True, norm_reward=True, norm_value=True, lr_schedule="adaptive", target_kl=0.02,
+                max_grad_norm=0.5, clip_vloss=True, total_timesteps=32 * 8, eval_freq=4, max_episode_steps=24)
+ENVS = {"box": ("Pendulum-v1", PER_SEED), "discrete": ("CartPole-v1", PER_SEED),
+        "multidiscrete": ("tests.envs:MultiDiscreteTargets-v0", {}),
+        "multibinary": ("tests.envs:MultiBinaryTargets-v0", {})}
+
+
+@pytest.mark.parametrize("kind", ENVS)
+def test_each_seed_trains_as_a_run_of_that_seed_alone(tmp_path, kind):
+    """Seeds 5, 6 and 7 in one process against seeds 5 and 7 alone: the same weights (to float rounding: a batch's
+    layers multiply in one batched matmul), statistics, learning rates, KL stops and random draws. Any quantity
+    shared between seeds, or a seed's random stream drawn on by another, would set them apart."""
+    env_id, flags = ENVS[kind]
+    results = run_scripts([("ppo.py", fast_args(env_id, "batch", seed=5, num_seeds=3, **flags))] +
+                          [("ppo.py", fast_args(env_id, f"alone{seed}", seed=seed, **flags)) for seed in (5, 7)],
+                          tmp_path)
+    assert all(result.returncode == 0 for result in results), [result.stderr[-2000:] for result in results]
+    for seed in (5, 7):
+        batch_run, alone_run = tmp_path / f"runs/batch/batch__seed{seed}", tmp_path / f"runs/alone{seed}"
+        in_batch, alone = load(batch_run / "final_ckpt.pt"), load(alone_run / "final_ckpt.pt")
+        assert in_batch["args"]["seed"] == seed and in_batch["args"]["num_seeds"] == 1
+        for key in alone["model"]:
+            torch.testing.assert_close(in_batch["model"][key], alone["model"][key], rtol=1e-4, atol=1e-5, msg=key)
+        # the same number of random draws: the same minibatches drawn, the same KL stops
+        assert torch.equal(in_batch["rng"]["torch"], alone["rng"]["torch"])
+        assert in_batch["optimizer"]["param_groups"][0]["lr"] == alone["optimizer"]["param_groups"][0]["lr"]
+        assert [s["step"] for s in in_batch["optimizer"]["state"].values()] == \
+            [s["step"] for s in alone["optimizer"]["state"].values()]
+        if alone["reward_normalizer"] is not None:
+            for key, value in alone["reward_normalizer"].items():
+                torch.testing.assert_close(in_batch["reward_normalizer"][key], value, rtol=1e-4, atol=0, msg=key)
+        logged_in_batch, logged_alone = scalars(batch_run), scalars(alone_run)
+        assert logged_in_batch["losses/minibatch_steps"] == logged_alone["losses/minibatch_steps"]
+        for tag in ("losses/approx_kl", "charts/learning_rate", "eval/return", "train/return"):
+            assert [step for step, _ in logged_in_batch[tag]] == [step for step, _ in logged_alone[tag]], tag
+            torch.testing.assert_close(torch.tensor([value for _, value in logged_in_batch[tag]]),
+                                       torch.tensor([value for _, value in logged_alone[tag]]), rtol=1e-3, atol=1e-5)
+    batch = load(tmp_path / "runs/batch/final_ckpt.pt")  # the batch's, which --resume continues
+    assert batch["args"]["num_seeds"] == 3 and all(len(value) == 3 for value in batch["model"].values())
+    assert len(batch["seed_rngs"]) == 2
+
+
+def test_sigterm_then_resume_of_seeds_equals_uninterrupted_run(tmp_path):
+    """SIGTERM saves every seed; --resume RUN continues them all, exactly, each seed's logs on one step axis."""
+    iterations, signal_after = 60, 15
+    argv = dict(total_timesteps=32 * iterations, eval_freq=signal_after, num_seeds=2, norm_obs=True, norm_reward=True,
+                norm_value=True, lr_schedule="adaptive")
+    run = tmp_path / "runs/cut"
+    full, cut = sigterm_beside_full_run("ppo.py", fast_args("tests.envs:PointMass-v0", "full", **argv),
+                                        fast_args("tests.envs:PointMass-v0", "cut", **argv),
+                                        run / f"ckpt_{signal_after}.pt", tmp_path)
+    assert full.returncode == 0, full.stderr
+    assert cut.returncode == 128 + signal.SIGTERM, cut.stderr
+    assert "resume with: python " + str(REPO / "ppo.py") + " --resume runs/cut" in cut.stderr
+    saved = max(int(p.stem.split("_")[1]) for p in run.glob("ckpt_*.pt"))
+    assert signal_after <= saved < iterations
+    for seed in (1, 2):  # each seed's checkpoint of the same iteration, written before the batch's
+        assert load(run / f"cut__seed{seed}/ckpt_{saved}.pt")["iteration"] == saved
+
+    resumed = run_script("ppo.py", ["--resume", "runs/cut"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    for seed in (1, 2):
+        a = load(tmp_path / f"runs/full/full__seed{seed}/final_ckpt.pt")
+        b = load(run / f"cut__seed{seed}/final_ckpt.pt")
+        for key in a["model"]:
+            assert torch.equal(a["model"][key], b["model"][key]), key
+        assert str(a["optimizer"]) == str(b["optimizer"])
+        steps = [step for step, _ in scalars(run / f"cut__seed{seed}")["losses/value_loss"]]
+        assert steps == list(range(32, 32 * (iterations + 1), 32))
+
+
+def test_a_seeds_run_evaluates_and_summarizes_as_a_run_alone(tmp_path):
+    trained = run_script("ppo.py", fast_args("tests.envs:PointMass-v0", "batch", num_seeds=2), tmp_path)
+    assert trained.returncode == 0, trained.stderr
+    evaluated = run_script("ppo_eval.py", ["runs/batch/batch__seed2/final_ckpt.pt", "--num_episodes", "2"], tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert "return" in evaluated.stdout
+    refused = run_script("ppo_eval.py", ["runs/batch/final_ckpt.pt", "--num_episodes", "2"], tmp_path)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "evaluate a seed's own, in the directories beside it (batch__seed1/ and on)" in refused.stderr
+    summary = run_script("scripts/summarize.py", ["runs/batch/batch__seed1", "runs/batch/batch__seed2"], tmp_path)
+    assert summary.returncode == 0, summary.stderr
+    assert "| batch | 2 |" in summary.stdout  # the seeds are one group, as runs of their own named __seed{N} are
+    alone = run_script("ppo.py", ["--resume", "runs/batch/batch__seed2", "--total_timesteps", str(32 * 6)], tmp_path)
+    assert alone.returncode == 0, alone.stderr  # a seed's run continues alone too
+    assert load(tmp_path / "runs/batch/batch__seed2/final_ckpt.pt")["iteration"] == 6
+
+
+def test_seeds_on_maniskill_cpu_workers(tmp_path):
+    """PushCube's CPU simulation: 2 seeds' envs in 2 worker processes, each seed's episodes logged in its own run."""
+    result = run_script("ppo.py", fast_args("PushCube-v1", "cube", num_seeds=2, num_envs=1, num_minibatches=1,
+                                            num_steps=10, total_timesteps=20, eval_freq=1, max_episode_steps=5),
+                        tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for seed in (1, 2):
+        logged = scalars(tmp_path / f"runs/cube/cube__seed{seed}")
+        assert [value for _, value in logged["train/episode_len"]] == [5.0, 5.0]  # two 5-step episodes a rollout
+        assert [value for _, value in logged["eval/episodes"]] == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("flag, given", [("torchrun", dict()), ("--compile", dict(compile=True)),
+                                         ("--checkpoint", dict(checkpoint="x.pt")), ("--track", dict(track=True))])
+def test_num_seeds_refuses_what_it_does_not_do_yet(flag, given):
+    args = ppo.Args(env_id="CartPole-v1", num_seeds=2, num_envs=2, num_steps=16, num_minibatches=2, **given)
+    with pytest.raises(ppo.UserError, match=f"--num_seeds does not work with {flag} yet"):
+        ppo.validate(args, maniskill=False, time_limit=500, num_ranks=2 if flag == "torchrun" else 1)
