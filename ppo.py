@@ -3,15 +3,17 @@
     python ppo.py --env_id=PickCube-v1                                   # ManiSkill, GPU sim when CUDA is there
     python ppo.py --env_id=PushCube-v1 --num_envs=4 --num_eval_envs=2 --num_minibatches=4   # ManiSkill CPU sim, workers
     python ppo.py --env_id=CartPole-v1 --num_envs=8 --num_steps=128      # any Gymnasium id, also "my_module:MyEnv-v0"
+    python ppo.py --env_id=CartPole-v1 --num_envs=8 --num_steps=128 --num_seeds=5   # 5 seeds, one process, 5 runs
     python ppo.py --resume runs/RUN_NAME                                 # continue an interrupted run
     torchrun --standalone --nproc_per_node=4 ppo.py --env_id=PickCube-v1  # data parallel: 4 GPUs, 4 x 512 envs
 
 Everything happens on torch tensors on the learner's device: rollout, final-value bootstrapping, GAE, update.
 The file reads top to bottom: Args; the Agent; ALGO LOGIC (rollout(), compute_advantages(), ppo_loss(), update());
 train(), the loop that runs them, logs, evaluates and saves; the run's settings (settings(), seed_process(), the envs'
-kwargs, env_action(), what the critic sees). The "Plumbing" divider is a promise: every line whose change can change
-a run's numbers stands above it; below it stand only file formats, locks, messages, validation, and the mechanics of
-env adapters, collectives and signals: startup, checkpoints and resume, data parallel.
+kwargs, env_action(), what the critic sees); many seeds in one process (--num_seeds). The "Plumbing" divider is a
+promise: every line whose change can change a run's numbers stands above it; below it stand only file formats, locks,
+messages, validation, and the mechanics of env adapters, collectives and signals: startup, checkpoints and resume,
+data parallel.
 A copy (cp ppo.py my_idea.py) is a trainer of its own: runs/ENV__my_idea__SEED__TIME, its own resume and evaluation.
 Docs: docs/ppo.md (flags, examples), docs/bootstrap.md, docs/checkpoints.md.
 """
@@ -377,78 +379,6 @@ class Agent(nn.Module):
 def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
     return Agent(envs.obs_dim - envs.critic_dim, space_to_dict(envs.single_action_space), args.norm_obs,
                  args.norm_value, args.hidden_sizes, args.activation, args.log_std_init, envs.critic_dim)
-
-
-def draw_per_seed(draw, generators, *params: torch.Tensor) -> torch.Tensor:
-    """draw(*params, generator=g): with one generator per seed (--num_seeds), each seed's slice of params (their
-    first dimension) from its own."""
-    if len(generators) == 1:
-        return draw(*params, generator=generators[0])
-    return torch.stack([draw(*seed_params, generator=g) for g, *seed_params in zip(generators, *params)])
-
-
-def sample(pi: torch.distributions.Distribution, generators) -> torch.Tensor:
-    """pi.sample() for DiscreteActions' distributions, written out because their sample() takes no generator."""
-    base = pi.base_dist if isinstance(pi, Independent) else pi
-    if isinstance(base, Bernoulli):
-        return draw_per_seed(torch.bernoulli, generators, base.probs)
-
-    def categorical(probs: torch.Tensor, generator) -> torch.Tensor:
-        return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, True, generator=generator).reshape(
-            probs.shape[:-1])
-    return draw_per_seed(categorical, generators, base.probs)
-
-
-class SeedLinear(nn.Linear):
-    """The nn.Linear layers of --num_seeds networks as one: weight (seeds, out, in), bias (seeds, out), applied to
-    x of shape (seeds, rows, in), each seed's rows to its own weights."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.baddbmm(self.bias.unsqueeze(-2), x, self.weight.transpose(-1, -2))
-
-
-def stack_seeds(modules: list[nn.Module]) -> nn.Module:
-    """--num_seeds: one module of the seeds' modules (alike but for their values), each parameter and float buffer
-    stacked on a new first dimension, seed i's at index i: seed i's state dict is every tensor's [i]. Its nn.Linear
-    layers become SeedLinear; inputs and outputs carry the seed dimension first. One module is returned as it is."""
-    if len(modules) == 1:
-        return modules[0]
-    stacked = copy.deepcopy(modules[0])
-    for name, module in stacked.named_modules():
-        seeds = [m.get_submodule(name) for m in modules]
-        for key in module._parameters:
-            module._parameters[key] = nn.Parameter(torch.stack([seed._parameters[key].detach() for seed in seeds]))
-        for key, buffer in module._buffers.items():
-            if buffer.is_floating_point():  # integer buffers (DiscreteActions' index maps) describe the structure
-                module._buffers[key] = torch.stack([seed._buffers[key] for seed in seeds])
-        if type(module) is nn.Linear:
-            module.__class__ = SeedLinear  # the same parameters, stacked above
-    return stacked
-
-
-def seed_agent(args: Args, envs: TorchVecEnv, device: torch.device) -> tuple[Agent, list]:
-    """The run's agent and each seed's random generator (None: torch's default, the first seed's). Under --num_seeds
-    seed + i draws its initial weights, then its actions and minibatches, from a generator of its own, seeded and
-    used as torch's default generator is by a run of that seed alone; the agents are stacked (stack_seeds)."""
-    agents, generators = [make_agent(args, envs)], [None]
-    for i in range(1, args.num_seeds):
-        generator = torch.Generator(device).manual_seed(args.seed + i)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(args.seed + i)
-            agents.append(make_agent(args, envs))
-            if device.type == "cpu":  # the weights are drawn on the CPU, then the actions on the learner's device
-                generator.set_state(torch.get_rng_state())
-        generators.append(generator)
-    return stack_seeds(agents).to(device), generators
-
-
-def seed_parameter_groups(agent: Agent, num_seeds: int) -> list[dict]:
-    """The optimizer's parameter groups, one per seed: each seed's slices of the stacked parameters, as parameters
-    of their own (views of the same memory), so that each seed has its own Adam state, step count and learning rate,
-    and a seed given no gradient takes no step."""
-    if num_seeds == 1:
-        return [{"params": list(agent.parameters())}]
-    return [{"params": [nn.Parameter(p.detach()[i]) for p in agent.parameters()]} for i in range(num_seeds)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -867,30 +797,6 @@ def log_episode_metrics(writer: SummaryWriter, prefix: str, metrics: dict[str, t
     return means
 
 
-def by_seed(episodes: dict[str, torch.Tensor], num_seeds: int) -> list[dict[str, torch.Tensor]]:
-    """Each seed's share of finished episodes (metric -> values; "episodes": their number, where evaluate() counts
-    it), by the block of envs each finished in (SeedBlocks' "seed")."""
-    if num_seeds == 1:
-        return [episodes]
-    seed_of = episodes.get("seed")
-    shares = []
-    for seed in range(num_seeds):
-        mine = torch.zeros(0, dtype=torch.bool) if seed_of is None else seed_of == seed
-        share = {key: values[mine] for key, values in episodes.items() if key not in ("seed", "episodes")}
-        if "episodes" in episodes:
-            share["episodes"] = mine.sum(dtype=torch.float32).reshape(1)
-        shares.append(share)
-    return shares
-
-
-def mean_over_seeds(means: list[dict[str, float]]) -> dict[str, float]:
-    """The progress bar's: each metric's mean over the seeds that have it."""
-    if len(means) == 1:
-        return means[0]
-    keys = dict.fromkeys(key for seed_means in means for key in seed_means)
-    return {key: float(np.mean([seed_means[key] for seed_means in means if key in seed_means])) for key in keys}
-
-
 def progress_items(prefix: str, means: dict[str, float]) -> dict[str, float]:
     return {f"{prefix}_{key}": round(value, 3) for key, value in means.items() if key in ("return", "success_once")}
 
@@ -969,40 +875,6 @@ def env_action(envs: TorchVecEnv, action: torch.Tensor) -> torch.Tensor:
     return action.long() + envs.action_start
 
 
-class SeedBlocks:
-    """--num_seeds N: the seeds' envs as one vector env (TorchVecEnv) of N blocks of num_envs, seed i's the i-th;
-    tensors in and out are (N, num_envs, ...), and each finished episode's "seed" says whose it is. reset(seed=s)
-    seeds block i's envs as reset(seed=s + i) seeds a run's (ManiSkill's GPU simulation, though, draws the initial
-    states of every block from one torch stream: docs/ppo.md)."""
-
-    def __init__(self, envs: TorchVecEnv, num_seeds: int):
-        self.envs, self.num_seeds = envs, num_seeds
-        self.block = envs.num_envs // num_seeds
-
-    def __getattr__(self, name: str):  # spaces, devices, video: the vector env's
-        return getattr(self.envs, name)
-
-    def by_seed(self, x: torch.Tensor) -> torch.Tensor:
-        return x.reshape(self.num_seeds, self.block, *x.shape[1:])
-
-    def reset(self, seed: Optional[int] = None) -> torch.Tensor:
-        seeds = None if seed is None else [s for i in range(self.num_seeds) for s in self.block_seeds(seed + i)]
-        return self.by_seed(self.envs.reset(seed=seeds))
-
-    def block_seeds(self, seed: int) -> list[int]:
-        """The env seeds that reset(seed=seed) gives a run's envs: Gymnasium's seed + k; ManiSkill's GPU simulation's
-        seed, then draws from RandomState(seed)."""
-        if self.envs.torch_native:
-            return [seed, *np.random.RandomState(seed).randint(2**31, size=self.block - 1).tolist()]
-        return [seed + k for k in range(self.block)]
-
-    def step(self, action: torch.Tensor):
-        next_obs, reward, terminated, truncated, final_obs, finished = self.envs.step(action.flatten(0, 1))
-        if finished is not None:
-            finished["seed"] = torch.nonzero(terminated | truncated)[:, 0] // self.block
-        return (*(self.by_seed(x) for x in (next_obs, reward, terminated, truncated, final_obs)), finished)
-
-
 class CriticObservation(gym.Wrapper):
     """--critic_obs: the vector that the env puts in info["critic"] at reset and at every step (its full state),
     appended to the observation; the agent's actor reads the observation's own dims only."""
@@ -1067,6 +939,140 @@ def load_states(agent: Agent, optimizer: torch.optim.Optimizer, reward_normalize
         return 0, 0
     optimizer.load_state_dict(resume_state["optimizer"])
     return resume_state["global_step"], resume_state["iteration"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Many seeds in one process (--num_seeds): each seed's networks, random streams and envs, as a run of its own has them
+# ---------------------------------------------------------------------------------------------
+
+def draw_per_seed(draw, generators, *params: torch.Tensor) -> torch.Tensor:
+    """draw(*params, generator=g): with one generator per seed (--num_seeds), each seed's slice of params (their
+    first dimension) from its own."""
+    if len(generators) == 1:
+        return draw(*params, generator=generators[0])
+    return torch.stack([draw(*seed_params, generator=g) for g, *seed_params in zip(generators, *params)])
+
+
+def sample(pi: torch.distributions.Distribution, generators) -> torch.Tensor:
+    """pi.sample() for DiscreteActions' distributions, written out because their sample() takes no generator."""
+    base = pi.base_dist if isinstance(pi, Independent) else pi
+    if isinstance(base, Bernoulli):
+        return draw_per_seed(torch.bernoulli, generators, base.probs)
+
+    def categorical(probs: torch.Tensor, generator) -> torch.Tensor:
+        return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, True, generator=generator).reshape(
+            probs.shape[:-1])
+    return draw_per_seed(categorical, generators, base.probs)
+
+
+class SeedLinear(nn.Linear):
+    """The nn.Linear layers of --num_seeds networks as one: weight (seeds, out, in), bias (seeds, out), applied to
+    x of shape (seeds, rows, in), each seed's rows to its own weights."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.baddbmm(self.bias.unsqueeze(-2), x, self.weight.transpose(-1, -2))
+
+
+def stack_seeds(modules: list[nn.Module]) -> nn.Module:
+    """--num_seeds: one module of the seeds' modules (alike but for their values), each parameter and float buffer
+    stacked on a new first dimension, seed i's at index i: seed i's state dict is every tensor's [i]. Its nn.Linear
+    layers become SeedLinear; inputs and outputs carry the seed dimension first. One module is returned as it is."""
+    if len(modules) == 1:
+        return modules[0]
+    stacked = copy.deepcopy(modules[0])
+    for name, module in stacked.named_modules():
+        seeds = [m.get_submodule(name) for m in modules]
+        for key in module._parameters:
+            module._parameters[key] = nn.Parameter(torch.stack([seed._parameters[key].detach() for seed in seeds]))
+        for key, buffer in module._buffers.items():
+            if buffer.is_floating_point():  # integer buffers (DiscreteActions' index maps) describe the structure
+                module._buffers[key] = torch.stack([seed._buffers[key] for seed in seeds])
+        if type(module) is nn.Linear:
+            module.__class__ = SeedLinear  # the same parameters, stacked above
+    return stacked
+
+
+def seed_agent(args: Args, envs: TorchVecEnv, device: torch.device) -> tuple[Agent, list]:
+    """The run's agent and each seed's random generator (None: torch's default, the first seed's). Under --num_seeds
+    seed + i draws its initial weights, then its actions and minibatches, from a generator of its own, seeded and
+    used as torch's default generator is by a run of that seed alone; the agents are stacked (stack_seeds)."""
+    agents, generators = [make_agent(args, envs)], [None]
+    for i in range(1, args.num_seeds):
+        generator = torch.Generator(device).manual_seed(args.seed + i)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(args.seed + i)
+            agents.append(make_agent(args, envs))
+            if device.type == "cpu":  # the weights are drawn on the CPU, then the actions on the learner's device
+                generator.set_state(torch.get_rng_state())
+        generators.append(generator)
+    return stack_seeds(agents).to(device), generators
+
+
+def seed_parameter_groups(agent: Agent, num_seeds: int) -> list[dict]:
+    """The optimizer's parameter groups, one per seed: each seed's slices of the stacked parameters, as parameters
+    of their own (views of the same memory), so that each seed has its own Adam state, step count and learning rate,
+    and a seed given no gradient takes no step."""
+    if num_seeds == 1:
+        return [{"params": list(agent.parameters())}]
+    return [{"params": [nn.Parameter(p.detach()[i]) for p in agent.parameters()]} for i in range(num_seeds)]
+
+
+class SeedBlocks:
+    """--num_seeds N: the seeds' envs as one vector env (TorchVecEnv) of N blocks of num_envs, seed i's the i-th;
+    tensors in and out are (N, num_envs, ...), and each finished episode's "seed" says whose it is. reset(seed=s)
+    seeds block i's envs as reset(seed=s + i) seeds a run's (ManiSkill's GPU simulation, though, draws the initial
+    states of every block from one torch stream: docs/ppo.md)."""
+
+    def __init__(self, envs: TorchVecEnv, num_seeds: int):
+        self.envs, self.num_seeds = envs, num_seeds
+        self.block = envs.num_envs // num_seeds
+
+    def __getattr__(self, name: str):  # spaces, devices, video: the vector env's
+        return getattr(self.envs, name)
+
+    def by_seed(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(self.num_seeds, self.block, *x.shape[1:])
+
+    def reset(self, seed: Optional[int] = None) -> torch.Tensor:
+        seeds = None if seed is None else [s for i in range(self.num_seeds) for s in self.block_seeds(seed + i)]
+        return self.by_seed(self.envs.reset(seed=seeds))
+
+    def block_seeds(self, seed: int) -> list[int]:
+        """The env seeds that reset(seed=seed) gives a run's envs: Gymnasium's seed + k; ManiSkill's GPU simulation's
+        seed, then draws from RandomState(seed)."""
+        if self.envs.torch_native:
+            return [seed, *np.random.RandomState(seed).randint(2**31, size=self.block - 1).tolist()]
+        return [seed + k for k in range(self.block)]
+
+    def step(self, action: torch.Tensor):
+        next_obs, reward, terminated, truncated, final_obs, finished = self.envs.step(action.flatten(0, 1))
+        if finished is not None:
+            finished["seed"] = torch.nonzero(terminated | truncated)[:, 0] // self.block
+        return (*(self.by_seed(x) for x in (next_obs, reward, terminated, truncated, final_obs)), finished)
+
+
+def by_seed(episodes: dict[str, torch.Tensor], num_seeds: int) -> list[dict[str, torch.Tensor]]:
+    """Each seed's share of finished episodes (metric -> values; "episodes": their number, where evaluate() counts
+    it), by the block of envs each finished in (SeedBlocks' "seed")."""
+    if num_seeds == 1:
+        return [episodes]
+    seed_of = episodes.get("seed")
+    shares = []
+    for seed in range(num_seeds):
+        mine = torch.zeros(0, dtype=torch.bool) if seed_of is None else seed_of == seed
+        share = {key: values[mine] for key, values in episodes.items() if key not in ("seed", "episodes")}
+        if "episodes" in episodes:
+            share["episodes"] = mine.sum(dtype=torch.float32).reshape(1)
+        shares.append(share)
+    return shares
+
+
+def mean_over_seeds(means: list[dict[str, float]]) -> dict[str, float]:
+    """The progress bar's: each metric's mean over the seeds that have it."""
+    if len(means) == 1:
+        return means[0]
+    keys = dict.fromkeys(key for seed_means in means for key in seed_means)
+    return {key: float(np.mean([seed_means[key] for seed_means in means if key in seed_means])) for key in keys}
 
 
 # =============================================================================================

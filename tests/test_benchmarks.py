@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from tests.util import REPO, load, run_python, runs_ahead, script_env
@@ -248,6 +249,18 @@ def test_threads_benchmark_runs_side_by_side(tmp_path):
     assert row[0] == "| CartPole-v1, the README's command, two runs side by side (scripts/sweep.sh --jobs 2)"
     one, two, ratio = float(row[1]), float(row[2]), float(row[3].rstrip(" |"))
     assert one > 0 and two > 0 and abs(ratio - two / one) <= 0.01  # the SPS are printed rounded
+
+
+def test_seeds_speed_benchmark_times_both_ways(tmp_path):
+    result = run([sys.executable, str(REPO / "benchmarks/seeds_speed.py"), "--settings", "cartpole", "--num_seeds", "1",
+                  "2", "--total_timesteps", "512"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line.split(" | ") for line in result.stdout.splitlines() if line.startswith(("| 1 |", "| 2 |"))]
+    assert [row[1] for row in rows] == ["one run", "separate processes, 2 at a time", "--num_seeds 2"]
+    seconds, per_hour, separate = float(rows[2][2]), float(rows[2][3]), float(rows[1][2])  # printed rounded
+    assert per_hour == pytest.approx(3600 * 2 / seconds, rel=0.02)
+    assert float(rows[2][4]) == pytest.approx(separate / seconds, rel=0.03)
+    assert all(int(row[6].rstrip(" |")) > 100 for row in rows)  # MiB: a process with torch imported
 
 
 def test_gpu_kit_refuses_or_skips_without_a_gpu_and_reports_fake_runs(tmp_path):

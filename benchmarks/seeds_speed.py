@@ -1,0 +1,116 @@
+"""Many seeds in one process against a process a seed (issue 38's must-have 4): ppo.py --num_seeds N against the same
+N seeds as runs of their own, two at a time (scripts/sweep.sh --jobs 2, on 2 cores), one measurement at a time.
+
+    python benchmarks/seeds_speed.py                          # HalfCheetah-v4 and CartPole-v1, N = 1, 2, 4, 8, 16
+    python benchmarks/seeds_speed.py --threads 1 2            # the one process also with --torch_threads 2
+    python benchmarks/seeds_speed.py --settings cartpole --num_seeds 1 2 --total_timesteps 1024  # a check of it
+
+Prints a markdown table per setting: for each N, the wall time of all N seeds (process start-up included, as a user
+waits for it) in one process and as separate processes, seeds per hour of each, the ratio of the two, the one
+process's time over one seed's alone, and the peak resident memory of a process (ru_maxrss; the separate runs'
+largest, two of which run at once).
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from tests.util import machine  # noqa: E402
+
+# Short runs: evaluation (one env, 10 steps) and checkpoints kept out of the way of the training loop.
+COMMON = "--no_capture_video --no_save_model --eval_freq 1000000 --num_eval_envs 1 --num_eval_steps 10"
+SETTINGS = {  # name: (what it is, ppo.py's flags)
+    "halfcheetah": ("HalfCheetah-v4, CleanRL's MuJoCo settings (one env in-process, 2x64 networks)",
+                    "--env_id HalfCheetah-v4 --num_envs 1 --num_steps 2048 --num_minibatches 32 --update_epochs 10 "
+                    "--hidden_sizes 64 64 --log_std_init 0 --gamma 0.99 --gae_lambda 0.95 --norm_obs --norm_reward "
+                    "--clip_vloss --lr_schedule linear --target_kl None --total_timesteps 20480"),
+    "cartpole": ("CartPole-v1, the README's command (4 envs in-process)",
+                 "--env_id CartPole-v1 --num_envs 4 --num_steps 128 --num_minibatches 4 --update_epochs 4 --gamma 0.99 "
+                 "--gae_lambda 0.95 --learning_rate 2e-3 --lr_schedule linear --target_kl None "
+                 "--total_timesteps 30720"),
+}
+
+
+def run(flags: list[str], cwd: str) -> subprocess.Popen:
+    log = Path(cwd) / f"{flags[-1]}.log"  # flags end with the run's name
+    with open(log, "w") as stderr:
+        process = subprocess.Popen([sys.executable, str(REPO / "ppo.py"), *COMMON.split(), *flags], cwd=cwd,
+                                   stdout=subprocess.DEVNULL, stderr=stderr)
+    process.log = log
+    return process
+
+
+def finish(process: subprocess.Popen) -> int:
+    """Wait for process; its peak resident memory in MiB."""
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        raise SystemExit(f"error: {' '.join(process.args)} failed:\n{process.log.read_text()[-2000:]}")
+    return usage.ru_maxrss // 1024
+
+
+def one_process(flags: list[str], num_seeds: int, threads: int) -> tuple[float, int]:
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        memory = finish(run([*flags, "--num_seeds", str(num_seeds), "--torch_threads", str(threads),
+                             "--exp_name", "batch"], tmp))
+        return time.perf_counter() - start, memory
+
+
+def separate_processes(flags: list[str], num_seeds: int) -> tuple[float, int]:
+    """Seeds 1..num_seeds, two at a time: a new one starts as soon as one ends."""
+    with tempfile.TemporaryDirectory() as tmp:
+        start, memory, running, waiting = time.perf_counter(), 0, [], list(range(1, num_seeds + 1))
+        while waiting or running:
+            while waiting and len(running) < 2:
+                seed = waiting.pop(0)
+                running.append(run([*flags, "--seed", str(seed), "--exp_name", f"seed{seed}"], tmp))
+            pid = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT).si_pid  # the first to end; finish() reaps it
+            ended = next(process for process in running if process.pid == pid)
+            running.remove(ended)
+            memory = max(memory, finish(ended))
+        return time.perf_counter() - start, memory
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
+    parser.add_argument("--num_seeds", nargs="+", type=int, default=[1, 2, 4, 8, 16])
+    parser.add_argument("--threads", nargs="+", type=int, default=[1], help="the one process's --torch_threads")
+    parser.add_argument("--total_timesteps", type=int, help="each seed's steps (default: the setting's own)")
+    options = parser.parse_args()
+    print(f"benchmarks/seeds_speed.py, {machine()}\n")
+    for name in options.settings:
+        description, flags = SETTINGS[name]
+        flags = flags.split() + ([] if options.total_timesteps is None else
+                                 ["--total_timesteps", str(options.total_timesteps)])
+        print(f"**{description}**, {flags[flags.index('--total_timesteps') + 1]} steps a seed\n")
+        print("| seeds | way | wall time (s) | seeds per hour | separate / this | this / one seed alone | "
+              "peak RSS of a process (MiB) |")
+        print("|---:|---|---:|---:|---:|---:|---:|")
+        alone = None
+        for num_seeds in options.num_seeds:
+            separate, separate_memory = separate_processes(flags, num_seeds)
+            alone = alone or (separate if num_seeds == 1 else None)
+            rows = [(f"{'separate processes, 2 at a time' if num_seeds > 1 else 'one run'}", separate,
+                     separate_memory)]
+            for threads in options.threads if num_seeds > 1 else [t for t in options.threads if t != 1]:
+                seconds, memory = one_process(flags, num_seeds, threads)
+                rows.append((f"--num_seeds {num_seeds}" + (f", {threads} threads" if threads != 1 else ""),
+                             seconds, memory))
+            for i, (way, seconds, memory) in enumerate(rows):
+                versus_separate = f"{separate / seconds:.2f}" if i > 0 else "-"
+                versus_alone = f"{seconds / alone:.2f}" if alone else "-"
+                print(f"| {num_seeds} | {way} | {seconds:.1f} | {3600 * num_seeds / seconds:.0f} | "
+                      f"{versus_separate} | {versus_alone} | {memory} |")
+        print()
+
+
+if __name__ == "__main__":
+    main()
