@@ -506,6 +506,7 @@ def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, a
     stats, clipfracs, logged_kls = {}, [], None
     minibatch_steps = torch.zeros(seed_shape, dtype=torch.long, device=b_obs.device)
     stepping = [True] * args.num_seeds  # minibatch_indices reads it: a seed that stopped draws no more permutations
+    stacked_parameters = list(agent.parameters())
     for mb in minibatch_indices(batch_size, batch_size // args.num_minibatches, args.update_epochs, generators,
                                 stepping, b_obs.device):
         (pg_loss, v_loss, entropy_loss), logratio, ratio = update_losses(
@@ -534,7 +535,7 @@ def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, a
             loss_finite = average_gradients(agent, loss_finite)
         if args.num_seeds > 1:  # each seed's parameter group takes its slices of the gradients; a stopped seed none
             for seed, (group, go) in enumerate(zip(optimizer.param_groups, stepping)):
-                for view, p in zip(group["params"], agent.parameters()):
+                for view, p in zip(group["params"], stacked_parameters):
                     view.grad = p.grad[seed] if go else None
         grad_norms = torch.stack([nn.utils.clip_grad_norm_(group["params"], args.max_grad_norm)
                                   for group in optimizer.param_groups])

@@ -97,15 +97,16 @@ def test_mujoco_benchmark_writes_its_table_and_plots(ahead):
     directory, result = ahead["mujoco"]
     assert result.returncode == 0, result.stderr[-3000:]
     table = (directory / "out/table.md").read_text().splitlines()
-    tasks = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")
-    assert table[1].startswith('seeds: 1; command: bash benchmarks/mujoco.sh 2048 "1" 1, i.e. ppo.py --num_envs 1 ')
+    tasks = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5")
+    assert table[1].startswith('seeds: 1; command: TASKS="HalfCheetah-v5 Hopper-v5 Walker2d-v5 Ant-v5" ONE_PROCESS=1 '
+                               'bash benchmarks/mujoco.sh 2048 "1" 1, i.e. ppo.py --num_envs 1 ')
     assert table[2].startswith("- HalfCheetah-v5: --hidden_sizes 256 256 --activation relu --log_std_init -2 ")
-    assert [line.split(":")[0] for line in table[3:5]] == ["- Hopper-v5", "- Walker2d-v5"]
-    assert table[8].startswith("| runs | n | eval/return (final) | charts/SPS (final) |")
-    assert [row.split(" | ")[0] for row in table[10:]] == [f"| mujoco_{task}" for task in tasks]
+    assert [line.split(":")[0] for line in table[3:6]] == ["- Hopper-v5", "- Walker2d-v5", "- Ant-v5"]
+    assert table[9].startswith("| runs | n | eval/return (final IQM [95% interval]) | charts/SPS (final IQM")
+    assert [row.split(" | ")[0] for row in table[11:]] == [f"| mujoco_{task}" for task in tasks]
     for task in tasks:
         assert (directory / "out" / task / "eval_return.png").stat().st_size > 10_000
-        ckpt = load(directory / "runs" / f"mujoco_{task}__seed1" / "final_ckpt.pt")
+        ckpt = load(directory / "runs" / f"mujoco_{task}" / "final_ckpt.pt")  # one seed: --num_seeds 1, a plain run
         assert ckpt["args"]["activation"] == ("relu" if task == "HalfCheetah-v5" else "tanh")
 
 
