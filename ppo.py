@@ -534,11 +534,11 @@ def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, a
         if world_size() > 1:
             loss_finite = average_gradients(agent, loss_finite)
         if args.num_seeds > 1:  # each seed's parameter group takes its slices of the gradients; a stopped seed none
-            for seed, (group, go) in enumerate(zip(optimizer.param_groups, stepping)):
+            for i, (group, go) in enumerate(zip(optimizer.param_groups, stepping)):
                 for view, p in zip(group["params"], stacked_parameters):
-                    view.grad = p.grad[seed] if go else None
+                    view.grad = p.grad[i] if go else None
         grad_norms = torch.stack([nn.utils.clip_grad_norm_(group["params"], args.max_grad_norm)
-                                  for group in optimizer.param_groups])
+                                  for group, go in zip(optimizer.param_groups, stepping) if go])
         if not (loss_finite & torch.isfinite(grad_norms).all()):  # one wait for the GPU, not two
             raise NonFiniteError("gradient" if loss_finite else "loss")
         optimizer.step()
@@ -613,7 +613,7 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
           resume_state: Optional[dict], init_state: Optional[dict]) -> int:
     """Rank 0 alone logs, evaluates (eval_envs is None on the others) and writes checkpoints."""
     device, rank, num_ranks, num_iterations = setup.device, setup.rank, world_size(), setup.num_iterations
-    agent, generators = seed_agent(args, envs, device)
+    agent, generators = agent_and_generators(args, envs, device)
     # fused: one kernel per parameter for the whole Adam step, on the CPU as on the GPU; it rounds differently from
     # torch's default by about one float32 ulp per step, and takes a third of its time for small networks.
     optimizer = torch.optim.Adam(seed_parameter_groups(agent, args.num_seeds), lr=args.learning_rate, eps=1e-5,
@@ -636,8 +636,10 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
     if resume_state is not None:
         # After the envs are built and reset, so that each rank's random stream continues where it stopped.
         set_rng_states(resume_state["rng"] if rank == 0 else resume_state["other_ranks_rng"][rank - 1], device)
-        for generator, state in zip(generators[1:], resume_state.get("seed_rngs", [])):
-            generator.set_state(state)
+        for generator, state in zip(generators, resume_state.get("seed_rngs", [])):
+            # a run moved between the CPU and a GPU (--cuda) draws on from its seeds, as a run alone does on a GPU
+            if state.numel() == generator.get_state().numel():
+                generator.set_state(state)
     writer = open_run(args, setup, resume_state) if rank == 0 else None
     # each seed's logs: under --num_seeds in a run directory of its own, inside this run's
     writers = [writer] if args.num_seeds == 1 or rank != 0 else [open_run(*run, resume_state) for run in
@@ -662,7 +664,8 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
     try:
         for iteration in range(start_iteration + 1, num_iterations + 1):
             if args.lr_schedule == "linear":
-                optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
+                for group in optimizer.param_groups:  # one per seed under --num_seeds
+                    group["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
             rollout_start = time.perf_counter()
             agent.eval()
             next_obs, episodes = rollout(agent, envs, buf, next_obs, policy_step, reward_normalizer, args,
@@ -691,9 +694,12 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
                 timing = {"charts/SPS": sps, "time/rollout_time": rollout_time, "time/update_time": update_time,
                           "time/rollout_fps": args.num_envs * num_ranks * args.num_steps / rollout_time}
                 train_means = []
-                for seed, (seed_writer, seed_episodes) in enumerate(zip(writers, by_seed(episodes, args.num_seeds))):
+                seeds_episodes = episodes_by_seed(episodes, args.num_seeds)
+                for i, (seed_writer, seed_episodes) in enumerate(zip(writers, seeds_episodes)):
                     for tag, value in stats.items():  # tensors until here: only rank 0 waits for them
-                        seed_writer.add_scalar(tag, float(value.reshape(-1)[seed]), global_step)
+                        value = float(value.reshape(-1)[i])
+                        if not math.isnan(value):  # NaN: the seed took no step, so it has no losses to log
+                            seed_writer.add_scalar(tag, value, global_step)
                     for tag, value in timing.items():
                         seed_writer.add_scalar(tag, value, global_step)
                     train_means.append(log_episode_metrics(seed_writer, "train", seed_episodes, global_step))
@@ -702,11 +708,14 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
                         seed_writer.add_scalar("charts/episodic_length", train_means[-1]["episode_len"], global_step)
                 postfix = {"step": global_step, "SPS": sps, **progress_items("train", mean_over_seeds(train_means))}
                 if iteration % args.eval_freq == 0 or iteration == num_iterations:
-                    agent.eval()
-                    with own_random_stream(eval_envs):
-                        eval_episodes = evaluate(agent, eval_envs, setup.num_eval_steps, eval_seed)
-                    eval_means = [log_episode_metrics(seed_writer, "eval", seed_episodes, global_step) for
-                                  seed_writer, seed_episodes in zip(writers, by_seed(eval_episodes, args.num_seeds))]
+                    eval_means = []
+                    for i, (seed_writer, seed_agent, seed_eval_envs) in enumerate(zip(
+                            writers, agents_of_seeds(agent, args, envs), eval_envs_of_seeds(eval_envs))):
+                        seed_agent.eval()
+                        with own_random_stream(seed_eval_envs):
+                            eval_episodes = evaluate(seed_agent, seed_eval_envs, setup.num_eval_steps,
+                                                     None if eval_seed is None else eval_seed + i)
+                        eval_means.append(log_episode_metrics(seed_writer, "eval", eval_episodes, global_step))
                     eval_seed = None
                     if any(means["episodes"] == 0 for means in eval_means):
                         print(f"\nevaluation at iteration {iteration}: no episode finished within "
@@ -776,7 +785,7 @@ def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Op
         with torch.no_grad():
             action = agent.get_action(agent.normalize_obs(obs), deterministic=deterministic)
         obs, _, terminated, truncated, _, finished = eval_envs.step(action)
-        done = (terminated | truncated).flatten()  # (seeds, envs) from a vector env of seeds' blocks
+        done = terminated | truncated
         if finished is not None:
             wanted = counted < quota
             for key, value in finished.items():
@@ -874,6 +883,15 @@ def env_action(envs: TorchVecEnv, action: torch.Tensor) -> torch.Tensor:
     if isinstance(envs.single_action_space, gym.spaces.Box):
         return torch.clamp(action, envs.action_low, envs.action_high)
     return action.long() + envs.action_start
+
+
+class EachSeed(list):
+    """--num_seeds: each seed's evaluation envs, which it steps alone: a vector env of all seeds would step a seed's
+    envs on, and draw their next starts, until every seed's episodes had finished."""
+
+    def close(self):
+        for envs in self:
+            envs.close()
 
 
 class CriticObservation(gym.Wrapper):
@@ -993,17 +1011,20 @@ def stack_seeds(modules: list[nn.Module]) -> nn.Module:
     return stacked
 
 
-def seed_agent(args: Args, envs: TorchVecEnv, device: torch.device) -> tuple[Agent, list]:
-    """The run's agent and each seed's random generator (None: torch's default, the first seed's). Under --num_seeds
-    seed + i draws its initial weights, then its actions and minibatches, from a generator of its own, seeded and
-    used as torch's default generator is by a run of that seed alone; the agents are stacked (stack_seeds)."""
-    agents, generators = [make_agent(args, envs)], [None]
-    for i in range(1, args.num_seeds):
-        generator = torch.Generator(device).manual_seed(args.seed + i)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(args.seed + i)
-            agents.append(make_agent(args, envs))
-            if device.type == "cpu":  # the weights are drawn on the CPU, then the actions on the learner's device
+def agent_and_generators(args: Args, envs: TorchVecEnv, device: torch.device) -> tuple[Agent, list]:
+    """The run's agent and where its random draws come from: torch's default generator (None) for a run of one seed.
+    Under --num_seeds, seed + i draws its initial weights, then its actions and minibatches, from a generator of its
+    own, seeded and used as torch's default generator is by a run of that seed alone (and shared with nothing else,
+    such as ManiSkill's resets); the agents are stacked (stack_seeds)."""
+    if args.num_seeds == 1:
+        return make_agent(args, envs).to(device), [None]
+    agents, generators = [], []
+    for seed in range(args.seed, args.seed + args.num_seeds):
+        generator = torch.Generator(device).manual_seed(seed)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            agents.append(make_agent(args, envs))  # drawn on the CPU, as a run alone draws them
+            if device.type == "cpu":  # the CPU's stream goes on from there to the actions
                 generator.set_state(torch.get_rng_state())
         generators.append(generator)
     return stack_seeds(agents).to(device), generators
@@ -1020,7 +1041,7 @@ def seed_parameter_groups(agent: Agent, num_seeds: int) -> list[dict]:
 
 class SeedBlocks:
     """--num_seeds N: the seeds' envs as one vector env (TorchVecEnv) of N blocks of num_envs, seed i's the i-th;
-    tensors in and out are (N, num_envs, ...), and each finished episode's "seed" says whose it is. reset(seed=s)
+    tensors in and out are (N, num_envs, ...), and each finished episode's "seed_index" says whose it is. reset(seed=s)
     seeds block i's envs as reset(seed=s + i) seeds a run's (ManiSkill's GPU simulation, though, draws the initial
     states of every block from one torch stream: docs/ppo.md)."""
 
@@ -1031,12 +1052,12 @@ class SeedBlocks:
     def __getattr__(self, name: str):  # spaces, devices, video: the vector env's
         return getattr(self.envs, name)
 
-    def by_seed(self, x: torch.Tensor) -> torch.Tensor:
+    def blocks(self, x: torch.Tensor) -> torch.Tensor:
         return x.reshape(self.num_seeds, self.block, *x.shape[1:])
 
     def reset(self, seed: Optional[int] = None) -> torch.Tensor:
         seeds = None if seed is None else [s for i in range(self.num_seeds) for s in self.block_seeds(seed + i)]
-        return self.by_seed(self.envs.reset(seed=seeds))
+        return self.blocks(self.envs.reset(seed=seeds))
 
     def block_seeds(self, seed: int) -> list[int]:
         """The env seeds that reset(seed=seed) gives a run's envs: Gymnasium's seed + k; ManiSkill's GPU simulation's
@@ -1048,24 +1069,35 @@ class SeedBlocks:
     def step(self, action: torch.Tensor):
         next_obs, reward, terminated, truncated, final_obs, finished = self.envs.step(action.flatten(0, 1))
         if finished is not None:
-            finished["seed"] = torch.nonzero(terminated | truncated)[:, 0] // self.block
-        return (*(self.by_seed(x) for x in (next_obs, reward, terminated, truncated, final_obs)), finished)
+            finished["seed_index"] = torch.nonzero(terminated | truncated)[:, 0] // self.block
+        return (*(self.blocks(x) for x in (next_obs, reward, terminated, truncated, final_obs)), finished)
 
 
-def by_seed(episodes: dict[str, torch.Tensor], num_seeds: int) -> list[dict[str, torch.Tensor]]:
-    """Each seed's share of finished episodes (metric -> values; "episodes": their number, where evaluate() counts
-    it), by the block of envs each finished in (SeedBlocks' "seed")."""
+def episodes_by_seed(episodes: dict[str, torch.Tensor], num_seeds: int) -> list[dict[str, torch.Tensor]]:
+    """Each seed's share of the rollout's finished episodes (metric -> values), by the block of envs each finished in
+    (SeedBlocks' "seed_index")."""
     if num_seeds == 1:
         return [episodes]
-    seed_of = episodes.get("seed")
-    shares = []
-    for seed in range(num_seeds):
-        mine = torch.zeros(0, dtype=torch.bool) if seed_of is None else seed_of == seed
-        share = {key: values[mine] for key, values in episodes.items() if key not in ("seed", "episodes")}
-        if "episodes" in episodes:
-            share["episodes"] = mine.sum(dtype=torch.float32).reshape(1)
-        shares.append(share)
-    return shares
+    seed_index = episodes.get("seed_index")
+    return [{key: values[seed_index == i] for key, values in episodes.items() if key != "seed_index"}
+            for i in range(num_seeds)]
+
+
+def agents_of_seeds(agent: Agent, args: Args, envs: TorchVecEnv) -> list[Agent]:
+    """Each seed's Agent as a run of that seed alone holds it (--num_seeds: a copy of its slices of the stacked one)."""
+    if args.num_seeds == 1:
+        return [agent]
+    seed_agents = []
+    for i in range(args.num_seeds):
+        with torch.random.fork_rng(devices=[]):  # the initial weights it draws are replaced at once
+            seed_agent = make_agent(dataclasses.replace(args, num_seeds=1), envs)
+        seed_agent.load_state_dict({key: value[i] for key, value in agent.state_dict().items()})
+        seed_agents.append(seed_agent.to(next(agent.parameters()).device))
+    return seed_agents
+
+
+def eval_envs_of_seeds(eval_envs) -> list[TorchVecEnv]:
+    return eval_envs if isinstance(eval_envs, EachSeed) else [eval_envs]
 
 
 def mean_over_seeds(means: list[dict[str, float]]) -> dict[str, float]:
@@ -1262,8 +1294,7 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     if sim_backend == "gpu":
         for prefix, num_envs, partial_reset, reconfiguration_freq in (
                 ("", args.num_envs * args.num_seeds, args.partial_reset, args.reconfiguration_freq),
-                ("eval_", args.num_eval_envs * args.num_seeds, args.eval_partial_reset,
-                 args.eval_reconfiguration_freq)):
+                ("eval_", args.num_eval_envs, args.eval_partial_reset, args.eval_reconfiguration_freq)):
             if num_envs > 1 and partial_reset and reconfiguration_freq:
                 raise UserError(f"--{prefix}partial_reset with --{prefix}reconfiguration_freq={reconfiguration_freq}: "
                                 "ManiSkill cannot reconfigure a GPU simulation while it resets only some of its envs; "
@@ -1271,9 +1302,13 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     if sim_backend == "cpu":
         # Each CPU env beyond one is a simulator process of ~0.5 GB that steps on a core of its own: past a few per
         # core they only cost memory (the defaults, sized for a GPU, would start 520 of them).
-        workers = sum(n for n in (args.num_envs * args.num_seeds, args.num_eval_envs * args.num_seeds) if n > 1)
+        # the seeds' training envs are one vector env, their evaluation envs one each
+        workers = sum(n * count for n, count in ((args.num_envs * args.num_seeds, 1),
+                                                 (args.num_eval_envs, args.num_seeds)) if n > 1)
         if workers > CPU_WORKERS_PER_CORE * cores:
-            num_envs, num_eval_envs = 2 * cores, min(args.num_eval_envs, cores)
+            # each of --num_seeds seeds has its own envs
+            num_envs = max(1, 2 * cores // args.num_seeds)
+            num_eval_envs = max(1, min(args.num_eval_envs, cores) // args.num_seeds)
             minibatches = max(d for d in range(1, args.num_minibatches + 1) if num_envs * args.num_steps % d == 0)
             raise UserError(f"--num_envs={args.num_envs} and --num_eval_envs={args.num_eval_envs} would start "
                             f"{workers} CPU simulator processes on {cores} cores (at most {CPU_WORKERS_PER_CORE} per "
@@ -1532,7 +1567,12 @@ class TorchVecEnv:
 def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: bool, run_dir: Path,
               num_eval_steps: int, trajectory_path: Optional[Path] = None) -> TorchVecEnv:
     """trajectory_path: ManiSkill only; record every episode there (.h5 and .json) with RecordEpisode. Under
-    --num_seeds, each seed's envs are a block of one vector env (SeedBlocks)."""
+    --num_seeds, the seeds' training envs are blocks of one vector env (SeedBlocks), and each seed evaluates in envs
+    of its own, with its videos in its run directory (EachSeed)."""
+    if evaluation and args.num_seeds > 1:
+        return EachSeed(make_envs(seed_args, maniskill, device, evaluation=True, run_dir=seed_setup_dir,
+                                  num_eval_steps=num_eval_steps)
+                        for seed_args, seed_setup_dir in seed_dirs(args, run_dir))
     num_envs = (args.num_eval_envs if evaluation else args.num_envs) * args.num_seeds
     video_dir, video_trigger, max_steps_per_video = None, None, None
     if args.capture_video and evaluation:
@@ -1685,8 +1725,8 @@ def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, 
                      reward_normalizer: Optional[RewardNormalizer], generators: list, global_step: int,
                      iteration: int, final: bool = False) -> Optional[Path]:
     """Every rank calls it (each hands rank 0 its random state); rank 0 writes ckpt_{iteration}.pt. Under
-    --num_seeds, first each seed's, as a run of its own would write it, in its run directory (seed_runs()); then the
-    run's, of all seeds, which --resume continues."""
+    --num_seeds, the run's, of all seeds, which --resume continues; then each seed's, as a run of its own would write
+    it, in its run directory (seed_runs())."""
     if not all_finite(agent):
         raise NonFiniteError("parameters")
     rank_rngs = gather_objects(rng_states(setup.device))
@@ -1699,10 +1739,10 @@ def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, 
              "action_space": space_to_dict(envs.single_action_space),
              "global_step": global_step, "iteration": iteration, "world_size": world_size(),
              "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:],
-             "seed_rngs": [generator.get_state() for generator in generators[1:]]}
-    runs = [(seed_setup.run_dir, seed_checkpoint(state, seed, seed_args, seed_setup, generators))
-            for seed, (seed_args, seed_setup) in enumerate(seed_runs(args, setup))] if args.num_seeds > 1 else []
-    for run_dir, run_state in [*runs, (setup.run_dir, state)]:
+             "seed_rngs": [generator.get_state() for generator in generators if generator is not None]}
+    runs = [(seed_setup.run_dir, seed_checkpoint(state, i, seed_args, seed_setup, generators))
+            for i, (seed_args, seed_setup) in enumerate(seed_runs(args, setup))] if args.num_seeds > 1 else []
+    for run_dir, run_state in [(setup.run_dir, state), *runs]:
         save_checkpoint(run_dir / f"ckpt_{iteration}.pt", run_state)
         if final:
             save_checkpoint(run_dir / "final_ckpt.pt", run_state)
@@ -1713,32 +1753,33 @@ def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, 
     return setup.run_dir / f"ckpt_{iteration}.pt"
 
 
-def seed_runs(args: Args, setup: Setup) -> list[tuple[Args, Setup]]:
+def seed_dirs(args: Args, run_dir: Path) -> list[tuple[Args, Path]]:
     """--num_seeds: each seed as a run of its own, {run_name}__seed{seed} in the run's directory: its flags (those of
-    a run of that seed alone) and where it writes."""
-    runs = []
-    for seed in range(args.seed, args.seed + args.num_seeds):
-        name = f"{setup.run_name}__seed{seed}"
-        runs.append((dataclasses.replace(args, seed=seed, num_seeds=1, exp_name=name),
-                     dataclasses.replace(setup, run_name=name, run_dir=setup.run_dir / name)))
-    return runs
+    a run of that seed alone) and its directory."""
+    names = [f"{run_dir.name}__seed{seed}" for seed in range(args.seed, args.seed + args.num_seeds)]
+    return [(dataclasses.replace(args, seed=args.seed + i, num_seeds=1, exp_name=name), run_dir / name)
+            for i, name in enumerate(names)]
 
 
-def seed_checkpoint(state: dict, seed: int, seed_args: Args, seed_setup: Setup, generators: list) -> dict:
-    """The seed-th seed's share of a checkpoint of all seeds, as a run of that seed alone writes one: ppo_eval.py
+def seed_runs(args: Args, setup: Setup) -> list[tuple[Args, Setup]]:
+    return [(seed_args, dataclasses.replace(setup, run_name=seed_dir.name, run_dir=seed_dir))
+            for seed_args, seed_dir in seed_dirs(args, setup.run_dir)]
+
+
+def seed_checkpoint(state: dict, i: int, seed_args: Args, seed_setup: Setup, generators: list) -> dict:
+    """The i-th seed's share of a checkpoint of all seeds, as a run of that seed alone writes one: ppo_eval.py
     evaluates it, and --resume continues it alone."""
-    groups = state["optimizer"]["param_groups"]
-    ids = groups[seed]["params"]
-    optimizer = {"state": {i: state["optimizer"]["state"][id_] for i, id_ in enumerate(ids)
+    group = state["optimizer"]["param_groups"][i]
+    optimizer = {"state": {k: state["optimizer"]["state"][id_] for k, id_ in enumerate(group["params"])
                            if id_ in state["optimizer"]["state"]},
-                 "param_groups": [{**groups[seed], "params": list(range(len(ids)))}]}
-    rng = dict(state["rng"])
-    if seed > 0:  # its generator is its torch stream: the CPU's, or the learner GPU's
-        rng["torch" if generators[seed].device.type == "cpu" else "cuda"] = generators[seed].get_state()
+                 "param_groups": [{**group, "params": list(range(len(group["params"])))}]}
+    # its generator is its torch stream: the CPU's, or the learner GPU's
+    rng = {**state["rng"], "torch" if generators[i].device.type == "cpu" else "cuda": generators[i].get_state()}
     return {**state, "run_name": seed_setup.run_name, "args": dataclasses.asdict(seed_args),
-            "model": {key: value[seed] for key, value in state["model"].items()}, "optimizer": optimizer,
+            # clones: a slice would save the whole stacked tensor
+            "model": {key: value[i].clone() for key, value in state["model"].items()}, "optimizer": optimizer,
             "reward_normalizer": None if state["reward_normalizer"] is None else
-            {key: value[seed] for key, value in state["reward_normalizer"].items()},
+            {key: value[i].clone() for key, value in state["reward_normalizer"].items()},
             "rng": rng, "seed_rngs": []}
 
 

@@ -820,7 +820,7 @@ def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Op
         with torch.no_grad():
             action = agent.get_action(agent.normalize_obs(obs), deterministic=deterministic)
         obs, _, terminated, truncated, _, finished = eval_envs.step(action)
-        done = (terminated | truncated).flatten()  # (seeds, envs) from a vector env of seeds' blocks
+        done = terminated | truncated
         if finished is not None:
             wanted = counted < quota
             for key, value in finished.items():

@@ -10,8 +10,8 @@
 #   OUT=/tmp/check bash benchmarks/mujoco.sh 4096 1 1  # a quick check of the script (the test suite runs this)
 #
 # Needs mujoco (requirements-dev.txt, or pip install "gymnasium[mujoco]"), rliable and matplotlib. The runs go to
-# runs/mujoco_<task>/mujoco_<task>__seed<S> (ONE_PROCESS=0: runs/mujoco_<task>__seed<S>) of the working directory;
-# run the script again after an interruption and it finishes what is missing.
+# runs/mujoco_<task>__seedsF-L/mujoco_<task>__seedsF-L__seed<S> (ONE_PROCESS=0: runs/mujoco_<task>__seed<S>) of the
+# working directory; run the script again after an interruption and it finishes what is missing.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -65,13 +65,12 @@ all_runs=()
 for task in "${tasks[@]}"; do
   runs=()
   read -ra listed <<< "$seeds"
+  batch="mujoco_${task}__seeds${listed[0]}-${listed[-1]}"  # sweep.sh --one_process's run of several seeds
   for seed in "${listed[@]}"; do
-    if [ "$one_process" = 0 ]; then
+    if [ "$one_process" = 1 ] && [ "${#listed[@]}" -gt 1 ]; then
+      runs+=("runs/$batch/${batch}__seed${seed}")
+    else
       runs+=("runs/mujoco_${task}__seed${seed}")
-    elif [ "${#listed[@]}" -gt 1 ]; then
-      runs+=("runs/mujoco_${task}/mujoco_${task}__seed${seed}")
-    else  # --num_seeds 1 is a plain run
-      runs+=("runs/mujoco_${task}")
     fi
   done
   all_runs+=("${runs[@]}")

@@ -8,8 +8,9 @@
 #   scripts/sweep.sh --seeds "1 2 3 4 5" --one_process mujoco -- python ppo.py --env_id=Hopper-v5 ...  # ppo.py only
 #
 # Each run is named NAME[__flag=value...]__seed{S} and writes runs/<that name>, its output in runs/<that name>.log.
-# --one_process trains the seeds of each combination in one process (ppo.py --num_seeds; the seeds consecutive):
-# runs/NAME[__flag=value...] holds each seed's run, NAME[__flag=value...]__seed{S}.
+# --one_process trains the seeds of each combination in one process (ppo.py --num_seeds; the seeds consecutive,
+# F to L): runs/NAME[__flag=value...]__seedsF-L holds each seed's run, NAME[__flag=value...]__seedsF-L__seed{S}
+# (summarize.py and plot.py take runs/NAME__*/*__seed*).
 # A run whose final checkpoint exists is skipped; one that was interrupted is resumed (--resume). Run it again after
 # a crash or a reboot and it finishes what is missing (a run killed before its first checkpoint starts again). Then:
 # python scripts/summarize.py runs/NAME__*/ and python scripts/plot.py runs/NAME__*/ --out plots/NAME (the run
@@ -84,8 +85,9 @@ for combination in "${combinations[@]}"; do
     done
     run="${name}${suffix//\//-}"
     seed_flags=(--seed "${batch_seeds[0]}")
-    if [ "$one_process" = 1 ]; then
+    if [ "${#batch_seeds[@]}" -gt 1 ]; then  # --one_process: the seeds' range names the run
       seed_flags+=(--num_seeds "${#batch_seeds[@]}")
+      run+="__seeds${batch_seeds[0]}-${batch_seeds[-1]}"
     else
       run+="__seed${batch_seeds[0]}"
     fi

@@ -106,7 +106,7 @@ def test_mujoco_benchmark_writes_its_table_and_plots(ahead):
     assert [row.split(" | ")[0] for row in table[11:]] == [f"| mujoco_{task}" for task in tasks]
     for task in tasks:
         assert (directory / "out" / task / "eval_return.png").stat().st_size > 10_000
-        ckpt = load(directory / "runs" / f"mujoco_{task}" / "final_ckpt.pt")  # one seed: --num_seeds 1, a plain run
+        ckpt = load(directory / "runs" / f"mujoco_{task}__seed1" / "final_ckpt.pt")  # one seed: a plain run
         assert ckpt["args"]["activation"] == ("relu" if task == "HalfCheetah-v5" else "tanh")
 
 

@@ -230,16 +230,19 @@ def test_gpu_path_default_flags_build(tmp_path, gpu_sized_envs, trainer):
 
 
 def test_gpu_path_puts_the_seeds_in_blocks_of_one_simulation(tmp_path, gpu_sized_envs):
-    """`ppo.py --num_seeds 4 --num_envs 16` on a GPU: one simulation of 64 training envs (and 4 x 2 evaluation envs),
-    seed i's block reset with the env seeds that ManiSkill gives a run of seed + i alone."""
+    """`ppo.py --num_seeds 4 --num_envs 16` on a GPU: one simulation of 64 training envs, seed i's block reset with
+    the env seeds that ManiSkill gives a run of seed + i alone; each seed's 2 evaluation envs a simulation of its own,
+    with its videos in its run directory."""
     args = ppo.Args(env_id="PickCube-v1", num_seeds=4, num_envs=16, num_eval_envs=2, num_minibatches=4)
     ppo.validate(args, maniskill=True, time_limit=50)
     envs = ppo.make_envs(args, True, torch.device("cpu"), evaluation=False, run_dir=tmp_path, num_eval_steps=50)
     eval_envs = ppo.make_envs(args, True, torch.device("cpu"), evaluation=True, run_dir=tmp_path, num_eval_steps=50)
     try:
-        train_kwargs, eval_kwargs = gpu_sized_envs
-        assert train_kwargs["num_envs"] == 64 and eval_kwargs["num_envs"] == 8
-        assert envs.num_envs == 64 and (envs.num_seeds, envs.block) == (4, 16) and eval_envs.block == 2
+        train_kwargs, *eval_kwargs = gpu_sized_envs
+        assert train_kwargs["num_envs"] == 64 and [kwargs["num_envs"] for kwargs in eval_kwargs] == [2] * 4
+        assert envs.num_envs == 64 and (envs.num_seeds, envs.block) == (4, 16)
+        assert [str(seed_envs.video_recorder.output_dir) for seed_envs in eval_envs] == [
+            str(tmp_path / f"{tmp_path.name}__seed{seed}" / "videos") for seed in range(1, 5)]
         asked = []
 
         def reset(seed=None, options=None):

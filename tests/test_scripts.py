@@ -81,13 +81,15 @@ def test_sweep_puts_each_combinations_seeds_in_one_process(tmp_path):
     first = sweep(tmp_path, *options)
     assert first.returncode == 0, first.stderr
     for lr in ("1e-3", "3e-4"):
-        run = tmp_path / "runs" / f"pend__learning_rate={lr}"
+        run = tmp_path / "runs" / f"pend__learning_rate={lr}__seeds3-4"
         assert load(run / "final_ckpt.pt")["args"]["num_seeds"] == 2
         for seed in (3, 4):
-            saved = load(run / f"pend__learning_rate={lr}__seed{seed}" / "final_ckpt.pt")["args"]
+            saved = load(run / f"{run.name}__seed{seed}" / "final_ckpt.pt")["args"]
             assert saved["seed"] == seed and saved["learning_rate"] == float(lr)
     again = sweep(tmp_path, *options)
     assert again.returncode == 0 and again.stdout.count("done already") == 2, again.stderr
+    other_seeds = sweep(tmp_path, "--seeds", "5 6", "--one_process")  # another batch, not the one done already
+    assert other_seeds.returncode == 0 and "starting: runs/pend__seeds5-6" in other_seeds.stdout, other_seeds.stderr
     gap = sweep(tmp_path, "--seeds", "1 3", "--one_process")
     assert gap.returncode == 2 and "--one_process needs consecutive seeds, not 1 3" in gap.stderr
 
