@@ -472,8 +472,8 @@ def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch
 
 
 def ppo_loss(agent: Agent, args: Args, obs, actions, old_logprobs, advantages, returns, old_values):
-    """The clipped surrogate, value and entropy terms of one minibatch (under --num_seeds, (seeds, rows) tensors: one
-    value of each per seed); its log-ratios and ratios, detached."""
+    """The clipped surrogate, value and entropy terms of one minibatch (of (seeds, rows) tensors, where a stack of
+    networks trains several seeds: one value of each per seed); its log-ratios and ratios, detached."""
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
     logratio = newlogprob - old_logprobs
     ratio = logratio.exp()

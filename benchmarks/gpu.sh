@@ -2,9 +2,10 @@
 # The GPU acceptance run: what the CPU-only suite cannot reach, in one command on a machine with CUDA.
 #   bash benchmarks/gpu.sh [MINUTES] [PATH/TO/ManiSkill/examples/baselines/ppo/ppo.py]
 # Within MINUTES (default 60): (a) pytest -m gpu (tests/test_gpu.py); (b) ppo.py with ManiSkill's baseline commands for
-# PushCube-v1 and PickCube-v1; (c) ppo_rnn.py on PushCube-v1, ippo.py on TwoRobotPickCube-v1 and ppo_rgb.py on
-# PushCube-v1's camera (ManiSkill's ppo_rgb.py command), a few minutes each; (d) given ManiSkill's own ppo.py, its
-# PushCube-v1 command beside ours; (e) ppo_rnn.py's update replay on the GPU.
+# PushCube-v1 and PickCube-v1, and PushCube-v1 with 4 seeds in one simulation (--num_seeds); (c) ppo_rnn.py on
+# PushCube-v1, ippo.py on TwoRobotPickCube-v1 and ppo_rgb.py on PushCube-v1's camera (ManiSkill's ppo_rgb.py command),
+# a few minutes each; (d) given ManiSkill's own ppo.py, its PushCube-v1 command beside ours; (e) ppo_rnn.py's update
+# replay on the GPU.
 # A run that reaches its share of the time is stopped with SIGTERM (the trainers save a checkpoint).
 # The runs go to ./runs/gpu_*; the results to benchmarks/results/gpu/DATE/ (OUT=... elsewhere): gpu.txt,
 # pytest_gpu.txt, rnn_replay.md, table.md (final SPS, eval success and return, steps and wall time of each run) and
@@ -19,7 +20,9 @@ out=${OUT:-$repo/benchmarks/results/gpu/$(date +%F)}
 
 report() {
   mkdir -p "$out"
-  local runs=(runs/gpu_*/)
+  shopt -s nullglob
+  local runs=(runs/gpu_*/ runs/gpu_*/gpu_*__seed*/)  # the seeds' runs of a --num_seeds run too
+  shopt -u nullglob
   "$PYTHON" "$repo/scripts/summarize.py" "${runs[@]}" --group '^(.*)$' \
     --metrics eval/success_once eval/return charts/SPS > "$out/table.md" || return 1
   "$PYTHON" "$repo/scripts/plot.py" "${runs[@]}" --group '^(.*)$' --metrics eval/success_once eval/return --out "$out"
@@ -60,6 +63,9 @@ train ippo_TwoRobotPickCube 10 "$PYTHON" "$repo/ippo.py" --env_id=TwoRobotPickCu
   --exp_name=gpu_ippo_TwoRobotPickCube
 train ppo_rgb_PushCube 15 "$PYTHON" "$repo/ppo_rgb.py" --env_id=PushCube-v1 --num_envs=256 --update_epochs=8 \
   --num_minibatches=8 --total_timesteps=1_000_000 --eval_freq=10 --num_steps=20 --exp_name=gpu_ppo_rgb_PushCube
+# 4 seeds of PushCube in one simulation of 4 x 512 envs, beside the 2048 envs of one seed above
+train ppo_PushCube_seeds4 5 "$PYTHON" "$repo/ppo.py" "${pushcube[@]}" --num_envs=512 --num_seeds=4 \
+  --total_timesteps=500_000 --exp_name=gpu_ppo_PushCube_seeds4
 if [ -n "$maniskill_ppo" ]; then
   train maniskill_ppo_PushCube 10 "$PYTHON" "$maniskill_ppo" "${pushcube[@]}" --exp-name=gpu_maniskill_ppo_PushCube
 fi

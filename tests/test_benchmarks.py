@@ -285,7 +285,8 @@ def test_gpu_kit_refuses_or_skips_without_a_gpu_and_reports_fake_runs(tmp_path):
 
     from torch.utils.tensorboard import SummaryWriter
 
-    for name, success in (("gpu_ppo_PushCube", [0.2, 0.9]), ("gpu_ippo_TwoRobotPickCube", None)):
+    for name, success in (("gpu_ppo_PushCube", [0.2, 0.9]), ("gpu_ippo_TwoRobotPickCube", None),
+                          ("gpu_ppo_PushCube_seeds4/gpu_ppo_PushCube_seeds4__seed1", [0.5, 0.6])):
         with SummaryWriter(str(tmp_path / "runs" / name)) as writer:
             for i, step in enumerate((100_000, 200_000)):
                 writer.add_scalar("eval/return", 10.0 * (i + 1), step)
@@ -296,6 +297,7 @@ def test_gpu_kit_refuses_or_skips_without_a_gpu_and_reports_fake_runs(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     table = (tmp_path / "out/table.md").read_text()
     assert "| gpu_ppo_PushCube | 1 | 0.9" in table and "| gpu_ippo_TwoRobotPickCube | 1 |" in table, table
+    assert "| gpu_ppo_PushCube_seeds4__seed1 | 1 | 0.6" in table, table  # a --num_seeds run's seeds
     assert (tmp_path / "out/eval_return.png").stat().st_size > 10_000
 
 
