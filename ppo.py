@@ -640,6 +640,9 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
             # a run moved between the CPU and a GPU (--cuda) draws on from its seeds, as a run alone does on a GPU
             if state.numel() == generator.get_state().numel():
                 generator.set_state(state)
+    # --num_seeds: each seed's run directory, inside this run's (which main() locked), is this process's alone too
+    seed_locks = [RunDirLock(seed_setup.run_dir) for _, seed_setup in seed_runs(args, setup)
+                  ] if args.num_seeds > 1 and rank == 0 else []
     writer = open_run(args, setup, resume_state) if rank == 0 else None
     # each seed's logs: under --num_seeds in a run directory of its own, inside this run's
     writers = [writer] if args.num_seeds == 1 or rank != 0 else [open_run(*run, resume_state) for run in
@@ -758,6 +761,8 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
         for seed_writer in {writer, *writers} - {None}:
             with contextlib.suppress(OSError):  # a full disk fails the writer's last flush as well
                 seed_writer.close()
+        for lock in seed_locks:
+            lock.release()
         if args.track and rank == 0:
             import wandb
             wandb.finish()
