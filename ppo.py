@@ -506,6 +506,7 @@ def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, a
     stats, clipfracs, logged_kls = {}, [], None
     minibatch_steps = torch.zeros(seed_shape, dtype=torch.long, device=b_obs.device)
     stepping = [True] * args.num_seeds  # minibatch_indices reads it: a seed that stopped draws no more permutations
+    step_mask = torch.ones(seed_shape, dtype=torch.bool, device=b_obs.device)  # stepping, as a tensor
     stacked_parameters = list(agent.parameters())
     for mb in minibatch_indices(batch_size, batch_size // args.num_minibatches, args.update_epochs, generators,
                                 stepping, b_obs.device):
@@ -513,17 +514,17 @@ def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, a
             b_obs[mb], b_actions[mb], b_logprobs[mb], b_advantages[mb], b_returns[mb], b_values[mb])
         with torch.no_grad():
             kls = mean_over_ranks(torch.stack([(-logratio).mean(-1), ((ratio - 1) - logratio).mean(-1)]))
-            was_stepping = torch.tensor(stepping, device=kls.device).reshape(seed_shape)
-            logged_kls = kls if logged_kls is None else torch.where(was_stepping, kls, logged_kls)
+            logged_kls = kls if logged_kls is None else torch.where(step_mask, kls, logged_kls)
             if "losses/first_minibatch_ratio_error" not in stats:
                 stats["losses/first_minibatch_ratio_error"] = (ratio - 1.0).abs().amax(-1)
         approx_kl = kls[1]
         if args.target_kl is not None:
             over = (approx_kl > args.target_kl).reshape(-1).tolist()
-            stepping[:] = [go and not seed_over for go, seed_over in zip(stepping, over)]
-            if not any(stepping):
-                break
-        step_mask = torch.tensor(stepping, device=kls.device).reshape(seed_shape)
+            if any(go and seed_over for go, seed_over in zip(stepping, over)):
+                stepping[:] = [go and not seed_over for go, seed_over in zip(stepping, over)]
+                if not any(stepping):
+                    break
+                step_mask = torch.tensor(stepping, device=kls.device).reshape(seed_shape)
         clipfracs.append(torch.where(step_mask, ((ratio - 1.0).abs() > args.clip_coef).float().mean(-1), torch.nan))
         # Seeds' losses are independent: each seed's parameters get the gradient of its own loss alone.
         loss = (pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef).sum()
@@ -1035,6 +1036,11 @@ def agent_and_generators(args: Args, envs: TorchVecEnv, device: torch.device) ->
     return stack_seeds(agents).to(device), generators
 
 
+def seed_state(stacked_state: dict[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:
+    """Seed i's state dict from that of a module stack_seeds() made (clones: a slice saves all of the stack)."""
+    return {key: value[i].clone() for key, value in stacked_state.items()}
+
+
 def seed_parameter_groups(agent: Agent, num_seeds: int) -> list[dict]:
     """The optimizer's parameter groups, one per seed: each seed's slices of the stacked parameters, as parameters
     of their own (views of the same memory), so that each seed has its own Adam state, step count and learning rate,
@@ -1096,7 +1102,7 @@ def agents_of_seeds(agent: Agent, args: Args, envs: TorchVecEnv) -> list[Agent]:
     for i in range(args.num_seeds):
         with torch.random.fork_rng(devices=[]):  # the initial weights it draws are replaced at once
             seed_agent = make_agent(dataclasses.replace(args, num_seeds=1), envs)
-        seed_agent.load_state_dict({key: value[i] for key, value in agent.state_dict().items()})
+        seed_agent.load_state_dict(seed_state(agent.state_dict(), i))
         seed_agents.append(seed_agent.to(next(agent.parameters()).device))
     return seed_agents
 
@@ -1781,10 +1787,9 @@ def seed_checkpoint(state: dict, i: int, seed_args: Args, seed_setup: Setup, gen
     # its generator is its torch stream: the CPU's, or the learner GPU's
     rng = {**state["rng"], "torch" if generators[i].device.type == "cpu" else "cuda": generators[i].get_state()}
     return {**state, "run_name": seed_setup.run_name, "args": dataclasses.asdict(seed_args),
-            # clones: a slice would save the whole stacked tensor
-            "model": {key: value[i].clone() for key, value in state["model"].items()}, "optimizer": optimizer,
-            "reward_normalizer": None if state["reward_normalizer"] is None else
-            {key: value[i].clone() for key, value in state["reward_normalizer"].items()},
+            "model": seed_state(state["model"], i), "optimizer": optimizer,
+            "reward_normalizer": (None if state["reward_normalizer"] is None
+                                  else seed_state(state["reward_normalizer"], i)),
             "rng": rng, "seed_rngs": []}
 
 

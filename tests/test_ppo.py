@@ -19,8 +19,8 @@ import ppo
 import ppo_eval
 import ppo_rgb
 import ppo_rnn
-from tests.util import (REPO, assert_same_numbers, fast_args, load, refused_in_one_line, run_python, run_script,
-                        run_scripts, scalars, sigterm_beside_full_run, snapshot, start_script,
+from tests.util import (REPO, assert_refused_as_in_use, assert_same_numbers, fast_args, load, refused_in_one_line,
+                        run_python, run_script, run_scripts, scalars, sigterm_beside_full_run, snapshot, start_script,
                         video_frames, wait_for)
 
 POINT_MASS = "tests.envs:PointMass-v0"
@@ -308,10 +308,7 @@ def test_a_run_directory_has_one_writer(tmp_path):
     run = tmp_path / "runs" / "busy"
     try:
         wait_for(run / "ckpt_1.pt", proc, 120)
-        second = run_script("ppo.py", ["--resume", "runs/busy"], tmp_path)
-        assert second.returncode == 2
-        errors = [line for line in second.stderr.splitlines() if line.startswith("error:")]
-        assert len(errors) == 1 and f"in use by another process (pid {proc.pid})" in errors[0], second.stderr
+        assert_refused_as_in_use(run_script("ppo.py", ["--resume", "runs/busy"], tmp_path), proc.pid)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=120)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import ppo
-from tests.util import (REPO, fast_args, load, run_script, run_scripts, scalars, sigterm_beside_full_run,
-                        start_script, wait_for)
+from tests.util import (REPO, assert_refused_as_in_use, fast_args, load, run_script, run_scripts, scalars,
+                        sigterm_beside_full_run, start_script, wait_for)
 
 # Every quantity a seed must own: observation, reward and value statistics, advantage normalization, the adaptive
 # learning rate, the KL early stop, gradient clipping, and the random streams of weights, actions and minibatches.
@@ -94,10 +94,7 @@ def test_a_seeds_run_directory_has_one_writer(tmp_path):
                                             total_timesteps=32 * 100_000, eval_freq=1), tmp_path)
     try:
         wait_for(tmp_path / "runs/busy/busy__seed2/ckpt_1.pt", proc, 120)
-        alone = run_script("ppo.py", ["--resume", "runs/busy/busy__seed2"], tmp_path)
-        assert alone.returncode == 2, alone.stderr
-        errors = [line for line in alone.stderr.splitlines() if line.startswith("error:")]
-        assert len(errors) == 1 and f"in use by another process (pid {proc.pid})" in errors[0], alone.stderr
+        assert_refused_as_in_use(run_script("ppo.py", ["--resume", "runs/busy/busy__seed2"], tmp_path), proc.pid)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=120)

@@ -290,6 +290,13 @@ def sigterm_beside_full_run(script: str, full_args: list[str], cut_args: list[st
 TIMING_TAGS = {"charts/SPS", "time/rollout_time", "time/update_time", "time/rollout_fps"}
 
 
+def assert_refused_as_in_use(result: subprocess.CompletedProcess, holder_pid: int):
+    """result: a start refused with one error line because process holder_pid writes the run directory."""
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"in use by another process (pid {holder_pid})" in errors[0], result.stderr
+
+
 def assert_same_numbers(run_a: Path, run_b: Path, tags=frozenset({"losses/policy_loss", "eval/return"})):
     """Two runs logged the same scalars (timings aside) and ended with the same weights."""
     a, b = scalars(run_a), scalars(run_b)
