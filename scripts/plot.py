@@ -109,8 +109,15 @@ def interval_estimates(scores: dict[str, np.ndarray], statistics, reps: int) -> 
     """rliable's point estimates and 95% stratified bootstrap intervals (percentile method) of statistics(scores) for
     each entry of scores (runs x tasks, or a pair of such); seeded, so a table or plot is the same each time."""
     library, _ = rliable()
-    with quiet_bootstrap():
-        return library.get_interval_estimates(scores, statistics, reps=reps, random_state=np.random.RandomState(0))
+    global_state = np.random.get_state()
+    # rliable's StratifiedBootstrap draws its resamples from numpy's global generator, not from random_state
+    np.random.seed(0)
+    try:
+        with quiet_bootstrap():
+            return library.get_interval_estimates(scores, statistics, reps=reps,
+                                                  random_state=np.random.RandomState(0))
+    finally:
+        np.random.set_state(global_state)
 
 
 @contextlib.contextmanager

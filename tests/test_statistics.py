@@ -63,6 +63,19 @@ def test_iqm_of_each_group_and_its_interval(runs, capsys):
     assert (out / "eval_return.png").stat().st_size > 10_000
 
 
+def test_the_same_runs_give_the_same_intervals_each_time(runs, capsys):
+    """The bootstrap is seeded: numpy's global random state, which rliable's stratified bootstrap draws from, neither
+    changes a table nor is changed by one."""
+    argv = [str(p) for p in sorted(runs.glob("Hopper-v5_ppo__seed*"))] + ["--iqm"]
+    tables = []
+    for seed in (1, 2):
+        np.random.seed(seed)
+        assert summarize.main(argv) == 0
+        tables.append(capsys.readouterr().out)
+        assert np.random.randint(2**31) == np.random.RandomState(seed).randint(2**31)
+    assert tables[0] == tables[1]
+
+
 def test_aggregates_across_tasks_against_hand_computed_ones(runs, capsys):
     argv = [str(p) for p in sorted(runs.iterdir())] + ACROSS_TASKS + ["--compare", "idea", "ppo"]
     assert summarize.main(argv) == 0
