@@ -1098,11 +1098,11 @@ def agents_of_seeds(agent: Agent, args: Args, envs: TorchVecEnv) -> list[Agent]:
     """Each seed's Agent as a run of that seed alone holds it (--num_seeds: a copy of its slices of the stacked one)."""
     if args.num_seeds == 1:
         return [agent]
-    seed_agents = []
+    seed_agents, stacked_state = [], agent.state_dict()
     for i in range(args.num_seeds):
         with torch.random.fork_rng(devices=[]):  # the initial weights it draws are replaced at once
             seed_agent = make_agent(dataclasses.replace(args, num_seeds=1), envs)
-        seed_agent.load_state_dict(seed_state(agent.state_dict(), i))
+        seed_agent.load_state_dict(seed_state(stacked_state, i))
         seed_agents.append(seed_agent.to(next(agent.parameters()).device))
     return seed_agents
 

@@ -110,7 +110,8 @@ def interval_estimates(scores: dict[str, np.ndarray], statistics, reps: int) -> 
     each entry of scores (runs x tasks, or a pair of such); seeded, so a table or plot is the same each time."""
     library, _ = rliable()
     global_state = np.random.get_state()
-    # rliable's StratifiedBootstrap draws its resamples from numpy's global generator, not from random_state
+    # rliable's StratifiedBootstrap draws its resamples from numpy's global generator, ignoring random_state (which
+    # the independent bootstrap of P(X > Y) does use)
     np.random.seed(0)
     try:
         with quiet_bootstrap():

@@ -20,8 +20,8 @@ import ppo_eval
 import ppo_rgb
 import ppo_rnn
 from tests.util import (REPO, assert_refused_as_in_use, assert_same_numbers, fast_args, load, refused_in_one_line,
-                        run_python, run_script, run_scripts, scalars, sigterm_beside_full_run, snapshot, start_script,
-                        video_frames, wait_for)
+                        run_python, run_script, run_scripts, running, scalars, sigterm_beside_full_run, snapshot,
+                        video_frames)
 
 POINT_MASS = "tests.envs:PointMass-v0"
 
@@ -304,15 +304,10 @@ def test_a_failed_resume_changes_nothing_on_disk(tmp_path):
 
 
 def test_a_run_directory_has_one_writer(tmp_path):
-    proc = start_script("ppo.py", fast_args(POINT_MASS, "busy", total_timesteps=32 * 100_000, eval_freq=1), tmp_path)
     run = tmp_path / "runs" / "busy"
-    try:
-        wait_for(run / "ckpt_1.pt", proc, 120)
+    with running("ppo.py", fast_args(POINT_MASS, "busy", total_timesteps=32 * 100_000, eval_freq=1), tmp_path,
+                 run / "ckpt_1.pt") as proc:
         assert_refused_as_in_use(run_script("ppo.py", ["--resume", "runs/busy"], tmp_path), proc.pid)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM
     # the lock goes with the process that held it
     resumed = run_script("ppo.py", ["--resume", "runs/busy", "--total_timesteps", str(32 * (load(
         max(run.glob("ckpt_*.pt"), key=lambda p: int(p.stem.split("_")[1])))["iteration"] + 1))], tmp_path)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import ppo
-from tests.util import (REPO, assert_refused_as_in_use, fast_args, load, run_script, run_scripts, scalars,
-                        sigterm_beside_full_run, start_script, wait_for)
+from tests.util import (REPO, assert_refused_as_in_use, fast_args, load, run_script, run_scripts, running, scalars,
+                        sigterm_beside_full_run)
 
 # Every quantity a seed must own: observation, reward and value statistics, advantage normalization, the adaptive
 # learning rate, the KL early stop, gradient clipping, and the random streams of weights, actions and minibatches.
@@ -90,15 +90,9 @@ def test_sigterm_then_resume_of_seeds_equals_uninterrupted_run(tmp_path):
 
 def test_a_seeds_run_directory_has_one_writer(tmp_path):
     """While the run of all seeds goes on, a seed's run cannot be resumed alone beside it."""
-    proc = start_script("ppo.py", fast_args("tests.envs:PointMass-v0", "busy", num_seeds=2,
-                                            total_timesteps=32 * 100_000, eval_freq=1), tmp_path)
-    try:
-        wait_for(tmp_path / "runs/busy/busy__seed2/ckpt_1.pt", proc, 120)
+    with running("ppo.py", fast_args("tests.envs:PointMass-v0", "busy", num_seeds=2, total_timesteps=32 * 100_000,
+                                     eval_freq=1), tmp_path, tmp_path / "runs/busy/busy__seed2/ckpt_1.pt") as proc:
         assert_refused_as_in_use(run_script("ppo.py", ["--resume", "runs/busy/busy__seed2"], tmp_path), proc.pid)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM
 
 
 def test_a_seeds_run_evaluates_and_summarizes_as_a_run_alone(tmp_path):

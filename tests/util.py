@@ -290,6 +290,20 @@ def sigterm_beside_full_run(script: str, full_args: list[str], cut_args: list[st
 TIMING_TAGS = {"charts/SPS", "time/rollout_time", "time/update_time", "time/rollout_fps"}
 
 
+@contextlib.contextmanager
+def running(script: str, args: list[str], cwd: Path, started: Path):
+    """A run of script going on for the with block, from when it has written started; then stopped by SIGTERM, which
+    it answers by saving a checkpoint and exiting with 128 + SIGTERM."""
+    proc = start_script(script, args, cwd)
+    try:
+        wait_for(started, proc, 120)
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM
+
+
 def assert_refused_as_in_use(result: subprocess.CompletedProcess, holder_pid: int):
     """result: a start refused with one error line because process holder_pid writes the run directory."""
     assert result.returncode == 2, result.stderr
