@@ -7,6 +7,7 @@ with their uncertainty; or export its policy for deployment.
     python ppo_eval.py runs/RUN --output results.json --seed 0       # machine-readable, reproducible
     python ppo_eval.py runs/RUN --save_trajectory                    # ManiSkill trajectories (.h5 + .json)
     python ppo_eval.py runs/RUN --trainer ideas/my_idea.py           # a copy's run, the copy elsewhere
+    python ppo_eval.py runs/RUN --run_trainer                        # with the trainer file the run kept
     python ppo_eval.py runs/RUN --export policy.pt2                  # the policy for deployment (torch.export)
     python ppo_eval.py runs/RUN --export policy.onnx                 # ONNX: pip install onnx onnxscript onnxruntime
 
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal, Optional
 
+import cloudpickle
 import numpy as np
 import torch
 import torch.nn as nn
@@ -50,6 +52,9 @@ class EvalArgs:
     """a checkpoint file, or a run directory (its final_ckpt.pt, else its newest ckpt_<iteration>.pt)"""
     trainer: Optional[str] = None
     """the checkpoint's trainer file (default: the file it names, beside ppo_eval.py or in the working directory)"""
+    run_trainer: bool = False
+    """evaluate with the trainer file that wrote the checkpoint, which its run directory keeps (source/), not today's
+    file; this runs that file's code: ask for it only for a run you trust"""
     num_episodes: int = 100
     """episodes to evaluate, each played to its end and counted once"""
     num_envs: Optional[int] = None
@@ -175,20 +180,38 @@ def find_checkpoint(path: str) -> Path:
     return numbered[max(numbered)]
 
 
-def load(path: Path, trainer_file: Optional[str]):
-    """The trainer module that wrote the checkpoint, and the checkpoint."""
+def load(path: Path, trainer_file: Optional[str], run_trainer: bool = False):
+    """The trainer module that wrote the checkpoint (run_trainer: the file its run kept, imported under a name of its
+    own, beside today's), and the checkpoint."""
     ckpt = ppo.read_checkpoint(path)
-    trainer = import_trainer(ckpt.get("trainer"), path, trainer_file)
+    name, sha256 = ckpt.get("trainer"), ckpt.get("source_sha256")
+    if run_trainer:
+        if trainer_file is not None:
+            raise UserError("--run_trainer evaluates with the file the run kept, --trainer with another: give one")
+        if sha256 is None:
+            raise UserError(f"{path} names no trainer file of its run (it was written before runs kept theirs); "
+                            "evaluate it without --run_trainer")
+        kept = ppo.kept_source(path.parent, name, sha256)
+        if not kept.is_file():
+            raise UserError(f"{kept}, the trainer file that wrote {path}, is missing")
+        trainer = import_trainer(name, path, str(kept), module_name=f"{name}__run_{sha256[:12]}")
+    else:
+        trainer = import_trainer(name, path, trainer_file)
+        if sha256 is not None and getattr(trainer, "SOURCE_SHA256", sha256) != sha256:
+            print(f"note: {trainer.__file__} differs from the file that wrote {path}; --run_trainer evaluates with "
+                  "that one, which its run directory keeps", file=sys.stderr)
     if ckpt["format"] != trainer.CHECKPOINT_FORMAT:
         raise UserError(f"{path} has checkpoint format {ckpt['format']}; {trainer.TRAINER}.py writes format "
                         f"{trainer.CHECKPOINT_FORMAT}")
     return trainer, ckpt
 
 
-def import_trainer(name, checkpoint: Path, trainer_file: Optional[str]):
+def import_trainer(name, checkpoint: Path, trainer_file: Optional[str], module_name: Optional[str] = None):
     """The module of the file that wrote the checkpoint: --trainer, else {name}.py beside ppo_eval.py or in the working
     directory, and only a file that reads as a trainer. A checkpoint supplies a file name, never a path, so one from
-    elsewhere cannot make this import a file from anywhere else, nor one that is not a trainer."""
+    elsewhere cannot make this import a file from anywhere else, nor one that is not a trainer. module_name: import
+    it under another name than its own (a run's kept file beside today's), its functions pickled by value into the
+    envs' worker processes, which could not import it by that name."""
     if not isinstance(name, str) or not name.isidentifier():
         raise UserError(f"{checkpoint} names its trainer {name!r}, not a Python file name; ppo_eval.py can import only "
                         "trainers named like Python modules (rename the file, e.g. my_idea.py, and train again)")
@@ -208,22 +231,25 @@ def import_trainer(name, checkpoint: Path, trainer_file: Optional[str]):
             raise UserError(f"{name}.py is both beside ppo_eval.py and in the working directory, and they are "
                             f"different files; name the one that wrote {checkpoint} with --trainer")
     (path,) = paths
-    module = sys.modules.get(name)
+    module_name = module_name or name
+    module = sys.modules.get(module_name)
     if module is None:
         # Whatever file the name finds runs when imported: only one that reads as a trainer is imported at all.
         if not all(marker in path.read_text(errors="replace") for marker in TRAINER_MARKERS):
             raise UserError(f"{checkpoint} names {name}.py, and {path} is not a trainer file (it lacks "
                             f"{', '.join(TRAINER_MARKERS)}): not imported")
-        spec = importlib.util.spec_from_file_location(name, path)
+        spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # CPU simulator workers unpickle the trainer's env builders by module name
+        sys.modules[module_name] = module  # CPU simulator workers unpickle the trainer's env builders by module name
+        if module_name != name:
+            cloudpickle.register_pickle_by_value(module)
         added_path = str(path.parent) not in sys.path
         if added_path:
             sys.path.append(str(path.parent))
         try:
             spec.loader.exec_module(module)
         except BaseException:  # leave no half-imported module behind
-            del sys.modules[name]
+            del sys.modules[module_name]
             if added_path:
                 sys.path.remove(str(path.parent))
             raise
@@ -335,7 +361,7 @@ def prepare_output_dir(args: EvalArgs, checkpoint: Path) -> Optional[Path]:
 def main(args: EvalArgs) -> int:
     validate(args)
     checkpoint = find_checkpoint(args.checkpoint)
-    trainer, ckpt = load(checkpoint, args.trainer)
+    trainer, ckpt = load(checkpoint, args.trainer, args.run_trainer)
     run = run_args(trainer, ckpt, args)
     maniskill, time_limit = trainer.find_env(run.env_id)
     sim_backend = validate_run(run, trainer, maniskill, args)
@@ -367,7 +393,7 @@ def main(args: EvalArgs) -> int:
             trainer.load_weights(agent, ckpt, run, envs)
             agent.eval()
             if args.export is not None:
-                return export(agent, envs, ckpt, checkpoint, Path(args.export))
+                return export(trainer, agent, envs, ckpt, checkpoint, Path(args.export))
             start = time.perf_counter()
             metrics = trainer.evaluate(agent, envs, max_steps, args.seed, episodes_per_env,
                                        deterministic=not args.stochastic)
@@ -429,15 +455,20 @@ EXPORT_FORMATS = (".onnx", ".pt2")
 
 class DeployedPolicy(nn.Module):
     """A checkpoint's deterministic policy, taking what its env gives and returning what its env takes: the
-    observation normalization inside, Box actions clamped to their bounds, discrete actions counted from the space's
-    start, all in the action space's dtype. Inputs: ppo.py's observation; ppo_rgb.py's observation dict as one input
-    a key, in input_names' order; ppo_rnn.py's observation, recurrent state and episode start, with the next state as
-    a second output; the observation of ippo.py's agent agent_index, and its own action (agents of different spaces
-    share padded ones in training). A --critic_obs policy takes the actor's observation alone: the observation
-    without the critic's privileged part."""
+    observation normalization inside, then the trainer's own env_action() (ppo.py's clamps Box actions to their
+    bounds and counts discrete ones from the space's start; a copy's may squash, scale or map), in the action
+    space's dtype. Inputs: ppo.py's observation; ppo_rgb.py's observation dict as one input a key, in input_names'
+    order; ppo_rnn.py's observation, recurrent state and episode start, with the next state as a second output; the
+    observation of ippo.py's agent agent_index, and its own action (agents of different spaces share padded ones in
+    training). A --critic_obs policy takes the actor's observation alone: the observation without the critic's
+    privileged part. env_action() gets this module in place of the envs: it holds their action spaces and bounds
+    (ENV_ACTION_READS), on the CPU."""
 
-    def __init__(self, agent: nn.Module, envs, agent_index: Optional[int] = None):
+    ENV_ACTION_READS = ("single_action_space", "action_spaces", "action_low", "action_high", "action_start")
+
+    def __init__(self, trainer, agent: nn.Module, envs, agent_index: Optional[int] = None):
         super().__init__()
+        self.env_action = trainer.env_action
         self.agent = agent
         self.agent_index = agent_index
         self.recurrent = hasattr(agent, "initial_state")
@@ -450,50 +481,60 @@ class DeployedPolicy(nn.Module):
         if agent_index is not None:
             self.obs_dim, self.row_dim = envs.agent_obs_dims[agent_index], envs.obs_dim
             self.action_size = space.shape[0] if space.shape else None
-        for name in ("action_low", "action_high") if self.box else ("action_start",):
-            bound = getattr(envs, name).cpu()  # ippo.py's: a row per agent, padded to the joint action's width
-            if agent_index is not None:
-                bound = bound[agent_index] if self.action_size is None else bound[agent_index, :self.action_size]
-            self.register_buffer(name, bound)
+        for name in self.ENV_ACTION_READS:
+            value = getattr(envs, name, None)
+            if isinstance(value, torch.Tensor):
+                self.register_buffer(name, value.cpu())
+            elif value is not None:
+                setattr(self, name, value)
         self.input_names = (self.keys or ["obs"]) + (["rnn_state", "episode_start"] if self.recurrent else [])
         self.output_names = ["action"] + (["next_rnn_state"] if self.recurrent else [])
 
     def forward(self, *inputs: torch.Tensor):
+        action, *state = self.policy_action(*inputs)
+        action = self.to_env(self.env_action(self, action))
+        return (action, *state) if self.recurrent else action
+
+    def policy_action(self, *inputs: torch.Tensor) -> tuple:
+        """The agent's deterministic action before env_action() (ippo.py's: every agent's, each given this
+        observation), and ppo_rnn.py's next state."""
         agent = self.agent
         if self.recurrent:
             obs, state, episode_start = inputs
             action, state = agent.get_action(agent.normalize_obs(obs)[None], state, episode_start[None],
                                              deterministic=True)
-            return self.to_env(action[0]), state
+            return action[0], state
         obs = dict(zip(self.keys, inputs)) if self.keys else inputs[0]
         if self.agent_index is not None:  # every agent's actor sees only its own row: give each this observation
             obs = nn.functional.pad(obs, (0, self.row_dim - self.obs_dim))[:, None].expand(-1, agent.num_agents, -1)
-            action = agent.get_action(agent.normalize_obs(obs), deterministic=True)[:, self.agent_index]
-            return self.to_env(action if self.action_size is None else action[:, :self.action_size])
-        return self.to_env(agent.get_action(agent.normalize_obs(obs), deterministic=True))
+        return (agent.get_action(agent.normalize_obs(obs), deterministic=True),)
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
-        if self.box:
-            return torch.clamp(action, self.action_low, self.action_high).to(self.action_dtype)
-        return (action + self.action_start).to(self.action_dtype)
+        """ippo.py's agent's own action out of the joint one; in the action space's dtype."""
+        if self.agent_index is not None:
+            action = action[:, self.agent_index]
+            action = action if self.action_size is None else action[:, :self.action_size]
+        return action.to(self.action_dtype)
 
 
-def export(agent: nn.Module, envs, ckpt: dict, checkpoint: Path, path: Path) -> int:
+def export(trainer, agent: nn.Module, envs, ckpt: dict, checkpoint: Path, path: Path) -> int:
     """Write the policy (ippo.py's: one file per agent, path's stem and the agent's name), traced on the env's first
     observations."""
     first = envs.reset(seed=0)
     if "agents" not in ckpt:
-        export_policy(DeployedPolicy(agent, envs), first, envs, ckpt, checkpoint, path)
+        export_policy(DeployedPolicy(trainer, agent, envs), first, envs, ckpt, checkpoint, path)
     for i, name in enumerate(ckpt.get("agents", [])):
         agent_path = path.with_name(f"{path.stem}_{name}{path.suffix}")
-        export_policy(DeployedPolicy(agent, envs, i), first[:, i], envs, ckpt, checkpoint, agent_path, agent=name,
-                      observation_space=ckpt["observation_spaces"][i], action_space=ckpt["action_spaces"][i])
+        export_policy(DeployedPolicy(trainer, agent, envs, i), first[:, i], envs, ckpt, checkpoint, agent_path,
+                      agent=name, observation_space=ckpt["observation_spaces"][i],
+                      action_space=ckpt["action_spaces"][i])
     return 0
 
 
 def export_policy(policy: DeployedPolicy, first, envs, ckpt: dict, checkpoint: Path, path: Path, **about):
-    """Write the policy, traced on first (two rows at least: a batch of one would fix the batch size), check the
-    file against the policy on those inputs, and describe it in a JSON file beside it."""
+    """Write the policy, traced on first (two rows at least: a batch of one would fix the batch size), and check
+    what the file computes on those inputs against the action the envs receive in training: the agent's action
+    through the trainer's env_action() with the envs themselves. Describe it in a JSON file beside it."""
     policy = policy.cpu()
     observations = [first[key] for key in policy.keys] if policy.keys else [first[..., :policy.obs_dim]]
     inputs = [(x if len(x) > 1 else torch.cat([x, x])).cpu() for x in observations]
@@ -505,21 +546,29 @@ def export_policy(policy: DeployedPolicy, first, envs, ckpt: dict, checkpoint: P
         dynamic_shapes += [{1: batch}, {0: batch}]
     inputs = tuple(inputs)
     with torch.no_grad():
-        expected = policy(*inputs)
+        action, *state = policy.policy_action(*inputs)
+        try:
+            policy(*inputs)
+        except AttributeError as e:
+            raise UserError(f"{ckpt['trainer']}.py's env_action() reads what an exported policy does not carry "
+                            f"({e}); it may read the envs' {', '.join(policy.ENV_ACTION_READS)}") from e
+        env_device = (envs.action_low if policy.box else envs.action_start).device
+        received = policy.to_env(policy.env_action(envs, action.to(env_device)).cpu())
+    expected = (received, *state)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch's exporters warn of their own internals
             outputs = write_policy(policy, inputs, (tuple(dynamic_shapes),), path)
     except OSError as e:
         raise UserError(f"the policy could not be written to {path}: {e.strerror}") from e
-    error = max(float(np.abs(out.astype(np.float64) - x.numpy()).max()) for out, x in zip(outputs, as_tuple(expected)))
+    error = max(float(np.abs(out.astype(np.float64) - x.numpy()).max()) for out, x in zip(outputs, expected))
     description = {
         "format": path.suffix[1:], "file": path.name, "checkpoint": str(checkpoint.resolve()),
         "sha256": sha256(checkpoint), "trainer": ckpt["trainer"], "env_id": ckpt["args"]["env_id"],
         "inputs": [tensor_spec(name, x) for name, x in zip(policy.input_names, inputs)],
-        "outputs": [tensor_spec(name, x) for name, x in zip(policy.output_names, as_tuple(expected))],
+        "outputs": [tensor_spec(name, x) for name, x in zip(policy.output_names, expected)],
         "observation_space": ckpt["observation_space"], "action_space": ckpt["action_space"], **about,
-        "actions": "clamped to the action space's bounds" if policy.box else "counted from the space's start",
+        "actions": f"what the envs receive in training: the policy's mode through {ckpt['trainer']}.py's env_action()",
         "observation_normalization": "inside", "deterministic": True,
     }
     if policy.recurrent:
@@ -532,7 +581,7 @@ def export_policy(policy: DeployedPolicy, first, envs, ckpt: dict, checkpoint: P
             f"{key} ({size})" for key, size in envs.vectors)
     write_json(path.with_suffix(".json"), description)
     print(f"policy      {path} ({path.suffix[1:]}), described in {path.with_suffix('.json')}; on the env's first "
-          f"observations it differs from the checkpoint's policy by {error:.1e} at most")
+          f"observations its actions differ from what the envs receive in training by {error:.1e} at most")
 
 
 def write_policy(policy: DeployedPolicy, inputs: tuple, dynamic_shapes: tuple, path: Path) -> list[np.ndarray]:

@@ -27,6 +27,7 @@ import datetime
 import errno
 import fcntl
 import functools
+import hashlib
 import importlib.util
 import io
 import math
@@ -60,6 +61,10 @@ CHECKPOINT_FORMAT = 2
 # The file's own name: a copy (cp ppo_rnn.py my_idea.py) names its runs after itself, and its checkpoints say which
 # file wrote them, so that neither this file nor ppo_eval.py mistakes a copy's runs for this file's.
 TRAINER = Path(__file__).stem
+# The file's text as it was imported: each run directory keeps it (keep_source) and each checkpoint names it by hash,
+# so that a run can be told from, and evaluated with, the code that trained it.
+SOURCE = Path(__file__).read_bytes()
+SOURCE_SHA256 = hashlib.sha256(SOURCE).hexdigest()
 CPU_WORKERS_PER_CORE = 4
 # The flags that shape the network: a checkpoint's weights fit only a network built with the same.
 NETWORK_FIELDS = ("norm_obs", "norm_value", "critic_obs", "activation", "rnn_type", "rnn_hidden_size", "rnn_num_layers",
@@ -1078,6 +1083,8 @@ def main(args: Args) -> int:
         if resume_state["iteration"] >= num_iterations:
             raise UserError(f"the run already finished its {resume_state['iteration']} iterations; "
                             "raise --total_timesteps to continue it")
+        if rank == 0:
+            note_changed_source(resume_state, resume_path)
         if resume_state.get("world_size", 1) != num_ranks:
             raise UserError(f"the run was trained by {resume_state.get('world_size', 1)} processes and this is "
                             f"{num_ranks}: resume it with as many (torchrun --nnodes x --nproc_per_node), or start a "
@@ -1655,6 +1662,7 @@ def open_run(args: Args, setup: Setup, resume_state: Optional[dict]) -> SummaryW
             unfinished.unlink()
         purge_step = resume_state["global_step"] + 1  # steps logged after the checkpoint are replaced
     writer = SummaryWriter(str(setup.run_dir), purge_step=purge_step)
+    keep_source(setup.run_dir)
     batch_size = args.num_envs * args.num_steps
     derived = {"batch_size": batch_size, "minibatch_size": batch_size // args.num_minibatches,
                "num_iterations": setup.num_iterations, "bootstrap_rule": setup.bootstrap_rule,
@@ -1682,6 +1690,7 @@ def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, 
              "observation_space": space_to_dict(envs.single_observation_space),
              "action_space": space_to_dict(envs.single_action_space),
              "global_step": global_step, "iteration": iteration, "world_size": world_size(),
+             "source_sha256": SOURCE_SHA256,
              "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:]}
     path = setup.run_dir / f"ckpt_{iteration}.pt"
     save_checkpoint(path, state)
@@ -1692,6 +1701,30 @@ def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, 
         for old in sorted(numbered)[:-args.keep_checkpoints]:
             numbered[old].unlink()
     return path
+
+
+# Copied from ppo.py
+def kept_source(run_dir: Path, trainer: str, sha256: str) -> Path:
+    """Where a run directory keeps the trainer file of this hash (keep_source())."""
+    return run_dir / "source" / sha256[:12] / f"{trainer}.py"
+
+
+# Copied from ppo.py
+def keep_source(run_dir: Path):
+    """The run directory keeps every trainer file that ran it: the one it started with, and one that resumed it
+    changed; each checkpoint says by its source_sha256 which one wrote it."""
+    path = kept_source(run_dir, TRAINER, SOURCE_SHA256)
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_file(path, SOURCE)
+
+
+# Copied from ppo.py
+def note_changed_source(state: dict, checkpoint: Path):
+    sha256 = state.get("source_sha256")
+    if sha256 is not None and sha256 != SOURCE_SHA256:
+        print(f"note: {TRAINER}.py differs from the file that wrote {checkpoint} (kept in "
+              f"{kept_source(checkpoint.parent, TRAINER, sha256)}); the run goes on with this one", file=sys.stderr)
 
 
 # Copied from ppo.py
@@ -1892,15 +1925,21 @@ class RunDirLock:
 
 # Copied from ppo.py
 def save_checkpoint(path: Path, state: dict):
-    """Write to a temporary file, put it on disk, then rename it: a kill mid-write (or a power cut after the rename)
-    never leaves a truncated checkpoint, only a stray .tmp that the next resume removes. Serialized in memory first:
-    torch.save onto a full disk fails with a RuntimeError that does not say so, a plain write with ENOSPC."""
+    """Serialized in memory first: torch.save onto a full disk fails with a RuntimeError that does not say so, a plain
+    write with ENOSPC."""
     buffer = io.BytesIO()
     torch.save(state, buffer)
+    write_file(path, buffer.getbuffer())
+
+
+# Copied from ppo.py
+def write_file(path: Path, data: bytes):
+    """Write to a temporary file, put it on disk, then rename it: a kill mid-write (or a power cut after the rename)
+    never leaves a truncated file, only a stray .tmp that the next resume removes."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as f:
-            f.write(buffer.getbuffer())
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:

@@ -1,6 +1,7 @@
 """A copy of a trainer with a changed network (cp ppo.py my_ppo.py) is a trainer of its own: its runs carry its
 name, it resumes them exactly, the original refuses them, and ppo_eval.py evaluates them with the copy's code."""
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -58,6 +59,9 @@ def test_a_copy_trains_resumes_and_evaluates_as_itself(tmp_path, trainer, capfd)
     ckpt = load(run / "final_ckpt.pt")
     assert ckpt["trainer"] == name and ckpt["iteration"] == 2
     assert CHANGED_NETWORK[trainer][2] in ckpt["model"]
+    kept = run / "source" / ckpt["source_sha256"][:12] / copy.name  # the run keeps the file that trained it
+    assert ckpt["source_sha256"] == hashlib.sha256(copy.read_bytes()).hexdigest()
+    assert kept.read_bytes() == copy.read_bytes()
 
     # The original file neither continues the copy's run nor starts from its weights, which do not fit its network,
     # and leaves the run as it was.
@@ -80,17 +84,28 @@ def test_a_copy_trains_resumes_and_evaluates_as_itself(tmp_path, trainer, capfd)
     for key in whole["model"]:
         assert torch.equal(resumed["model"][key], whole["model"][key]), key
 
-    # ppo_eval.py finds the copy in the working directory, or where --trainer says; not elsewhere. And a checkpoint
-    # whose tensors do not fit the network of the trainer it names: one error line. The four side by side.
-    elsewhere = tmp_path / "elsewhere"
+    # ppo_eval.py finds the copy in the working directory, or where --trainer says; not elsewhere; with --run_trainer
+    # it takes the file the run kept, while the copy has changed since (the original network: its weights do not fit,
+    # and a note says the file differs). And a checkpoint whose tensors do not fit the network of the trainer it
+    # names: one error line.
+    elsewhere, changed = tmp_path / "elsewhere", tmp_path / "changed"
     elsewhere.mkdir()
+    changed.mkdir()
+    (changed / copy.name).write_text((REPO / f"{trainer}.py").read_text())
     ckpt["trainer"] = trainer
     torch.save(ckpt, tmp_path / "renamed.pt")
-    evaluated, refused, named, mismatch = run_scripts([
-        ("ppo_eval.py", [str(run), "--num_episodes", "2", "--num_envs", "1"]),
+    short = ["--num_episodes", "2", "--num_envs", "1"]
+    evaluated, refused, named, mismatch, kept_file, changed_file = run_scripts([
+        ("ppo_eval.py", [str(run), *short]),
         ("ppo_eval.py", [str(run)], elsewhere),
-        ("ppo_eval.py", [str(run), "--num_episodes", "2", "--num_envs", "1", "--trainer", str(copy)], elsewhere),
-        ("ppo_eval.py", [str(tmp_path / "renamed.pt")])], tmp_path)
+        ("ppo_eval.py", [str(run), *short, "--trainer", str(copy)], elsewhere),
+        ("ppo_eval.py", [str(tmp_path / "renamed.pt")]),
+        ("ppo_eval.py", [str(run), *short, "--run_trainer"], elsewhere),
+        ("ppo_eval.py", [str(run), *short], changed)], tmp_path)
+    assert kept_file.returncode == 0, kept_file.stderr[-3000:]
+    assert kept_file.stdout.splitlines()[2:] == evaluated.stdout.splitlines()[2:]
+    assert changed_file.returncode == 2 and f"do not fit {name}.py's network" in changed_file.stderr
+    assert "differs from the file that wrote" in changed_file.stderr and "--run_trainer" in changed_file.stderr
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert f"({name}.py," in evaluated.stdout
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
@@ -166,11 +181,31 @@ def test_a_start_killed_before_its_first_checkpoint_is_started_again(tmp_path):
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_evaluating_a_copy_in_maniskill_cpu_workers(tmp_path):
     """ManiSkill's CPU simulation with 2 envs runs in forkserver workers, which import the copy by its module name:
-    ppo_eval.py must make the copy importable there, even when it lies outside the working directory."""
+    ppo_eval.py must make the copy importable there, even when it lies outside the working directory, or is the
+    file the run kept (--run_trainer), imported under another name."""
     copy = make_copy("ppo", tmp_path / "ideas")
     run_copy(copy, fast_args("PushCube-v1", "pick", num_envs=1, num_eval_envs=1, num_steps=10, total_timesteps=10,
                              num_minibatches=1, update_epochs=1), tmp_path)
-    evaluated = run_script("ppo_eval.py", ["runs/pick", "--trainer", str(copy), "--num_envs", "2",
-                                           "--num_episodes", "2"], tmp_path)
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    assert "(my_ppo.py, PushCube-v1" in evaluated.stdout and "2 episodes on 2 envs" in evaluated.stdout
+    evaluated, kept = run_scripts([  # the second with the file the run kept, under a module name of its own
+        ("ppo_eval.py", ["runs/pick", "--trainer", str(copy), "--num_envs", "2", "--num_episodes", "2"]),
+        ("ppo_eval.py", ["runs/pick", "--run_trainer", "--num_envs", "2", "--num_episodes", "2"])], tmp_path)
+    for result in (evaluated, kept):
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "(my_ppo.py, PushCube-v1" in result.stdout and "2 episodes on 2 envs" in result.stdout
+
+
+def test_a_run_resumed_by_a_changed_file_keeps_both_and_says_so(tmp_path):
+    """--resume by a file that differs from the one that wrote the checkpoint: one note line names the kept file; the
+    run goes on, keeps the new file beside the first, and its later checkpoints name the new one."""
+    copy = tmp_path / "my_ppo.py"
+    copy.write_text((REPO / "ppo.py").read_text())
+    run_copy(copy, fast_args(ENV["ppo"], "r", total_timesteps=32 * 2), tmp_path)
+    first = hashlib.sha256(copy.read_bytes()).hexdigest()
+    copy.write_text(copy.read_text() + "# a change\n")
+    resumed = run_copy(copy, ["--resume", "runs/r", "--total_timesteps", str(32 * 3)], tmp_path)
+    notes = [line for line in resumed.stderr.splitlines() if line.startswith("note:")]
+    assert notes == [f"note: my_ppo.py differs from the file that wrote runs/r/ckpt_2.pt (kept in "
+                     f"runs/r/source/{first[:12]}/my_ppo.py); the run goes on with this one"], resumed.stderr
+    second = hashlib.sha256(copy.read_bytes()).hexdigest()
+    assert sorted(p.name for p in (tmp_path / "runs/r/source").iterdir()) == sorted([first[:12], second[:12]])
+    assert load(tmp_path / "runs/r/ckpt_3.pt")["source_sha256"] == second

@@ -201,6 +201,7 @@ def test_bad_checkpoints_are_one_clear_line(tmp_path, monkeypatch, capfd):
         (["pomdp.pt"], "is not a trainer file"),
         (["runs/ids", "--trainer", "elsewhere/ppo_rnn.py"], "written by ppo.py, not by --trainer elsewhere/ppo_rnn.py"),
         (["runs/ids", "--trainer", "elsewhere/ppo.py"], "--trainer elsewhere/ppo.py does not exist"),
+        (["runs/ids", "--trainer", "elsewhere/ppo.py", "--run_trainer"], "--trainer with another: give one"),
         (["old.pt"], "format 1"),
         (["foreign.pt"], "not a checkpoint of these trainers"),
         (["empty_run"], "holds no checkpoint"),
@@ -231,7 +232,8 @@ def test_bad_checkpoints_are_one_clear_line(tmp_path, monkeypatch, capfd):
         assert len(lines) == 1 and lines[0].startswith("error: ") and mentions in lines[0], (argv, stderr)
     assert not marker.exists()
     assert (tmp_path / "full" / "keep.mp4").read_bytes() == b"x"
-    assert sorted(p.name for p in (tmp_path / "runs/ids").iterdir() if p.is_dir()) == []  # no eval/ left behind
+    # no eval/ left behind; source/ is the run's own
+    assert sorted(p.name for p in (tmp_path / "runs/ids").iterdir() if p.is_dir()) == ["source"]
 
     # A shorter time limit than the task's reaches the env: EpisodeIds' 3- and 4-step episodes are truncated at 2.
     shorter = evaluate(tmp_path, ["runs/ids", "--num_episodes", "8", "--num_envs", "4", "--max_episode_steps", "2"])

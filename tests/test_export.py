@@ -4,7 +4,9 @@ for every action kind of every trainer; a recurrent policy stepped through episo
 privileged critic's policy, which takes no privileged input."""
 
 import contextlib
+import importlib
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ import ppo_eval
 import ppo_rgb
 import ppo_rnn
 import tests.envs  # noqa: F401  (registers the test envs)
-from tests.util import fast_args, load
+from tests.util import REPO, fast_args, load
 
 onnxruntime = pytest.importorskip("onnxruntime")
 EXPORT_FORMATS = ("onnx", "pt2")
@@ -237,3 +239,40 @@ def test_a_privileged_critics_policy_takes_the_actors_observation_alone(tmp_path
         assert description["inputs"][0]["shape"] == ["batch", 2]  # PointMass's x and time; x^2 and t are the critic's
         (action,) = run({"obs": recorded[:, :2].numpy()})
     np.testing.assert_allclose(action, expected.numpy(), atol=1e-5, rtol=0)
+
+
+SQUASH = ("        return torch.clamp(action, envs.action_low, envs.action_high)\n",
+          "        return 0.5 * torch.tanh(action) + 0.25\n")
+
+
+@pytest.mark.parametrize("fmt", EXPORT_FORMATS)
+def test_a_copys_env_action_is_exported_as_its_envs_receive_it(tmp_path, fmt, monkeypatch):
+    """A copy that squashes its actions in env_action(): the exported policy returns what the copy's envs received
+    in training (recorded where TorchVecEnv hands the action to the Gymnasium vector env), not a clamp of the mean."""
+    source = (REPO / "ppo.py").read_text()
+    assert source.count(SQUASH[0]) == 1
+    (tmp_path / "my_squash.py").write_text(source.replace(*SQUASH))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "my_squash", raising=False)
+    copy = importlib.import_module("my_squash")
+    with contextlib.chdir(tmp_path):
+        assert copy.cli(fast_args("tests.envs:PointMass-v0", "run", norm_obs=True)) == 0
+    ckpt = load(tmp_path / "runs/run/final_ckpt.pt")
+    args = ppo_eval.run_args(copy, ckpt, ppo_eval.EvalArgs(checkpoint="unused"))
+    envs = copy.make_envs(args, False, torch.device("cpu"), evaluation=True, run_dir=tmp_path, num_eval_steps=16)
+    agent = copy.make_agent(args, envs)
+    copy.load_weights(agent, ckpt, args, envs)
+    received = []
+    vector_step = envs.env.step
+    monkeypatch.setattr(envs.env, "step", lambda action: received.append(action.copy()) or vector_step(action))
+    obs, recorded = envs.reset(seed=0), []
+    for _ in range(10):
+        recorded.append(obs)
+        with torch.no_grad():
+            obs = envs.step(agent.get_action(agent.normalize_obs(obs), deterministic=True))[0]
+    envs.close()
+    monkeypatch.chdir(tmp_path)  # where ppo_eval.py finds the copy
+    run, _ = exported(tmp_path, fmt)
+    (action,) = run({"obs": torch.cat(recorded).numpy()})
+    np.testing.assert_allclose(action, np.concatenate(received), atol=1e-5, rtol=0)
+    assert np.abs(action - 0.25).max() < 0.5  # squashed: every action lies in (-0.25, 0.75)
