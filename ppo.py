@@ -66,6 +66,7 @@ TRAINER = Path(__file__).stem
 SOURCE = Path(__file__).read_bytes()
 SOURCE_SHA256 = hashlib.sha256(SOURCE).hexdigest()
 CPU_WORKERS_PER_CORE = 4
+GLOBAL_DRAW_WATCH_STEPS = 1000  # --num_seeds: the first resets and steps of Gymnasium envs watched (SeedBlocks)
 # The flags that shape the network: a checkpoint's weights fit only a network built with the same.
 NETWORK_FIELDS = ("norm_obs", "norm_value", "critic_obs", "hidden_sizes", "activation")
 LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
@@ -81,7 +82,8 @@ class Args:
     """seed of the experiment (torch, numpy, python and the environments)"""
     num_seeds: int = 1
     """train seeds seed, seed+1, ..., seed+num_seeds-1 in this one process, each a run of its own in
-    runs/{run_name}/{run_name}__seed{seed}, as a run of that seed alone would train (docs/ppo.md)"""
+    runs/{run_name}/{run_name}__seed{seed}, as a run of that seed alone would train (docs/ppo.md); an env that draws
+    from Python's, numpy's or torch's global random generator shares it between the seeds (a warning says so)"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
@@ -532,7 +534,8 @@ def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, a
                 step_mask = torch.tensor(stepping, device=kls.device).reshape(seed_shape)
         clipfracs.append(torch.where(step_mask, ((ratio - 1.0).abs() > args.clip_coef).float().mean(-1), torch.nan))
         # Seeds' losses are independent: each seed's parameters get the gradient of its own loss alone.
-        loss = (pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef).sum()
+        losses = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+        loss = losses.sum()
 
         agent.zero_grad()
         loss.backward()
@@ -546,7 +549,8 @@ def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, a
         grad_norms = torch.stack([nn.utils.clip_grad_norm_(group["params"], args.max_grad_norm)
                                   for group, go in zip(optimizer.param_groups, stepping) if go])
         if not (loss_finite & torch.isfinite(grad_norms).all()):  # one wait for the GPU, not two
-            raise NonFiniteError("gradient" if loss_finite else "loss")
+            raise NonFiniteError("gradient" if loss_finite else "loss",
+                                 nonfinite_seeds([losses, *(p.grad for p in stacked_parameters)], args.num_seeds))
         optimizer.step()
         minibatch_steps += step_mask
         if args.lr_schedule == "adaptive":
@@ -693,7 +697,7 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
             agent.train()
             stats = update(agent, optimizer, buf, advantages, returns, update_losses, args, generators)
             if not parameters_finite(agent, iteration):
-                raise NonFiniteError("parameters")
+                raise NonFiniteError("parameters", nonfinite_seeds(agent.state_dict().values(), args.num_seeds))
             update_time = time.perf_counter() - update_start
 
             # TRY NOT TO MODIFY: logging and evaluation (rank 0, with every rank's episodes), checkpoints, stopping
@@ -754,7 +758,10 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
         progress.close()
         if rank == 0:
             kept = f"the last checkpoint {last_checkpoint} is untouched" if last_checkpoint else "none was written"
-            problem = f"non-finite {e}" if isinstance(e, NonFiniteError) else str(e)
+            problem = f"non-finite {e.args[0]}" if isinstance(e, NonFiniteError) else str(e)
+            if isinstance(e, NonFiniteError) and args.num_seeds > 1:
+                problem += f" in seed {', '.join(str(args.seed + i) for i in e.args[1])}"
+                kept += continue_other_seeds(args, setup.run_dir, e.args[1]) if last_checkpoint else ""
             if isinstance(e, OSError) and e.errno == errno.ENOSPC:
                 problem = f"the disk is full ({e})"
                 kept += f"; free some space, then --resume {setup.run_dir}" if last_checkpoint else ""
@@ -1059,10 +1066,15 @@ class SeedBlocks:
     """--num_seeds N: the seeds' envs as one vector env (TorchVecEnv) of N blocks of num_envs, seed i's the i-th;
     tensors in and out are (N, num_envs, ...), and each finished episode's "seed_index" says whose it is. reset(seed=s)
     seeds block i's envs as reset(seed=s + i) seeds a run's (ManiSkill's GPU simulation, though, draws the initial
-    states of every block from one torch stream: docs/ppo.md)."""
+    states of every block from one torch stream: docs/ppo.md).
 
-    def __init__(self, envs: TorchVecEnv, num_seeds: int):
-        self.envs, self.num_seeds = envs, num_seeds
+    Envs stepped in this process share its global random generators (Python's, numpy's, torch's), so an env that
+    draws from them makes a seed's episodes depend on the others': watch_steps of the first resets and steps are
+    watched, and a warning names the generator (swapping each seed's states around each env's step would cost more
+    than the step: about 0.5 ms)."""
+
+    def __init__(self, envs: TorchVecEnv, num_seeds: int, env_id: str, watch_steps: int = 0):
+        self.envs, self.num_seeds, self.env_id, self.watch_steps = envs, num_seeds, env_id, watch_steps
         self.block = envs.num_envs // num_seeds
 
     def __getattr__(self, name: str):  # spaces, devices, video: the vector env's
@@ -1073,7 +1085,7 @@ class SeedBlocks:
 
     def reset(self, seed: Optional[int] = None) -> torch.Tensor:
         seeds = None if seed is None else [s for i in range(self.num_seeds) for s in self.block_seeds(seed + i)]
-        return self.blocks(self.envs.reset(seed=seeds))
+        return self.blocks(self.watched(self.envs.reset, seed=seeds))
 
     def block_seeds(self, seed: int) -> list[int]:
         """The env seeds that reset(seed=seed) gives a run's envs: Gymnasium's seed + k; ManiSkill's GPU simulation's
@@ -1083,10 +1095,32 @@ class SeedBlocks:
         return [seed + k for k in range(self.block)]
 
     def step(self, action: torch.Tensor):
-        next_obs, reward, terminated, truncated, final_obs, finished = self.envs.step(action.flatten(0, 1))
+        stepped = self.watched(self.envs.step, action.flatten(0, 1))
+        next_obs, reward, terminated, truncated, final_obs, finished = stepped
         if finished is not None:
             finished["seed_index"] = torch.nonzero(terminated | truncated)[:, 0] // self.block
         return (*(self.blocks(x) for x in (next_obs, reward, terminated, truncated, final_obs)), finished)
+
+
+    def watched(self, call, *args, **kwargs):
+        if self.watch_steps <= 0:
+            return call(*args, **kwargs)
+        self.watch_steps -= 1
+        before = global_random_states()
+        result = call(*args, **kwargs)
+        drawn = [name for name, state in global_random_states().items() if state != before[name]]
+        if drawn:
+            print(f"warning: {self.env_id} draws from {' and '.join(drawn)} global random generator, which the seeds "
+                  f"of --num_seeds share: each seed's episodes depend on the others' (a run alone's do not); draw "
+                  f"from the env's own self.np_random instead (docs/ppo.md)", file=sys.stderr)
+            self.watch_steps = 0
+        return result
+
+
+def global_random_states() -> dict:
+    np_state = np.random.get_state()
+    return {"Python's": random.getstate(), "numpy's": (np_state[1].tobytes(), *np_state[2:]),
+            "torch's": torch.get_rng_state().numpy().tobytes()}
 
 
 def episodes_by_seed(episodes: dict[str, torch.Tensor], num_seeds: int) -> list[dict[str, torch.Tensor]]:
@@ -1114,6 +1148,27 @@ def agents_of_seeds(agent: Agent, args: Args, envs: TorchVecEnv) -> list[Agent]:
 
 def eval_envs_of_seeds(eval_envs) -> list[TorchVecEnv]:
     return eval_envs if isinstance(eval_envs, EachSeed) else [eval_envs]
+
+
+def nonfinite_seeds(tensors, num_seeds: int) -> list[int]:
+    """The seeds (indices) whose part of tensors (each with the seed dimension first) holds a non-finite number."""
+    if num_seeds == 1:
+        return [0]
+    bad = torch.zeros(num_seeds, dtype=torch.bool)
+    for tensor in tensors:
+        if tensor is not None:
+            bad |= ~torch.isfinite(tensor.detach().reshape(num_seeds, -1)).all(-1).cpu()
+    return bad.nonzero().flatten().tolist()
+
+
+def continue_other_seeds(args: Args, run_dir: Path, bad: list[int]) -> str:
+    """How the seeds that stayed finite go on: each alone, from its own run directory's checkpoint."""
+    others = [seed_dir for i, (_, seed_dir) in enumerate(seed_dirs(args, run_dir)) if i not in bad]
+    if not others:
+        return ""
+    more = f", and so on to {others[-1].name}" if len(others) > 1 else ""
+    return (f"; the other seeds continue each alone from its own run directory: python {shlex.quote(sys.argv[0])} "
+            f"--resume {shlex.quote(str(others[0]))}{more}")
 
 
 def mean_over_seeds(means: list[dict[str, float]]) -> dict[str, float]:
@@ -1171,7 +1226,7 @@ def main(args: Args) -> int:
     lock = RunDirLock(run_dir) if rank == 0 else None  # rank 0 alone writes the run directory
     try:
         if rank == 0 and resume_state is None:
-            if any(run_dir.rglob("*.pt")):
+            if any(run_dir.glob("*.pt")):  # a seed's alone (--num_seeds) are set aside with the rest
                 raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or pick "
                                 "another --exp_name")
             lock.moved_aside = set_aside_unfinished_start(run_dir)
@@ -1605,7 +1660,7 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
         if maniskill:
             envs = make_maniskill_envs(args, num_envs, device, evaluation, video_dir, video_trigger,
                                        max_steps_per_video, trajectory_path)
-            return envs if args.num_seeds == 1 else SeedBlocks(envs, args.num_seeds)
+            return envs if args.num_seeds == 1 else SeedBlocks(envs, args.num_seeds, args.env_id)
         prefix = "eval" if evaluation else "train"
         if evaluation and video_dir is not None:
             video_trigger = ResetEpisodeTrigger()
@@ -1620,7 +1675,9 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
         critic_dim = env.get_attr("critic_dim")[0] if args.critic_obs else 0
         envs = TorchVecEnv(env, device, torch_native=False, reset_video_trigger=video_trigger if evaluation else None,
                            critic_dim=critic_dim)
-        return envs if args.num_seeds == 1 else SeedBlocks(envs, args.num_seeds)
+        in_process = isinstance(env, gym.vector.SyncVectorEnv)  # a worker process's draws are its own
+        return envs if args.num_seeds == 1 else SeedBlocks(envs, args.num_seeds, args.env_id,
+                                                           watch_steps=GLOBAL_DRAW_WATCH_STEPS if in_process else 0)
     except gym.error.DependencyNotInstalled as e:
         hint = "; or pass --no_capture_video" if args.capture_video else ""
         raise UserError(f"{args.env_id} needs an optional dependency: {e}{hint}") from e
@@ -1747,7 +1804,7 @@ def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, 
     --num_seeds, the run's, of all seeds, which --resume continues; then each seed's, as a run of its own would write
     it, in its run directory (seed_runs())."""
     if not all_finite(agent):
-        raise NonFiniteError("parameters")
+        raise NonFiniteError("parameters", nonfinite_seeds(agent.state_dict().values(), args.num_seeds))
     rank_rngs = gather_objects(rng_states(setup.device))
     if setup.rank != 0:
         return None
@@ -1759,9 +1816,12 @@ def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, 
              "global_step": global_step, "iteration": iteration, "world_size": world_size(),
              "source_sha256": SOURCE_SHA256, "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:],
              "seed_rngs": [generator.get_state() for generator in generators if generator is not None]}
-    runs = [(seed_setup.run_dir, seed_checkpoint(state, i, seed_args, seed_setup, generators))
-            for i, (seed_args, seed_setup) in enumerate(seed_runs(args, setup))] if args.num_seeds > 1 else []
-    for run_dir, run_state in [(setup.run_dir, state), *runs]:
+    # The seeds' first: the batch's says that theirs are written. A kill between them makes --resume continue from the
+    # batch's previous checkpoint (setting aside the seeds' later ones) or, before its first, the same command start
+    # afresh (setting the seeds' aside).
+    runs = [(seed_dir, seed_checkpoint(state, i, seed_args, seed_dir))
+            for i, (seed_args, seed_dir) in enumerate(seed_dirs(args, setup.run_dir))] if args.num_seeds > 1 else []
+    for run_dir, run_state in [*runs, (setup.run_dir, state)]:
         save_checkpoint(run_dir / f"ckpt_{iteration}.pt", run_state)
         if final:
             save_checkpoint(run_dir / "final_ckpt.pt", run_state)
@@ -1785,16 +1845,16 @@ def seed_runs(args: Args, setup: Setup) -> list[tuple[Args, Setup]]:
             for seed_args, seed_dir in seed_dirs(args, setup.run_dir)]
 
 
-def seed_checkpoint(state: dict, i: int, seed_args: Args, seed_setup: Setup, generators: list) -> dict:
+def seed_checkpoint(state: dict, i: int, seed_args: Args, seed_dir: Path) -> dict:
     """The i-th seed's share of a checkpoint of all seeds, as a run of that seed alone writes one: ppo_eval.py
     evaluates it, and --resume continues it alone."""
     group = state["optimizer"]["param_groups"][i]
     optimizer = {"state": {k: state["optimizer"]["state"][id_] for k, id_ in enumerate(group["params"])
                            if id_ in state["optimizer"]["state"]},
                  "param_groups": [{**group, "params": list(range(len(group["params"])))}]}
-    # its generator is its torch stream: the CPU's, or the learner GPU's
-    rng = {**state["rng"], "torch" if generators[i].device.type == "cpu" else "cuda": generators[i].get_state()}
-    return {**state, "run_name": seed_setup.run_name, "args": dataclasses.asdict(seed_args),
+    # its generator is its torch stream: the learner GPU's (whose state the batch's holds), or the CPU's
+    rng = {**state["rng"], "cuda" if len(state["rng"]["cuda"]) > 0 else "torch": state["seed_rngs"][i]}
+    return {**state, "run_name": seed_dir.name, "args": dataclasses.asdict(seed_args),
             "model": seed_state(state["model"], i), "optimizer": optimizer,
             "reward_normalizer": (None if state["reward_normalizer"] is None
                                   else seed_state(state["reward_normalizer"], i)),

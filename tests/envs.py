@@ -1,9 +1,11 @@
 """Small deterministic Gymnasium envs for the trainers' tests, registered on import: "tests.envs:PointMass-v0"."""
 
 import os
+import random
 
 import gymnasium as gym
 import numpy as np
+import torch
 from gymnasium.envs.classic_control.pendulum import PendulumEnv
 
 EPISODE_STEPS = 16
@@ -16,6 +18,8 @@ class PointMass(gym.Env):
     runs whose rollouts end on episode boundaries can be resumed bit for bit.
     nan_reward_after: from this many steps of this env on, rewards are NaN (to test the non-finite guard);
     nan_only_on_rank: only in the process of this torchrun rank.
+    nan_reward_seed: only in an env last reset with this seed (the seeds of ppo.py --num_seeds reset theirs with
+    seeds of their own).
     terminate_odd_episodes: the 1st, 3rd, ... episodes terminate after half the time limit; the others are truncated.
     critic: info["critic"] holds x^2 and the step count, a privileged critic's vector (--critic_obs).
     actions: a key of ACTION_KINDS, the push in another action space.
@@ -27,7 +31,8 @@ class PointMass(gym.Env):
     metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
 
     def __init__(self, nan_reward_after=None, render_mode=None, terminate_odd_episodes=False, nan_only_on_rank=None,
-                 critic=False, actions=None):
+                 critic=False, actions=None, nan_reward_seed=None):
+        self.nan_reward_seed, self.nan_this_episode = nan_reward_seed, nan_reward_seed is None
         on_this_rank = nan_only_on_rank is None or int(os.environ.get("RANK", "0")) == nan_only_on_rank
         self.nan_reward_after = nan_reward_after if on_this_rank else None
         self.render_mode = render_mode
@@ -46,6 +51,8 @@ class PointMass(gym.Env):
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
+        if seed is not None and self.nan_reward_seed is not None:
+            self.nan_this_episode = seed == self.nan_reward_seed
         self.x, self.t = 1.0, 0
         self.episodes += 1
         return self._obs(), self._info()
@@ -65,7 +72,7 @@ class PointMass(gym.Env):
         self.t += 1
         self.total_steps += 1
         reward = -self.x**2
-        if self.nan_reward_after is not None and self.total_steps > self.nan_reward_after:
+        if self.nan_reward_after is not None and self.nan_this_episode and self.total_steps > self.nan_reward_after:
             reward = float("nan")
         terminated = self.terminate_odd_episodes and self.episodes % 2 == 1 and self.t == EPISODE_STEPS // 2
         return self._obs(), reward, terminated, False, self._info()
@@ -77,6 +84,8 @@ gym.register("PointMassEnds-v0", entry_point=PointMass, max_episode_steps=EPISOD
              kwargs={"terminate_odd_episodes": True})
 gym.register("PointMassNaN-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS,
              kwargs={"nan_reward_after": 200})
+gym.register("PointMassNaNSeed3-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS,
+             kwargs={"nan_reward_after": 200, "nan_reward_seed": 3})
 gym.register("PointMassNaNOnRank1-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS,
              kwargs={"nan_reward_after": 200, "nan_only_on_rank": 1})
 
@@ -116,6 +125,28 @@ gym.register("PointMassPixelsCritic-v0", entry_point=PointMassPixels, max_episod
 for kind in ACTION_KINDS:
     gym.register(f"PointMassPixels{kind}-v0", entry_point=PointMassPixels, max_episode_steps=EPISODE_STEPS,
                  kwargs={"actions": kind})
+
+
+class PointMassGlobalDraws(PointMass):
+    """Starts each episode at a point drawn from a global random generator (Python's, numpy's or torch's), as
+    hand-written envs often do, instead of from its own self.np_random."""
+
+    DRAWS = {"python": lambda: random.uniform(0.5, 1.5), "numpy": lambda: np.random.uniform(0.5, 1.5),
+             "torch": lambda: float(torch.rand(())) + 0.5}
+
+    def __init__(self, draws: str, **kwargs):
+        super().__init__(**kwargs)
+        self.draw = self.DRAWS[draws]
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        self.x = self.draw()
+        return self._obs(), info
+
+
+for generator in PointMassGlobalDraws.DRAWS:
+    gym.register(f"PointMassGlobal{generator.capitalize()}-v0", entry_point=PointMassGlobalDraws,
+                 max_episode_steps=EPISODE_STEPS, kwargs={"draws": generator})
 
 
 class PointMassNoVideo(PointMass):

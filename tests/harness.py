@@ -4,6 +4,8 @@ stall_checkpoint: the second checkpoint write stops half-way (half the bytes on 
     `stalled` in the working directory) and waits there to be killed.
 no_gradient_average: ranks step with their own gradients (run it under torchrun), which the trainer must notice.
 full_logs: the disk fills up under TensorBoard's event file after a few writes.
+kill_after TRAINER NAME ARGS: the process kills itself (SIGKILL) right after it writes the first checkpoint file
+    named NAME, in whichever run directory (ppo.py --num_seeds writes the run's and each seed's).
 rss: after every update, a line "ITERATION RSS_MIB" (the process with its worker processes) in ./rss.txt, so that
     memory is measured against the run's progress, not the clock.
 """
@@ -12,6 +14,7 @@ import errno
 import importlib
 import itertools
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -44,6 +47,17 @@ def stall_second_checkpoint_write(trainer):
         return HalfWritten()
 
     trainer.open = open_stalling  # the trainer's save_checkpoint finds it before the builtin
+
+
+def kill_after_first_checkpoint(trainer, name: str):
+    save = trainer.save_checkpoint
+
+    def save_then_die(path, state):
+        save(path, state)
+        if path.name == name:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    trainer.save_checkpoint = save_then_die
 
 
 def fill_the_disk_under_the_logs():
@@ -93,6 +107,8 @@ if __name__ == "__main__":
         stall_second_checkpoint_write(trainer)
     elif mode == "no_gradient_average":
         trainer.average_gradients = lambda agent, loss_finite: loss_finite
+    elif mode == "kill_after":
+        kill_after_first_checkpoint(trainer, argv.pop(0))
     elif mode == "full_logs":
         fill_the_disk_under_the_logs()
     elif mode == "rss":

@@ -2,13 +2,14 @@
 ppo_eval.py and the scripts take, and the batch stops and resumes as one run."""
 
 import signal
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
 import ppo
-from tests.util import (REPO, assert_refused_as_in_use, fast_args, load, run_script, run_scripts, running, scalars,
-                        sigterm_beside_full_run)
+from tests.util import (REPO, assert_refused_as_in_use, fast_args, load, run_python, run_script, run_scripts, running,
+                        scalars, sigterm_beside_full_run)
 
 # Every quantity a seed must own: observation, reward and value statistics, advantage normalization, the adaptive
 # learning rate, the KL early stop, gradient clipping, and the random streams of weights, actions and minibatches.
@@ -86,6 +87,69 @@ def test_sigterm_then_resume_of_seeds_equals_uninterrupted_run(tmp_path):
         assert a["optimizer"]["param_groups"] == b["optimizer"]["param_groups"]
         steps = [step for step, _ in scalars(run / f"cut__seed{seed}")["losses/value_loss"]]
         assert steps == list(range(32, 32 * (iterations + 1), 32))
+
+
+@pytest.mark.parametrize("killed_after", ["ckpt_2.pt", "ckpt_4.pt"])
+def test_a_kill_among_an_iterations_checkpoints_leaves_none_missing(tmp_path, killed_after):
+    """A kill right after the first checkpoint file of an iteration (the run's and its seeds' are several files):
+    every checkpoint the run holds, each seed holds too; the same command starts afresh (at the run's first) or
+    --resume continues (at its last), and each seed ends as in an uninterrupted run."""
+    argv = fast_args("tests.envs:PointMass-v0", "cut", num_seeds=2, norm_obs=True)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # side by side, one per core
+        whole = pool.submit(run_script, "ppo.py", fast_args("tests.envs:PointMass-v0", "whole", num_seeds=2,
+                                                            norm_obs=True), tmp_path)
+        killed = run_python(["-m", "tests.harness", "kill_after", "ppo", killed_after, *argv], tmp_path)
+        whole = whole.result()
+    assert killed.returncode == -signal.SIGKILL and whole.returncode == 0, killed.stderr + whole.stderr
+    run = tmp_path / "runs/cut"
+    for checkpoint in run.glob("*.pt"):
+        assert all((run / f"cut__seed{seed}" / checkpoint.name).is_file() for seed in (1, 2)), checkpoint
+    again = run_script("ppo.py", argv if killed_after == "ckpt_2.pt" else ["--resume", "runs/cut"], tmp_path)
+    assert again.returncode == 0, again.stderr
+    for seed in (1, 2):
+        a = load(tmp_path / f"runs/whole/whole__seed{seed}/final_ckpt.pt")
+        b = load(run / f"cut__seed{seed}/final_ckpt.pt")
+        assert b["iteration"] == 4 and all(torch.equal(a["model"][key], b["model"][key]) for key in a["model"])
+
+
+def test_a_non_finite_seed_is_named_and_the_others_continue_alone(tmp_path):
+    """Seed 2's envs (reset with env seeds 2 and 3; seed 1's with 1 and 2) give NaN rewards from their 200th step: the
+    run stops with one error line naming seed 2 and the command that continues seed 1 alone, which then ends as a
+    run of seed 1 alone does."""
+    flags = dict(num_seeds=2, total_timesteps=32 * 16, eval_freq=4)
+    argv = fast_args("tests.envs:PointMassNaNSeed3-v0", "nan", **flags)
+    stopped, alone = run_scripts([("ppo.py", argv), ("ppo.py", fast_args("tests.envs:PointMassNaNSeed3-v0", "alone",
+                                                                          total_timesteps=32 * 16, eval_freq=4))],
+                                 tmp_path)
+    assert stopped.returncode == 1 and alone.returncode == 0, stopped.stderr + alone.stderr
+    errors = [line for line in stopped.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "non-finite loss in seed 2 at iteration" in errors[0], stopped.stderr
+    command = errors[0].split("from its own run directory: python ")[1]
+    assert command == f"{REPO / 'ppo.py'} --resume runs/nan/nan__seed1", errors[0]
+    continued = run_script("ppo.py", command.split()[1:], tmp_path)
+    assert continued.returncode == 0, continued.stderr
+    a, b = load(tmp_path / "runs/alone/final_ckpt.pt"), load(tmp_path / "runs/nan/nan__seed1/final_ckpt.pt")
+    assert b["iteration"] == 16
+    for key in a["model"]:
+        torch.testing.assert_close(b["model"][key], a["model"][key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+@pytest.mark.parametrize("generator", ["Python", "Numpy", "Torch"])
+def test_an_env_drawing_from_a_global_generator_is_named(tmp_path, generator):
+    """Envs that draw their starts from a global generator, which the seeds of a batch share: a warning names it, and
+    seed 1 trains otherwise than alone (its later episodes start where the batch's draws left the stream). Envs
+    that draw from their own self.np_random (PointMass) draw no warning."""
+    env_id = f"tests.envs:PointMassGlobal{generator}-v0"
+    batch, alone, own = run_scripts([("ppo.py", fast_args(env_id, "batch", num_seeds=2)),
+                                     ("ppo.py", fast_args(env_id, "alone")),
+                                     ("ppo.py", fast_args("tests.envs:PointMass-v0", "own", num_seeds=2))], tmp_path)
+    assert batch.returncode == alone.returncode == own.returncode == 0, batch.stderr + alone.stderr + own.stderr
+    warnings = [line for line in batch.stderr.splitlines() if line.startswith("warning:")]
+    name = {"Python": "Python's", "Numpy": "numpy's", "Torch": "torch's"}[generator]
+    assert len(warnings) == 1 and f"draws from {name} global random generator" in warnings[0], batch.stderr
+    assert "warning:" not in alone.stderr and "warning:" not in own.stderr
+    a, b = load(tmp_path / "runs/alone/final_ckpt.pt"), load(tmp_path / "runs/batch/batch__seed1/final_ckpt.pt")
+    assert not torch.allclose(a["model"]["critic.0.weight"], b["model"]["critic.0.weight"], rtol=1e-3, atol=1e-4)
 
 
 def test_a_seeds_run_directory_has_one_writer(tmp_path):
