@@ -8,14 +8,15 @@
     python ippo.py --resume runs/RUN_NAME                                # continue an interrupted run
     torchrun --standalone --nproc_per_node=4 ippo.py --env_id=TwoRobotPickCube-v1   # data parallel: 4 GPUs
 
-Every agent has its own actor, critic and observation normalizer, acts on its own observation and learns from its
-own advantages with PPO's clipped objective. The agents' networks are stacked (one weight tensor per layer, an
-agent per slice) and run for all agents in one batched matmul; no agent's loss reaches another agent's slice.
-The file reads top to bottom: Args; the Agent; ALGO LOGIC (rollout(), compute_advantages(), ppo_loss(), update());
-train(), the loop that runs them, logs, evaluates and saves; the run's settings (settings(), seed_process(), the envs'
-kwargs, env_action(), what the critic sees). The "Plumbing" divider is a promise: every line whose change can change
-a run's numbers stands above it; below it stand only file formats, locks, messages, validation, and the mechanics of
-env adapters, collectives and signals: startup, checkpoints and resume, data parallel.
+Every agent has its own actor, critic and observation normalizer, acts on its own observation and learns from its own
+advantages with PPO's clipped objective. The agents' networks are stacked (one weight tensor per layer, an agent per
+slice) and run for all agents in one batched matmul; no agent's loss reaches another agent's slice. The file reads top
+to bottom: Args; the Agent; ALGO LOGIC (rollout(), compute_advantages(), ppo_loss(), update()); train(), the loop that
+runs them, logs, evaluates and saves; the run's settings (settings(), seed_process(), the envs' kwargs, env_action(),
+what the critic sees). Above the "Plumbing" divider stands what an idea changes; below it stand env adapters, run
+directories, checkpoints and resume, collectives, signals and validation, which decide numbers too (what the envs
+return, dtypes, time limits, what a resume restores): a change there is a refactor, checked to the bit by
+benchmarks/same_numbers.py.
 A copy (cp ippo.py my_idea.py) is a trainer of its own: runs/ENV__my_idea__SEED__TIME, its own resume and evaluation.
 Docs: docs/multi_agent.md (flags, what each agent observes, examples), docs/bootstrap.md, docs/checkpoints.md.
 """
@@ -1455,8 +1456,9 @@ class PettingZooEnvs:
 
 
 # =============================================================================================
-# Plumbing: nothing below changes a run's numbers (what decides them stands above).
-# Startup and validation, env adapters, checkpoints and resume, data parallel, signals.
+# Plumbing: what an idea changes stands above. Below: startup and validation, env adapters, run directories,
+# checkpoints and resume, data parallel, signals. They decide numbers too (what the envs return, dtypes, time
+# limits, what a resume restores): change them as refactors, which benchmarks/same_numbers.py compares to the bit.
 # =============================================================================================
 
 # ---------------------------------------------------------------------------------------------

@@ -12,12 +12,13 @@ observation concatenated under "state" (which --norm_obs normalizes), and under 
 vector under "critic". The Encoder, shared by actor and critic, runs a NatureCNN per image and a linear layer on the
 state; the critic's head alone reads "critic".
 
-Everything happens on torch tensors on the learner's device: rollout, final-value bootstrapping, GAE, update.
-The file reads top to bottom: Args; the Agent; ALGO LOGIC (rollout(), compute_advantages(), ppo_loss(), update());
-train(), the loop that runs them, logs, evaluates and saves; the run's settings (settings(), seed_process(), the envs'
-kwargs, env_action(), what the critic sees). The "Plumbing" divider is a promise: every line whose change can change
-a run's numbers stands above it; below it stand only file formats, locks, messages, validation, and the mechanics of
-env adapters, collectives and signals: startup, checkpoints and resume, data parallel.
+Everything happens on torch tensors on the learner's device: rollout, final-value bootstrapping, GAE, update. The file
+reads top to bottom: Args; the Agent; ALGO LOGIC (rollout(), compute_advantages(), ppo_loss(), update()); train(), the
+loop that runs them, logs, evaluates and saves; the run's settings (settings(), seed_process(), the envs' kwargs,
+env_action(), what the critic sees). Above the "Plumbing" divider stands what an idea changes; below it stand env
+adapters, run directories, checkpoints and resume, collectives, signals and validation, which decide numbers too (what
+the envs return, dtypes, time limits, what a resume restores): a change there is a refactor, checked to the bit by
+benchmarks/same_numbers.py.
 A copy (cp ppo_rgb.py my_idea.py) is a trainer of its own: runs/ENV__my_idea__SEED__TIME, its own resume and
 evaluation. Docs: docs/images.md (flags, examples), docs/bootstrap.md, docs/checkpoints.md.
 """
@@ -1099,8 +1100,9 @@ def load_states(agent: Agent, optimizer: torch.optim.Optimizer, reward_normalize
 
 
 # =============================================================================================
-# Plumbing: nothing below changes a run's numbers (what decides them stands above).
-# Startup and validation, env adapters, checkpoints and resume, data parallel, signals.
+# Plumbing: what an idea changes stands above. Below: startup and validation, env adapters, run directories,
+# checkpoints and resume, data parallel, signals. They decide numbers too (what the envs return, dtypes, time
+# limits, what a resume restores): change them as refactors, which benchmarks/same_numbers.py compares to the bit.
 # =============================================================================================
 
 # ---------------------------------------------------------------------------------------------
