@@ -1472,7 +1472,8 @@ class UserError(Exception):
 
 # Copied from ppo.py
 class NonFiniteError(Exception):
-    """A non-finite loss, gradient or parameter: the run stops before anything is saved."""
+    """A non-finite loss, gradient or parameter: the run stops before anything is saved. Its arguments: what, and
+    (ppo.py) the indices of the seeds it is in."""
 
 
 def main(args: Args) -> int:
@@ -2422,7 +2423,7 @@ def save_checkpoint(path: Path, state: dict):
 # Copied from ppo.py
 def write_file(path: Path, data: bytes):
     """Write to a temporary file, put it on disk, then rename it: a kill mid-write (or a power cut after the rename)
-    never leaves a truncated file, only a stray .tmp that the next resume removes."""
+    never leaves a truncated file, only a stray .tmp (a checkpoint's, the next resume removes)."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as f:

@@ -15,7 +15,28 @@ an idea changes; below it stand env adapters, run directories, checkpoints and r
 validation, which decide numbers too (what the envs return, dtypes, time limits, what a resume restores): a change there
 is a refactor, checked to the bit by benchmarks/same_numbers.py.
 A copy (cp ppo.py my_idea.py) is a trainer of its own: runs/ENV__my_idea__SEED__TIME, its own resume and evaluation.
-Docs: docs/ppo.md (flags, examples), docs/bootstrap.md, docs/checkpoints.md.
+Docs: docs/ppo.md (flags, examples, the contract below at length), docs/bootstrap.md, docs/checkpoints.md.
+
+A copy's contract (python scripts/verify_copy.py my_idea.py checks it in short runs):
+- Where to change what: the loss, ppo_loss(); advantages and returns, compute_advantages() (bootstrapping at episode
+  ends: rollout()); the distribution and the network, Agent (get_action_and_value() samples and scores actions,
+  get_action(deterministic=True) is what evaluation and export act with); what the envs receive, env_action(); the
+  optimizer's step and the early stop, PPOOptimizer; what is logged, the statistics update() returns and train()'s
+  log calls.
+- Shapes: rollout tensors are (num_steps, num_envs, ...); update() takes rows (num_steps * num_envs, ...) and
+  minibatches of them; ppo_loss() reduces each term over its rows, the last dimension (.mean(-1)). Under --num_seeds
+  N everything carries a leading seed dimension: rollout tensors (num_steps, N, num_envs, ...), rows and minibatches
+  (N, rows, ...), the Agent's parameters and buffers (N, ...) (stack_seeds), one value per seed of each statistic.
+  Code written for one seed batches where it reduces over the last dimension, indexes parameters and buffers from
+  the end (self.mean[..., None, :]) and compares statistics elementwise (torch.where); where it does not, the first
+  iteration stops with one error line naming the rule.
+- Random draws: the policy draws with torch.normal, torch.bernoulli, torch.multinomial or a Normal, Categorical or
+  Bernoulli's sample(); under --num_seeds each seed's from its own generator (PerSeedDraws), any other refused.
+- State that survives --resume: the Agent's parameters and buffers (a copy's own state: a float buffer,
+  self.register_buffer, which --num_seeds stacks per seed), the optimizer's state, the reward normalizer, the random
+  streams. A Python attribute or a variable of train() restarts from its initial value.
+- What an exported policy computes (ppo_eval.py --export): env_action(get_action(normalize_obs(obs),
+  deterministic=True)); env_action() may read the envs' single_action_space, action_low, action_high, action_start.
 """
 
 from __future__ import annotations
@@ -360,13 +381,12 @@ class Agent(nn.Module):
         logits_or_mean = self.actor(obs[..., :self.obs_dim])
         return self.discrete_actions.mode(logits_or_mean) if self.discrete else logits_or_mean
 
-    def get_action_and_value(self, obs: torch.Tensor, action: Optional[torch.Tensor] = None, generators=(None,)):
-        """generators: where a sampled action's randomness comes from, one per seed (None: torch's default)."""
+    def get_action_and_value(self, obs: torch.Tensor, action: Optional[torch.Tensor] = None):
         actor_obs = obs[..., :self.obs_dim]
         if self.discrete:
             pi = self.discrete_actions.distribution(self.actor(actor_obs))
             if action is None:
-                action = sample(pi, generators)
+                action = pi.sample()
             return action, pi.log_prob(action), pi.entropy(), self.get_value(obs)
         # torch.distributions.Normal's sample, log_prob and entropy, written out: building its object costs more than
         # the arithmetic at a rollout step's batch size (12% of the training time of one CPU env at CleanRL's
@@ -375,7 +395,7 @@ class Agent(nn.Module):
         std = self.actor_logstd.expand_as(mean).exp()
         if action is None:
             with torch.no_grad():
-                action = draw_per_seed(torch.normal, generators, mean, std)
+                action = torch.normal(mean, std)
         # Two logs of std, as Normal takes: one shared log would add the entropy's gradient to the log-probability's
         # before dividing by std, which rounds otherwise (with ent_coef > 0).
         logprob = -((action - mean) ** 2) / (2 * std**2) - std.log() - LOG_SQRT_2PI
@@ -393,18 +413,24 @@ def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
 # ---------------------------------------------------------------------------------------------
 
 class RolloutBuffer:
-    """One rollout's tensors, (num_steps, *env_shape, ...), on the learner's device; env_shape is (num_envs,), or
-    (num_seeds, num_envs) under --num_seeds. dones[t] marks the episodes that ended with step t; bootstrap_values[t] is
-    V(final obs) for those of them that bootstrap, 0 elsewhere."""
+    """One rollout's tensors, (num_steps, num_envs, ...), on the learner's device (a vector env of seed blocks':
+    (num_steps, num_seeds, num_envs, ...)). dones[t] marks the episodes that ended with step t; bootstrap_values[t]
+    is V(final obs) for those of them that bootstrap, 0 elsewhere."""
 
-    def __init__(self, num_steps: int, env_shape: tuple[int, ...], obs_dim: int, action_space: dict,
-                 device: torch.device):
-        self.obs = torch.zeros((num_steps, *env_shape, obs_dim), device=device)
+    def __init__(self, num_steps: int, envs: TorchVecEnv, device: torch.device):
+        self.env_dims = len(envs.batch_shape)
+        self.obs = torch.zeros((num_steps, *envs.batch_shape, envs.obs_dim), device=device)
+        action_space = space_to_dict(envs.single_action_space)
         integer = action_space["type"] in ("Discrete", "MultiDiscrete")  # MultiBinary's are Bernoulli's floats
-        self.actions = torch.zeros((num_steps, *env_shape, *action_space.get("shape", [])),
+        self.actions = torch.zeros((num_steps, *envs.batch_shape, *action_space.get("shape", [])),
                                    dtype=torch.long if integer else torch.float32, device=device)
         self.logprobs, self.rewards, self.dones, self.values, self.bootstrap_values = (
-            torch.zeros((num_steps, *env_shape), device=device) for _ in range(5))
+            torch.zeros((num_steps, *envs.batch_shape), device=device) for _ in range(5))
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """A rollout tensor as the batch's rows, (num_steps * num_envs, ...); seed blocks' as each seed's rows,
+        (num_seeds, num_steps * num_envs, ...)."""
+        return x.flatten(0, 1) if self.env_dims == 1 else x.transpose(0, 1).flatten(1, 2)
 
 
 def rollout(agent: Agent, envs: TorchVecEnv, buf: RolloutBuffer, next_obs: torch.Tensor, policy_step,
@@ -452,9 +478,10 @@ def bootstrap_mask(rule: str, terminated: torch.Tensor, truncated: torch.Tensor)
 
 def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, bootstrap_values: torch.Tensor,
                        next_value: torch.Tensor, gamma: float, gae_lambda: float, finite_horizon: bool) -> torch.Tensor:
-    """GAE over a (num_steps, num_envs) rollout; next_value = V(obs after the last step). Nothing crosses an episode
-    end. finite_horizon: ManiSkill's variant, whose lambda-weights are renormalized over the steps left before the
-    rollout or episode ends, so a short tail is not dominated by its last value."""
+    """GAE over a rollout's (num_steps, ...) tensors, each env (each index after the first) on its own; next_value =
+    V(obs after the last step). Nothing crosses an episode end. finite_horizon: ManiSkill's variant, whose
+    lambda-weights are renormalized over the steps left before the rollout or episode ends, so a short tail is not
+    dominated by its last value."""
     # Whatever does not depend on the next step's result is computed for all steps at once, outside the loop.
     not_dones = 1.0 - dones
     real_next_values = not_dones * torch.cat([values[1:], next_value[None]]) + bootstrap_values
@@ -479,8 +506,8 @@ def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch
 
 
 def ppo_loss(agent: Agent, args: Args, obs, actions, old_logprobs, advantages, returns, old_values):
-    """The clipped surrogate, value and entropy terms of one minibatch (of (seeds, rows) tensors, where a stack of
-    networks trains several seeds: one value of each per seed); its log-ratios and ratios, detached."""
+    """The clipped surrogate, value and entropy terms of one minibatch of rows, each reduced over its rows (the last
+    dimension: under --num_seeds one value per seed); its log-ratios and ratios, detached."""
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
     logratio = newlogprob - old_logprobs
     ratio = logratio.exp()
@@ -499,98 +526,94 @@ def ppo_loss(agent: Agent, args: Args, obs, actions, old_logprobs, advantages, r
     return (pg_loss, v_loss, entropy.mean(-1)), logratio.detach(), ratio.detach()
 
 
-def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, advantages: torch.Tensor,
-           returns: torch.Tensor, update_losses, args: Args, generators) -> dict:
-    """update_epochs epochs of minibatch steps over the rollout, stopped once a minibatch's approximate KL exceeds
-    target_kl. update_losses is ppo_loss with agent and args bound (compiled under --compile). Returns the
-    statistics to log (the losses of the last minibatch that stepped). The KL logged is the last minibatch's, the
-    one that stopped the update if one did. Under --num_seeds each seed steps its own parameter group on minibatches
-    of its own rollout and stops at its own KL (the update ends when all have); each statistic holds one per seed."""
-    seed_shape = () if args.num_seeds == 1 else (args.num_seeds,)
-    batch_size = args.num_envs * args.num_steps  # each seed's
+def update(agent: Agent, optimizer: PPOOptimizer, buf: RolloutBuffer, advantages: torch.Tensor,
+           returns: torch.Tensor, update_losses, args: Args) -> dict:
+    """update_epochs epochs of minibatch steps over the rollout, stopped before the step of the first minibatch whose
+    approximate KL exceeds target_kl. update_losses is ppo_loss with agent and args bound (compiled under --compile).
+    Returns the statistics to log: the losses of the last minibatch that stepped, the KL of the last minibatch (the
+    one that stopped the update if one did). Under --num_seeds each holds one value per seed (SeedOptimizer)."""
     b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values = (
-        seed_major(x, args.num_seeds) for x in (buf.obs, buf.actions, buf.logprobs, advantages, returns, buf.values))
-    stats, clipfracs, logged_kls = {}, [], None
-    minibatch_steps = torch.zeros(seed_shape, dtype=torch.long, device=b_obs.device)
-    stepping = [True] * args.num_seeds  # minibatch_indices reads it: a seed that stopped draws no more permutations
-    step_mask = torch.ones(seed_shape, dtype=torch.bool, device=b_obs.device)  # stepping, as a tensor
-    stacked_parameters = list(agent.parameters())
-    for mb in minibatch_indices(batch_size, batch_size // args.num_minibatches, args.update_epochs, generators,
-                                stepping, b_obs.device):
+        buf.rows(x) for x in (buf.obs, buf.actions, buf.logprobs, advantages, returns, buf.values))
+    batch_size = b_returns.shape[-1]
+    stats, clipfracs = {}, []
+    for mb in optimizer.minibatches(batch_size, batch_size // args.num_minibatches, args.update_epochs):
         (pg_loss, v_loss, entropy_loss), logratio, ratio = update_losses(
             b_obs[mb], b_actions[mb], b_logprobs[mb], b_advantages[mb], b_returns[mb], b_values[mb])
         with torch.no_grad():
-            kls = mean_over_ranks(torch.stack([(-logratio).mean(-1), ((ratio - 1) - logratio).mean(-1)]))
-            logged_kls = kls if logged_kls is None else torch.where(step_mask, kls, logged_kls)
+            old_approx_kl, approx_kl = mean_over_ranks(
+                torch.stack([(-logratio).mean(-1), ((ratio - 1) - logratio).mean(-1)]))
             if "losses/first_minibatch_ratio_error" not in stats:
                 stats["losses/first_minibatch_ratio_error"] = (ratio - 1.0).abs().amax(-1)
-        approx_kl = kls[1]
-        if args.target_kl is not None:
-            over = (approx_kl > args.target_kl).reshape(-1).tolist()
-            if any(go and seed_over for go, seed_over in zip(stepping, over)):
-                stepping[:] = [go and not seed_over for go, seed_over in zip(stepping, over)]
-                if not any(stepping):
-                    break
-                step_mask = torch.tensor(stepping, device=kls.device).reshape(seed_shape)
-        clipfracs.append(torch.where(step_mask, ((ratio - 1.0).abs() > args.clip_coef).float().mean(-1), torch.nan))
-        # Seeds' losses are independent: each seed's parameters get the gradient of its own loss alone.
-        losses = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-        loss = losses.sum()
+            for key, value in (("losses/old_approx_kl", old_approx_kl), ("losses/approx_kl", approx_kl)):
+                stats[key] = optimizer.stepping_or(value, stats.get(key, torch.nan))
+        if args.target_kl is not None and optimizer.stop(approx_kl > args.target_kl):
+            break
+        clipfracs.append(optimizer.stepping_or(((ratio - 1.0).abs() > args.clip_coef).float().mean(-1), torch.nan))
+        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
 
-        agent.zero_grad()
-        loss.backward()
-        loss_finite = torch.isfinite(loss)
-        if world_size() > 1:
-            loss_finite = average_gradients(agent, loss_finite)
-        if args.num_seeds > 1:  # each seed's parameter group takes its slices of the gradients; a stopped seed none
-            for i, (group, go) in enumerate(zip(optimizer.param_groups, stepping)):
-                for view, p in zip(group["params"], stacked_parameters):
-                    view.grad = p.grad[i] if go else None
-        grad_norms = torch.stack([nn.utils.clip_grad_norm_(group["params"], args.max_grad_norm)
-                                  for group, go in zip(optimizer.param_groups, stepping) if go])
-        if not (loss_finite & torch.isfinite(grad_norms).all()):  # one wait for the GPU, not two
-            raise NonFiniteError("gradient" if loss_finite else "loss",
-                                 nonfinite_seeds([losses, *(p.grad for p in stacked_parameters)], args.num_seeds))
-        optimizer.step()
-        minibatch_steps += step_mask
+        optimizer.zero_grad()
+        loss.sum().backward()  # seeds' losses are independent: each seed's parameters get its own loss's gradient
+        optimizer.step(loss, args.max_grad_norm)
         if args.lr_schedule == "adaptive":
-            for group, kl, go in zip(optimizer.param_groups, approx_kl.reshape(-1).tolist(), stepping):
-                if go:
-                    group["lr"] = adapt_learning_rate(group["lr"], kl, args)
+            optimizer.adapt_learning_rates(approx_kl, args)
         for key, value in (("losses/policy_loss", pg_loss), ("losses/value_loss", v_loss),
                            ("losses/entropy", entropy_loss)):
-            stats[key] = torch.where(step_mask, value.detach(), stats.get(key, torch.nan))
+            stats[key] = optimizer.stepping_or(value.detach(), stats.get(key, torch.nan))
     if clipfracs:  # empty when the first minibatch already exceeded target_kl
         stats["losses/clipfrac"] = torch.stack(clipfracs).nanmean(0)
-    returns_by_seed, values_by_seed = b_returns.reshape(*seed_shape, -1), b_values.reshape(*seed_shape, -1)
-    var_y = returns_by_seed.var(-1)
-    explained_var = torch.where(var_y == 0, float("nan"), 1 - (returns_by_seed - values_by_seed).var(-1) / var_y)
-    learning_rates = torch.tensor([group["lr"] for group in optimizer.param_groups], dtype=torch.float64)
-    stats.update({"losses/old_approx_kl": logged_kls[0], "losses/approx_kl": logged_kls[1],
-                  "losses/minibatch_steps": minibatch_steps, "charts/learning_rate": learning_rates.reshape(seed_shape),
-                  "losses/explained_variance": explained_var})
-    return stats
+    var_y = b_returns.var(-1)
+    stats["losses/explained_variance"] = torch.where(var_y == 0, float("nan"),
+                                                     1 - (b_returns - b_values).var(-1) / var_y)
+    return {**stats, **optimizer.stats()}
 
 
-def seed_major(x: torch.Tensor, num_seeds: int) -> torch.Tensor:
-    """A (num_steps, [seeds,] num_envs, ...) rollout tensor as one batch of rows, each seed's in a block."""
-    return x.flatten(0, 1) if num_seeds == 1 else x.transpose(0, 1).flatten(0, 2)
+class PPOOptimizer(torch.optim.Adam):
+    """Adam as update() uses it: the rollout's minibatches, drawn as needed (an update stopped early draws no further
+    permutations from the random stream); the early stop; a step of gradients averaged over torchrun's ranks, clipped
+    and checked finite. SeedOptimizer does each per seed (in one process: --num_seeds runs without torchrun)."""
 
+    def __init__(self, agent: nn.Module, lr: float):
+        self.agent = agent
+        # fused: one kernel per parameter for the whole Adam step, on the CPU as on the GPU; it rounds differently
+        # from torch's default by about one float32 ulp per step, and takes a third of its time for small networks.
+        super().__init__(self.parameter_groups(agent), lr=lr, eps=1e-5, fused=True)
+        self.minibatch_steps = 0
 
-def minibatch_indices(batch_size: int, minibatch_size: int, epochs: int, generators, stepping: list[bool],
-                      device: torch.device):
-    """Each epoch a new permutation of the batch, cut into minibatches; drawn as needed, so that an update stopped
-    early draws no further permutations from the random stream. Under --num_seeds each seed's batch is permuted
-    with its own generator while stepping says it still steps, and a minibatch is (seeds, minibatch_size) indices
-    into the seeds' batches laid end to end."""
-    offsets = torch.arange(len(generators), device=device)[:, None] * batch_size
-    permutations = [None] * len(generators)
-    for _ in range(epochs):
-        permutations = [torch.randperm(batch_size, generator=generator, device=device) if go else permutation
-                        for generator, go, permutation in zip(generators, stepping, permutations)]
-        permutation = permutations[0] if len(generators) == 1 else torch.stack(permutations) + offsets
-        for start in range(0, batch_size, minibatch_size):
-            yield permutation[..., start:start + minibatch_size]
+    def parameter_groups(self, agent: nn.Module) -> list[dict]:
+        return [{"params": list(agent.parameters())}]
+
+    def minibatches(self, batch_size: int, minibatch_size: int, epochs: int):
+        """Each epoch a new permutation of the batch, cut into minibatches."""
+        self.minibatch_steps = 0
+        for _ in range(epochs):
+            permutation = torch.randperm(batch_size, device=self.param_groups[0]["params"][0].device)
+            for start in range(0, batch_size, minibatch_size):
+                yield permutation[start:start + minibatch_size]
+
+    def stop(self, over: torch.Tensor) -> bool:
+        """Whether the update stops here (over: the KL exceeds its target)."""
+        return bool(over)
+
+    def stepping_or(self, value: torch.Tensor, otherwise) -> torch.Tensor:
+        """value (under --num_seeds: where a seed still steps, otherwise where it stopped)."""
+        return value
+
+    def step(self, loss: torch.Tensor, max_grad_norm: float):
+        loss_finite = torch.isfinite(loss)
+        if world_size() > 1:
+            loss_finite = average_gradients(self.agent, loss_finite)
+        grad_norm = nn.utils.clip_grad_norm_(self.param_groups[0]["params"], max_grad_norm)
+        if not (loss_finite & torch.isfinite(grad_norm)):  # one wait for the GPU, not two
+            raise NonFiniteError("gradient" if loss_finite else "loss", [0])
+        super().step()
+        self.minibatch_steps += 1
+
+    def adapt_learning_rates(self, approx_kl: torch.Tensor, args: Args):
+        self.param_groups[0]["lr"] = adapt_learning_rate(self.param_groups[0]["lr"], approx_kl.item(), args)
+
+    def stats(self) -> dict:
+        return {"losses/minibatch_steps": torch.tensor(self.minibatch_steps),
+                "charts/learning_rate": torch.tensor(self.param_groups[0]["lr"], dtype=torch.float64)}
 
 
 def adapt_learning_rate(lr: float, approx_kl: float, args: Args) -> float:
@@ -623,61 +646,40 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
           resume_state: Optional[dict], init_state: Optional[dict]) -> int:
     """Rank 0 alone logs, evaluates (eval_envs is None on the others) and writes checkpoints."""
     device, rank, num_ranks, num_iterations = setup.device, setup.rank, world_size(), setup.num_iterations
-    agent, generators = agent_and_generators(args, envs, device)
-    # fused: one kernel per parameter for the whole Adam step, on the CPU as on the GPU; it rounds differently from
-    # torch's default by about one float32 ulp per step, and takes a third of its time for small networks.
-    optimizer = torch.optim.Adam(seed_parameter_groups(agent, args.num_seeds), lr=args.learning_rate, eps=1e-5,
-                                 fused=True)
-    env_shape = (args.num_envs,) if args.num_seeds == 1 else (args.num_seeds, args.num_envs)
+    agent = make_agents(args, envs, device, resume_state)  # --num_seeds: each seed's network, stacked
+    optimizer = make_optimizer(agent, args)
     reward_normalizer = (stack_seeds([RewardNormalizer(args.num_envs, args.gamma) for _ in range(args.num_seeds)])
                          .to(device) if args.norm_reward else None)
     global_step, start_iteration = load_states(agent, optimizer, reward_normalizer, init_state, resume_state, args,
                                                envs)
-    policy_step = compile_unless_unavailable(functools.partial(agent.get_action_and_value, generators=generators),
-                                             args.compile)
+    policy_step = compile_unless_unavailable(policy_step_of(agent), args.compile)
     update_losses = compile_unless_unavailable(functools.partial(ppo_loss, agent, args), args.compile)
     # Gymnasium seeds env i with seed + i (ManiSkill env 0 with seed, the others with draws from RandomState(seed)):
     # training and evaluation envs, and each rank, get disjoint blocks of seeds, and a resumed run new ones rather
-    # than a replay of its first iteration's starts. Under --num_seeds seed i's block of envs gets train_seed + i's
-    # (SeedBlocks), as a run of that seed alone.
+    # than a replay of its first iteration's starts.
     train_seed = args.seed + (start_iteration * num_ranks + rank) * (args.num_envs + args.num_eval_envs)
     next_obs = envs.reset(seed=train_seed)
     eval_seed = train_seed + args.num_envs  # seeds the next evaluation; later ones continue the envs' streams
     if resume_state is not None:
         # After the envs are built and reset, so that each rank's random stream continues where it stopped.
         set_rng_states(resume_state["rng"] if rank == 0 else resume_state["other_ranks_rng"][rank - 1], device)
-        for generator, state in zip(generators, resume_state.get("seed_rngs", [])):
-            # a run moved between the CPU and a GPU (--cuda) draws on from its seeds, as a run alone does on a GPU
-            if state.numel() == generator.get_state().numel():
-                generator.set_state(state)
-    # --num_seeds: each seed's run directory, inside this run's (which main() locked), is this process's alone too
-    seed_locks = [RunDirLock(seed_setup.run_dir) for _, seed_setup in seed_runs(args, setup)
-                  ] if args.num_seeds > 1 and rank == 0 else []
-    writer = open_run(args, setup, resume_state) if rank == 0 else None
-    # each seed's logs: under --num_seeds in a run directory of its own, inside this run's
-    writers = [writer] if args.num_seeds == 1 or rank != 0 else [open_run(*run, resume_state) for run in
-                                                                  seed_runs(args, setup)]
-    buf = RolloutBuffer(args.num_steps, env_shape, envs.obs_dim, space_to_dict(envs.single_action_space), device)
+    buf = RolloutBuffer(args.num_steps, envs, device)
 
     def save(iteration: int, final: bool = False) -> Optional[Path]:
-        return write_checkpoint(args, setup, envs, agent, optimizer, reward_normalizer, generators, global_step,
-                                iteration, final)
+        return write_checkpoint(args, setup, envs, agent, optimizer, reward_normalizer, global_step, iteration, final)
 
     checkpoint_freq = args.checkpoint_freq or args.eval_freq
     last_checkpoint = None
+    log = RunLog(args, setup, resume_state)
     progress = tqdm(total=num_iterations, initial=start_iteration, desc=setup.run_name, dynamic_ncols=True,
                     mininterval=1.0, disable=rank != 0)
     start_time, start_step = time.perf_counter(), global_step
     iteration = start_iteration
     stop = StopSignal()
-    # TensorBoard's writer thread prints a traceback where a write fails, then hands the error to this thread's next
-    # write, which reports it in one line below.
-    thread_excepthook = threading.excepthook
-    threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else thread_excepthook(hook)
     try:
         for iteration in range(start_iteration + 1, num_iterations + 1):
             if args.lr_schedule == "linear":
-                for group in optimizer.param_groups:  # one per seed under --num_seeds
+                for group in optimizer.param_groups:
                     group["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
             rollout_start = time.perf_counter()
             agent.eval()
@@ -690,95 +692,59 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
                                                 args.gamma, args.gae_lambda, args.finite_horizon_gae)
                 returns = advantages + buf.values
                 if agent.value_normalizer is not None:  # standardize the critic's targets by every rank's
-                    seed_returns = seed_major(returns, args.num_seeds).reshape(*env_shape[:-1], -1, 1)
-                    agent.value_normalizer.update(gather_rows(seed_returns))
+                    agent.value_normalizer.update(gather_rows(buf.rows(returns)[..., None]))
             rollout_time = time.perf_counter() - rollout_start
             update_start = time.perf_counter()
             agent.train()
-            stats = update(agent, optimizer, buf, advantages, returns, update_losses, args, generators)
+            stats = update(agent, optimizer, buf, advantages, returns, update_losses, args)
             if not parameters_finite(agent, iteration):
                 raise NonFiniteError("parameters", nonfinite_seeds(agent.state_dict().values(), args.num_seeds))
             update_time = time.perf_counter() - update_start
 
             # TRY NOT TO MODIFY: logging and evaluation (rank 0, with every rank's episodes), checkpoints, stopping
-            episodes = gather_episodes(episodes)
-            if rank == 0:
-                sps = int((global_step - start_step) / (time.perf_counter() - start_time))
-                timing = {"charts/SPS": sps, "time/rollout_time": rollout_time, "time/update_time": update_time,
-                          "time/rollout_fps": args.num_envs * num_ranks * args.num_steps / rollout_time}
-                train_means = []
-                seeds_episodes = episodes_by_seed(episodes, args.num_seeds)
-                for i, (seed_writer, seed_episodes) in enumerate(zip(writers, seeds_episodes)):
-                    for tag, value in stats.items():  # tensors until here: only rank 0 waits for them
-                        value = float(value.reshape(-1)[i])
-                        if not math.isnan(value):  # NaN: the seed took no step, so it has no losses to log
-                            seed_writer.add_scalar(tag, value, global_step)
-                    for tag, value in timing.items():
-                        seed_writer.add_scalar(tag, value, global_step)
-                    train_means.append(log_episode_metrics(seed_writer, "train", seed_episodes, global_step))
-                    if "return" in train_means[-1]:
-                        seed_writer.add_scalar("charts/episodic_return", train_means[-1]["return"], global_step)
-                        seed_writer.add_scalar("charts/episodic_length", train_means[-1]["episode_len"], global_step)
-                postfix = {"step": global_step, "SPS": sps, **progress_items("train", mean_over_seeds(train_means))}
-                if iteration % args.eval_freq == 0 or iteration == num_iterations:
-                    eval_means = []
-                    for i, (seed_writer, seed_agent, seed_eval_envs) in enumerate(zip(
-                            writers, agents_of_seeds(agent, args, envs), eval_envs_of_seeds(eval_envs))):
-                        seed_agent.eval()
-                        with own_random_stream(seed_eval_envs):
-                            eval_episodes = evaluate(seed_agent, seed_eval_envs, setup.num_eval_steps,
-                                                     None if eval_seed is None else eval_seed + i)
-                        eval_means.append(log_episode_metrics(seed_writer, "eval", eval_episodes, global_step))
-                    eval_seed = None
-                    if any(means["episodes"] == 0 for means in eval_means):
-                        print(f"\nevaluation at iteration {iteration}: no episode finished within "
-                              f"{setup.num_eval_steps} steps", file=sys.stderr)
-                    postfix.update(progress_items("eval", mean_over_seeds(eval_means)))
-                    for seed_writer in writers:
-                        seed_writer.flush()
-                progress.set_postfix(postfix, refresh=False)
-                progress.update(1)
+            sps = int((global_step - start_step) / (time.perf_counter() - start_time))
+            log.scalars({**stats, "charts/SPS": sps, "time/rollout_time": rollout_time,
+                         "time/update_time": update_time,
+                         "time/rollout_fps": args.num_envs * num_ranks * args.num_steps / rollout_time}, global_step)
+            postfix = {"step": global_step, "SPS": sps,
+                       **log.episodes("train", gather_episodes(episodes), global_step)}
+            if rank == 0 and (iteration % args.eval_freq == 0 or iteration == num_iterations):
+                eval_episodes = evaluate_seeds(agent, args, envs, eval_envs, setup.num_eval_steps, eval_seed)
+                eval_seed = None
+                postfix.update(log.episodes("eval", eval_episodes, global_step))
+                if any(seed_episodes["episodes"].sum() == 0 for seed_episodes in eval_episodes):
+                    print(f"\nevaluation at iteration {iteration}: no episode finished within "
+                          f"{setup.num_eval_steps} steps", file=sys.stderr)
+                log.flush()
+            progress.set_postfix(postfix, refresh=False)
+            progress.update(1)
             checkpoint_due = args.save_model and (iteration % checkpoint_freq == 0 or iteration == num_iterations)
             if checkpoint_due:
                 last_checkpoint = save(iteration, final=iteration == num_iterations)
-                for seed_writer in writers if rank == 0 else []:
-                    seed_writer.flush()
+                log.flush()
             signum = agree_on_signal(stop.signum, device)
             if signum is not None and iteration < num_iterations:
                 if not checkpoint_due:
                     last_checkpoint = save(iteration)
                 progress.close()
+                log.flush()
                 if rank == 0:
-                    for seed_writer in writers:
-                        seed_writer.flush()
                     print_how_to_resume(signum, last_checkpoint, iteration, setup.run_dir)
                 return 128 + signum
     except (NonFiniteError, OSError) as e:
         # non-finite numbers stop every rank at the same point: the checks run on numbers all ranks share
         progress.close()
         if rank == 0:
-            kept = f"the last checkpoint {last_checkpoint} is untouched" if last_checkpoint else "none was written"
-            problem = f"non-finite {e.args[0]}" if isinstance(e, NonFiniteError) else str(e)
-            if isinstance(e, NonFiniteError) and args.num_seeds > 1:
-                problem += f" in seed {', '.join(str(args.seed + i) for i in e.args[1])}"
-                kept += continue_other_seeds(args, setup.run_dir, e.args[1]) if last_checkpoint else ""
-            if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-                problem = f"the disk is full ({e})"
-                kept += f"; free some space, then --resume {setup.run_dir}" if last_checkpoint else ""
-            print(f"error: {problem} at iteration {iteration} (global step {global_step}); the run stops and "
-                  f"{kept}", file=sys.stderr)
+            print(stop_message(e, args, setup, iteration, global_step, last_checkpoint), file=sys.stderr)
         return 1
+    except (RuntimeError, ValueError) as e:  # a copy's code written for one seed, where --num_seeds cannot batch it
+        progress.close()
+        if rule := seed_rule_broken(e, args):
+            raise UserError(rule) from e
+        raise
     finally:
         stop.restore()
-        threading.excepthook = thread_excepthook
-        for seed_writer in {writer, *writers} - {None}:
-            with contextlib.suppress(OSError):  # a full disk fails the writer's last flush as well
-                seed_writer.close()
-        for lock in seed_locks:
-            lock.release()
-        if args.track and rank == 0:
-            import wandb
-            wandb.finish()
+        log.close()
     progress.close()
     if rank == 0:
         print(f"done: {num_iterations} iterations, {global_step} steps; run in {setup.run_dir}", flush=True)
@@ -982,26 +948,6 @@ def load_states(agent: Agent, optimizer: torch.optim.Optimizer, reward_normalize
 # Many seeds in one process (--num_seeds): each seed's networks, random streams and envs, as a run of its own has them
 # ---------------------------------------------------------------------------------------------
 
-def draw_per_seed(draw, generators, *params: torch.Tensor) -> torch.Tensor:
-    """draw(*params, generator=g): with one generator per seed (--num_seeds), each seed's slice of params (their
-    first dimension) from its own."""
-    if len(generators) == 1:
-        return draw(*params, generator=generators[0])
-    return torch.stack([draw(*seed_params, generator=g) for g, *seed_params in zip(generators, *params)])
-
-
-def sample(pi: torch.distributions.Distribution, generators) -> torch.Tensor:
-    """pi.sample() for DiscreteActions' distributions, written out because their sample() takes no generator."""
-    base = pi.base_dist if isinstance(pi, Independent) else pi
-    if isinstance(base, Bernoulli):
-        return draw_per_seed(torch.bernoulli, generators, base.probs)
-
-    def categorical(probs: torch.Tensor, generator) -> torch.Tensor:
-        return torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, True, generator=generator).reshape(
-            probs.shape[:-1])
-    return draw_per_seed(categorical, generators, base.probs)
-
-
 class SeedLinear(nn.Linear):
     """The nn.Linear layers of --num_seeds networks as one: weight (seeds, out, in), bias (seeds, out), applied to
     x of shape (seeds, rows, in), each seed's rows to its own weights."""
@@ -1029,13 +975,13 @@ def stack_seeds(modules: list[nn.Module]) -> nn.Module:
     return stacked
 
 
-def agent_and_generators(args: Args, envs: TorchVecEnv, device: torch.device) -> tuple[Agent, list]:
-    """The run's agent and where its random draws come from: torch's default generator (None) for a run of one seed.
-    Under --num_seeds, seed + i draws its initial weights, then its actions and minibatches, from a generator of its
-    own, seeded and used as torch's default generator is by a run of that seed alone (and shared with nothing else,
-    such as ManiSkill's resets); the agents are stacked (stack_seeds)."""
+def make_agents(args: Args, envs: TorchVecEnv, device: torch.device, resume_state: Optional[dict]) -> Agent:
+    """The run's agent, which draws from torch's default generator. Under --num_seeds, the seeds' agents stacked
+    (stack_seeds), with agent.generators: seed + i draws its initial weights, then its actions and minibatches, from a
+    generator of its own, seeded and used as torch's default generator is by a run of that seed alone (and shared
+    with nothing else, such as ManiSkill's resets), and continued where a resumed run left it."""
     if args.num_seeds == 1:
-        return make_agent(args, envs).to(device), [None]
+        return make_agent(args, envs).to(device)
     agents, generators = [], []
     for seed in range(args.seed, args.seed + args.num_seeds):
         generator = torch.Generator(device).manual_seed(seed)
@@ -1045,21 +991,151 @@ def agent_and_generators(args: Args, envs: TorchVecEnv, device: torch.device) ->
             if device.type == "cpu":  # the CPU's stream goes on from there to the actions
                 generator.set_state(torch.get_rng_state())
         generators.append(generator)
-    return stack_seeds(agents).to(device), generators
+    for generator, state in zip(generators, resume_state["seed_rngs"] if resume_state is not None else []):
+        # a run moved between the CPU and a GPU (--cuda) draws on from its seeds, as a run alone does on a GPU
+        if state.numel() == generator.get_state().numel():
+            generator.set_state(state)
+    agent = stack_seeds(agents).to(device)
+    agent.generators = generators
+    return agent
+
+
+def make_optimizer(agent: Agent, args: Args) -> PPOOptimizer:
+    if not hasattr(agent, "generators"):
+        return PPOOptimizer(agent, args.learning_rate)
+    return SeedOptimizer(agent, args.learning_rate)
+
+
+class SeedOptimizer(PPOOptimizer):
+    """--num_seeds: one Adam parameter group per seed, each seed's slices of the stacked parameters as parameters of
+    their own (views of the same memory), so that each seed has its own Adam state, step count and learning rate,
+    and a seed given no gradient takes no step. Each seed draws its minibatches from its own generator (a minibatch
+    indexes (seeds, minibatch_size) rows, each seed's of its own rollout), stops at its own KL and clips its own
+    gradients; the update ends when every seed has stopped."""
+
+    def __init__(self, agent: Agent, lr: float):
+        self.generators, self.stacked = agent.generators, list(agent.parameters())
+        super().__init__(agent, lr)
+        self.going = [True] * len(self.generators)  # stepping, read without waiting for the GPU
+        self.stepping = torch.ones(len(self.generators), dtype=torch.bool, device=self.stacked[0].device)
+
+    def parameter_groups(self, agent: Agent) -> list[dict]:
+        return [{"params": [nn.Parameter(p.detach()[i]) for p in self.stacked]} for i in range(len(self.generators))]
+
+    def minibatches(self, batch_size: int, minibatch_size: int, epochs: int):
+        device = self.stepping.device
+        self.going = [True] * len(self.generators)
+        self.stepping = torch.ones_like(self.stepping)
+        self.minibatch_steps = torch.zeros(len(self.generators), dtype=torch.long, device=device)
+        seeds = torch.arange(len(self.generators), device=device)[:, None]
+        permutations = [None] * len(self.generators)
+        for _ in range(epochs):  # a seed that stopped draws no further permutations
+            permutations = [torch.randperm(batch_size, generator=generator, device=device) if go else permutation
+                            for generator, go, permutation in zip(self.generators, self.going, permutations)]
+            permutation = torch.stack(permutations)
+            for start in range(0, batch_size, minibatch_size):
+                yield seeds, permutation[:, start:start + minibatch_size]
+
+    def stop(self, over: torch.Tensor) -> bool:
+        over = over.tolist()
+        if any(go and seed_over for go, seed_over in zip(self.going, over)):
+            self.going = [go and not seed_over for go, seed_over in zip(self.going, over)]
+            self.stepping = torch.tensor(self.going, device=self.stepping.device)
+        return not any(self.going)
+
+    def stepping_or(self, value: torch.Tensor, otherwise) -> torch.Tensor:
+        return torch.where(self.stepping, value, otherwise)
+
+    def zero_grad(self, set_to_none: bool = True):
+        self.agent.zero_grad(set_to_none)
+
+    def step(self, loss: torch.Tensor, max_grad_norm: float):
+        if loss.shape != self.stepping.shape:  # a loss reduced over the seeds too would train each on all
+            raise UserError(f"the loss has shape {tuple(loss.shape)}, not one value per seed "
+                            f"{tuple(self.stepping.shape)}: under --num_seeds ppo_loss() reduces each term over its "
+                            f"rows alone (.mean(-1)) ({TRAINER}.py's docstring, 'A copy's contract')")
+        for i, (group, go) in enumerate(zip(self.param_groups, self.going)):
+            for view, p in zip(group["params"], self.stacked):  # a stopped seed's views get no gradient
+                view.grad = p.grad[i] if go else None
+        grad_norms = torch.stack([nn.utils.clip_grad_norm_(group["params"], max_grad_norm)
+                                  for group, go in zip(self.param_groups, self.going) if go])
+        if not (torch.isfinite(loss).all() & torch.isfinite(grad_norms).all()):  # one wait for the GPU, not two
+            raise NonFiniteError("gradient" if torch.isfinite(loss).all() else "loss",
+                                 nonfinite_seeds([loss, *(p.grad for p in self.stacked)], len(self.generators)))
+        torch.optim.Adam.step(self)
+        self.minibatch_steps += self.stepping
+
+    def adapt_learning_rates(self, approx_kl: torch.Tensor, args: Args):
+        for group, kl, go in zip(self.param_groups, approx_kl.tolist(), self.going):
+            if go:
+                group["lr"] = adapt_learning_rate(group["lr"], kl, args)
+
+    def stats(self) -> dict:
+        return {"losses/minibatch_steps": self.minibatch_steps,
+                "charts/learning_rate": torch.tensor([group["lr"] for group in self.param_groups], dtype=torch.float64)}
+
+
+def policy_step_of(agent: Agent):
+    """The rollout's policy step: agent.get_action_and_value; under --num_seeds with each seed's draws from its own
+    generator (PerSeedDraws). Its first call checks that nothing drew from torch's default generators, which a run of
+    one seed draws from and which all seeds share."""
+    if not hasattr(agent, "generators"):
+        return agent.get_action_and_value
+    checked = []
+
+    def each_seed_draws(obs: torch.Tensor):
+        before = None if checked else default_generator_states(obs.device)
+        with PerSeedDraws(agent.generators):
+            result = agent.get_action_and_value(obs)
+        if not checked:
+            if any(not torch.equal(a, b) for a, b in zip(before, default_generator_states(obs.device))):
+                raise UserError("the policy draws from torch's default generator with what --num_seeds cannot give "
+                                "each seed from its own: draw actions with torch.normal, torch.bernoulli, "
+                                "torch.multinomial or a Normal, Categorical or Bernoulli's sample() or rsample() "
+                                f"({TRAINER}.py's docstring, 'A copy's contract')")
+            checked.append(True)
+        return result
+    return each_seed_draws
+
+
+def default_generator_states(device: torch.device) -> list[torch.Tensor]:
+    return [torch.get_rng_state(), *([torch.cuda.get_rng_state(device)] if device.type == "cuda" else [])]
+
+
+class PerSeedDraws(torch.overrides.TorchFunctionMode):
+    """Inside it, a stacked agent's random draws of SPLIT (torch.normal, torch.bernoulli, torch.multinomial, and the
+    in-place draws that torch.distributions' Normal, Categorical and Bernoulli sample with) draw each seed's part,
+    their tensors' first dimension cut in as many equal parts as seeds, from that seed's generator, in the order a run
+    of that seed alone draws it."""
+
+    IN_PLACE = {torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.bernoulli_, torch.Tensor.exponential_}
+    SPLIT = {torch.normal, torch.bernoulli, torch.multinomial, torch.Tensor.bernoulli, torch.Tensor.multinomial,
+             *IN_PLACE}
+
+    def __init__(self, generators: list[torch.Generator]):
+        super().__init__()
+        self.generators = generators
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func not in self.SPLIT or kwargs.get("generator") is not None:
+            return func(*args, **kwargs)
+        kwargs.pop("generator", None)
+        n = len(self.generators)
+        if any(x.dim() == 0 or x.shape[0] % n for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)):
+            raise UserError(f"the policy draws with {func.__name__} on a tensor whose first dimension is not one of "
+                            f"the {n} seeds' blocks ({TRAINER}.py's docstring, 'A copy's contract')")
+
+        def part(x, i: int):
+            return x.chunk(n)[i] if isinstance(x, torch.Tensor) else x
+        draws = [func(*(part(x, i) for x in args), **{key: part(x, i) for key, x in kwargs.items()}, generator=g)
+                 for i, g in enumerate(self.generators)]
+        return args[0] if func in self.IN_PLACE else torch.cat(draws)
 
 
 def seed_state(stacked_state: dict[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:
     """Seed i's state dict from that of a module stack_seeds() made (clones: a slice saves all of the stack)."""
     return {key: value[i].clone() for key, value in stacked_state.items()}
-
-
-def seed_parameter_groups(agent: Agent, num_seeds: int) -> list[dict]:
-    """The optimizer's parameter groups, one per seed: each seed's slices of the stacked parameters, as parameters
-    of their own (views of the same memory), so that each seed has its own Adam state, step count and learning rate,
-    and a seed given no gradient takes no step."""
-    if num_seeds == 1:
-        return [{"params": list(agent.parameters())}]
-    return [{"params": [nn.Parameter(p.detach()[i]) for p in agent.parameters()]} for i in range(num_seeds)]
 
 
 class SeedBlocks:
@@ -1076,6 +1152,7 @@ class SeedBlocks:
     def __init__(self, envs: TorchVecEnv, num_seeds: int, env_id: str, watch_steps: int = 0):
         self.envs, self.num_seeds, self.env_id, self.watch_steps = envs, num_seeds, env_id, watch_steps
         self.block = envs.num_envs // num_seeds
+        self.batch_shape = (num_seeds, self.block)
 
     def __getattr__(self, name: str):  # spaces, devices, video: the vector env's
         return getattr(self.envs, name)
@@ -1101,7 +1178,6 @@ class SeedBlocks:
             finished["seed_index"] = torch.nonzero(terminated | truncated)[:, 0] // self.block
         return (*(self.blocks(x) for x in (next_obs, reward, terminated, truncated, final_obs)), finished)
 
-
     def watched(self, call, *args, **kwargs):
         if self.watch_steps <= 0:
             return call(*args, **kwargs)
@@ -1110,9 +1186,10 @@ class SeedBlocks:
         result = call(*args, **kwargs)
         drawn = [name for name, state in global_random_states().items() if state != before[name]]
         if drawn:
-            print(f"warning: {self.env_id} draws from {' and '.join(drawn)} global random generator, which the seeds "
-                  f"of --num_seeds share: each seed's episodes depend on the others' (a run alone's do not); draw "
-                  f"from the env's own self.np_random instead (docs/ppo.md)", file=sys.stderr)
+            print(f"warning: {self.env_id} draws from {' and '.join(drawn)} global random "
+                  f"generator{'s' if len(drawn) > 1 else ''}, which the seeds of --num_seeds share: each seed's "
+                  f"episodes depend on the others' (a run alone's do not); draw from the env's own self.np_random "
+                  f"instead (docs/ppo.md)", file=sys.stderr)
             self.watch_steps = 0
         return result
 
@@ -1146,8 +1223,37 @@ def agents_of_seeds(agent: Agent, args: Args, envs: TorchVecEnv) -> list[Agent]:
     return seed_agents
 
 
-def eval_envs_of_seeds(eval_envs) -> list[TorchVecEnv]:
-    return eval_envs if isinstance(eval_envs, EachSeed) else [eval_envs]
+def evaluate_seeds(agent: Agent, args: Args, envs: TorchVecEnv, eval_envs, num_eval_steps: int,
+                   seed: Optional[int]) -> list[dict[str, torch.Tensor]]:
+    """Each seed's evaluation, as a run of that seed alone evaluates: its agent in its own eval envs (EachSeed), with
+    their own random stream (own_random_stream)."""
+    each_eval_envs = eval_envs if isinstance(eval_envs, EachSeed) else [eval_envs]
+    results = []
+    for i, (seed_agent, seed_eval_envs) in enumerate(zip(agents_of_seeds(agent, args, envs), each_eval_envs)):
+        seed_agent.eval()
+        with own_random_stream(seed_eval_envs):
+            results.append(evaluate(seed_agent, seed_eval_envs, num_eval_steps, None if seed is None else seed + i))
+    return results
+
+
+PER_SEED_STATISTICS = ("the update's statistics hold one value per seed: compare them elementwise (torch.where), "
+                       "and keep state that follows them in a float buffer of the Agent")
+SEED_RULES = {  # words of torch's error -> the rule of the copy contract (the docstring's) that --num_seeds needs
+    "must match the size of tensor": "the Agent's parameters and buffers have a leading seed dimension (stack_seeds): "
+                                     "index them against a batch as RunningMeanStd does (self.mean[..., None, :])",
+    "Boolean value of Tensor with more than one value": PER_SEED_STATISTICS,
+    "cannot be converted to Scalar": PER_SEED_STATISTICS,
+    "only one element tensors can be converted": PER_SEED_STATISTICS,
+}
+
+
+def seed_rule_broken(e: Exception, args: Args) -> Optional[str]:
+    """The rule of the copy contract that an error under --num_seeds says was broken, as one line."""
+    rule = next((rule for words, rule in SEED_RULES.items() if words in str(e)), None)
+    if args.num_seeds == 1 or rule is None:
+        return None
+    return (f"under --num_seeds {rule} ({TRAINER}.py's docstring, 'A copy's contract'); torch said: "
+            f"{str(e).strip().splitlines()[0]}")
 
 
 def nonfinite_seeds(tensors, num_seeds: int) -> list[int]:
@@ -1194,7 +1300,8 @@ class UserError(Exception):
 
 
 class NonFiniteError(Exception):
-    """A non-finite loss, gradient or parameter: the run stops before anything is saved."""
+    """A non-finite loss, gradient or parameter: the run stops before anything is saved. Its arguments: what, and
+    (ppo.py) the indices of the seeds it is in."""
 
 
 def main(args: Args) -> int:
@@ -1565,6 +1672,7 @@ class TorchVecEnv:
         self.sim_device = torch.device(env.device) if torch_native else torch.device("cpu")
         self.random_states: Optional[list[torch.Tensor]] = None
         self.num_envs = env.num_envs
+        self.batch_shape = (self.num_envs,)  # of the tensors in and out
         self.single_observation_space = env.single_observation_space
         self.single_action_space = env.single_action_space
         if not isinstance(self.single_observation_space, gym.spaces.Box):
@@ -1798,12 +1906,74 @@ def open_run(args: Args, setup: Setup, resume_state: Optional[dict]) -> SummaryW
     return writer
 
 
-def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: torch.optim.Optimizer,
-                     reward_normalizer: Optional[RewardNormalizer], generators: list, global_step: int,
-                     iteration: int, final: bool = False) -> Optional[Path]:
+class RunLog:
+    """Rank 0's logs: TensorBoard (and W&B under --track) in the run directory; under --num_seeds each seed's in its
+    own run directory too (which this process alone writes: locked, as main() locked the run's), statistic[i] to seed
+    i's. On the other ranks it writes nothing."""
+
+    def __init__(self, args: Args, setup: Setup, resume_state: Optional[dict]):
+        self.writers, self.run_writer, self.locks = [], None, []
+        self.track = args.track and setup.rank == 0
+        self.thread_excepthook = threading.excepthook
+        if setup.rank != 0:
+            return
+        try:  # what a failure half-way opened is closed again
+            seed_runs_of_run = seed_runs(args, setup) if args.num_seeds > 1 else []
+            for _, seed_setup in seed_runs_of_run:
+                self.locks.append(RunDirLock(seed_setup.run_dir))
+            # TensorBoard's writer thread prints a traceback where a write fails, then hands the error to this
+            # thread's next write, which train() reports in one line.
+            threading.excepthook = (lambda hook: None if issubclass(hook.exc_type, OSError)
+                                    else self.thread_excepthook(hook))
+            self.run_writer = open_run(args, setup, resume_state)
+            self.writers = [open_run(*run, resume_state) for run in seed_runs_of_run] or [self.run_writer]
+        except BaseException:
+            self.close()
+            raise
+
+    def scalars(self, values: dict, step: int):
+        for i, writer in enumerate(self.writers):
+            for tag, value in values.items():  # tensors until here: only rank 0 waits for them
+                value = float(value.reshape(-1)[i]) if isinstance(value, torch.Tensor) else value
+                if not math.isnan(value):  # NaN: the seed took no step, so it has no losses to log
+                    writer.add_scalar(tag, value, step)
+
+    def episodes(self, prefix: str, episodes, step: int) -> dict:
+        """The means of each seed's finished episodes (a rollout's, which SeedBlocks' "seed_index" splits by seed, or
+        evaluate_seeds()'), logged as {prefix}/{metric}; the progress bar's items of their mean over the seeds."""
+        if not self.writers:
+            return {}
+        each_seeds = episodes if isinstance(episodes, list) else episodes_by_seed(episodes, len(self.writers))
+        means = [log_episode_metrics(writer, prefix, seed_episodes, step)
+                 for writer, seed_episodes in zip(self.writers, each_seeds)]
+        for writer, seed_means in zip(self.writers, means):
+            if prefix == "train" and "return" in seed_means:
+                writer.add_scalar("charts/episodic_return", seed_means["return"], step)
+                writer.add_scalar("charts/episodic_length", seed_means["episode_len"], step)
+        return progress_items(prefix, mean_over_seeds(means))
+
+    def flush(self):
+        for writer in self.writers:
+            writer.flush()
+
+    def close(self):
+        threading.excepthook = self.thread_excepthook
+        for writer in {self.run_writer, *self.writers} - {None}:
+            with contextlib.suppress(OSError):  # a full disk fails the writer's last flush as well
+                writer.close()
+        for lock in self.locks:
+            lock.release()
+        if self.track:
+            import wandb
+            wandb.finish()
+
+
+def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: PPOOptimizer,
+                     reward_normalizer: Optional[RewardNormalizer], global_step: int, iteration: int,
+                     final: bool = False) -> Optional[Path]:
     """Every rank calls it (each hands rank 0 its random state); rank 0 writes ckpt_{iteration}.pt. Under
-    --num_seeds, the run's, of all seeds, which --resume continues; then each seed's, as a run of its own would write
-    it, in its run directory (seed_runs())."""
+    --num_seeds, first each seed's, as a run of its own would write it, in its run directory (seed_dirs()); then the
+    run's, of all seeds, which --resume continues."""
     if not all_finite(agent):
         raise NonFiniteError("parameters", nonfinite_seeds(agent.state_dict().values(), args.num_seeds))
     rank_rngs = gather_objects(rng_states(setup.device))
@@ -1816,7 +1986,7 @@ def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, 
              "action_space": space_to_dict(envs.single_action_space),
              "global_step": global_step, "iteration": iteration, "world_size": world_size(),
              "source_sha256": SOURCE_SHA256, "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:],
-             "seed_rngs": [generator.get_state() for generator in generators if generator is not None]}
+             "seed_rngs": [generator.get_state() for generator in getattr(agent, "generators", [])]}
     # The seeds' first: the batch's says that theirs are written. A kill between them makes --resume continue from the
     # batch's previous checkpoint (setting aside the seeds' later ones) or, before its first, the same command start
     # afresh (setting the seeds' aside).
@@ -1826,10 +1996,10 @@ def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, 
         save_checkpoint(run_dir / f"ckpt_{iteration}.pt", run_state)
         if final:
             save_checkpoint(run_dir / "final_ckpt.pt", run_state)
-        if args.keep_checkpoints is not None:
-            numbered = numbered_checkpoints(run_dir)
-            for old in sorted(numbered)[:-args.keep_checkpoints]:
-                numbered[old].unlink()
+    for run_dir, _ in [*runs, (setup.run_dir, state)] if args.keep_checkpoints is not None else []:
+        numbered = numbered_checkpoints(run_dir)  # pruned once all are written: a seed keeps what the run keeps
+        for old in sorted(numbered)[:-args.keep_checkpoints]:
+            numbered[old].unlink()
     return setup.run_dir / f"ckpt_{iteration}.pt"
 
 
@@ -1881,6 +2051,21 @@ def note_changed_source(state: dict, checkpoint: Path):
     if sha256 is not None and sha256 != SOURCE_SHA256:
         print(f"note: {TRAINER}.py differs from the file that wrote {checkpoint} (kept in "
               f"{kept_source(checkpoint.parent, TRAINER, sha256)}); the run goes on with this one", file=sys.stderr)
+
+
+def stop_message(e: Exception, args: Args, setup: Setup, iteration: int, global_step: int,
+                 last_checkpoint: Optional[Path]) -> str:
+    """The one line of a run stopped by non-finite numbers (naming the seeds they are in under --num_seeds) or by a
+    failed write."""
+    kept = f"the last checkpoint {last_checkpoint} is untouched" if last_checkpoint else "none was written"
+    problem = f"non-finite {e.args[0]}" if isinstance(e, NonFiniteError) else str(e)
+    if isinstance(e, NonFiniteError) and args.num_seeds > 1:
+        problem += f" in seed {', '.join(str(args.seed + i) for i in e.args[1])}"
+        kept += continue_other_seeds(args, setup.run_dir, e.args[1]) if last_checkpoint else ""
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        problem = f"the disk is full ({e})"
+        kept += f"; free some space, then --resume {setup.run_dir}" if last_checkpoint else ""
+    return f"error: {problem} at iteration {iteration} (global step {global_step}); the run stops and {kept}"
 
 
 def print_how_to_resume(signum: int, checkpoint: Optional[Path], iteration: int, run_dir: Path):
@@ -2082,7 +2267,7 @@ def save_checkpoint(path: Path, state: dict):
 
 def write_file(path: Path, data: bytes):
     """Write to a temporary file, put it on disk, then rename it: a kill mid-write (or a power cut after the rename)
-    never leaves a truncated file, only a stray .tmp that the next resume removes."""
+    never leaves a truncated file, only a stray .tmp (a checkpoint's, the next resume removes)."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as f:

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal, Optional
 
-import cloudpickle
 import numpy as np
 import torch
 import torch.nn as nn
@@ -242,6 +241,8 @@ def import_trainer(name, checkpoint: Path, trainer_file: Optional[str], module_n
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module  # CPU simulator workers unpickle the trainer's env builders by module name
         if module_name != name:
+            import cloudpickle  # gymnasium's, which pickles AsyncVectorEnv's env builders with it
+
             cloudpickle.register_pickle_by_value(module)
         added_path = str(path.parent) not in sys.path
         if added_path:

@@ -577,9 +577,10 @@ def bootstrap_mask(rule: str, terminated: torch.Tensor, truncated: torch.Tensor)
 # Copied from ppo.py
 def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, bootstrap_values: torch.Tensor,
                        next_value: torch.Tensor, gamma: float, gae_lambda: float, finite_horizon: bool) -> torch.Tensor:
-    """GAE over a (num_steps, num_envs) rollout; next_value = V(obs after the last step). Nothing crosses an episode
-    end. finite_horizon: ManiSkill's variant, whose lambda-weights are renormalized over the steps left before the
-    rollout or episode ends, so a short tail is not dominated by its last value."""
+    """GAE over a rollout's (num_steps, ...) tensors, each env (each index after the first) on its own; next_value =
+    V(obs after the last step). Nothing crosses an episode end. finite_horizon: ManiSkill's variant, whose
+    lambda-weights are renormalized over the steps left before the rollout or episode ends, so a short tail is not
+    dominated by its last value."""
     # Whatever does not depend on the next step's result is computed for all steps at once, outside the loop.
     not_dones = 1.0 - dones
     real_next_values = not_dones * torch.cat([values[1:], next_value[None]]) + bootstrap_values
@@ -1065,7 +1066,8 @@ class UserError(Exception):
 
 # Copied from ppo.py
 class NonFiniteError(Exception):
-    """A non-finite loss, gradient or parameter: the run stops before anything is saved."""
+    """A non-finite loss, gradient or parameter: the run stops before anything is saved. Its arguments: what, and
+    (ppo.py) the indices of the seeds it is in."""
 
 
 # Copied from ppo.py
@@ -1450,6 +1452,7 @@ class TorchVecEnv:
         self.sim_device = torch.device(env.device) if torch_native else torch.device("cpu")
         self.random_states: Optional[list[torch.Tensor]] = None
         self.num_envs = env.num_envs
+        self.batch_shape = (self.num_envs,)  # of the tensors in and out
         self.single_observation_space = env.single_observation_space
         self.single_action_space = env.single_action_space
         if not isinstance(self.single_observation_space, gym.spaces.Box):
@@ -1936,7 +1939,7 @@ def save_checkpoint(path: Path, state: dict):
 # Copied from ppo.py
 def write_file(path: Path, data: bytes):
     """Write to a temporary file, put it on disk, then rename it: a kill mid-write (or a power cut after the rename)
-    never leaves a truncated file, only a stray .tmp that the next resume removes."""
+    never leaves a truncated file, only a stray .tmp (a checkpoint's, the next resume removes)."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as f:

@@ -76,7 +76,7 @@ def test_the_rollout_bootstraps_and_the_loss_standardizes_in_the_right_units():
     critic_output(agent, ppo, 0.25)
     agent.value_normalizer.mean.fill_(500.0)
     agent.value_normalizer.var.fill_(100.0**2)
-    buf = ppo.RolloutBuffer(16, (2,), envs.obs_dim, ppo.space_to_dict(envs.single_action_space), torch.device("cpu"))
+    buf = ppo.RolloutBuffer(16, envs, torch.device("cpu"))
     ppo.rollout(agent, envs, buf, envs.reset(seed=0), agent.get_action_and_value, None, args, "truncated")
     envs.close()
     assert buf.dones[-1].all() and not buf.dones[:-1].any()  # PointMass's 16-step episodes end with the rollout

@@ -194,3 +194,31 @@ def test_num_seeds_refuses_what_it_does_not_do_yet(flag, given):
     args = ppo.Args(env_id="CartPole-v1", num_seeds=2, num_envs=2, num_steps=16, num_minibatches=2, **given)
     with pytest.raises(ppo.UserError, match=f"--num_seeds does not work with {flag} yet"):
         ppo.validate(args, maniskill=False, time_limit=500, num_ranks=2 if flag == "torchrun" else 1)
+
+
+def test_each_seed_draws_from_its_own_generator_inside_per_seed_draws():
+    """The draws a copy's policy may make, on a stacked batch of 3 seeds: each seed's part equals what its own
+    generator draws for it alone, as a run of that seed alone draws it; a draw that cannot be split is refused."""
+    from torch.distributions import Bernoulli, Categorical, Normal
+
+    mean, std, logits = torch.randn(3, 4, 2), torch.rand(3, 4, 2) + 0.1, torch.randn(3, 4, 5)
+    draws = {"normal": lambda m, s, lg: torch.normal(m, s), "rsample": lambda m, s, lg: Normal(m, s).rsample(),
+             "categorical": lambda m, s, lg: Categorical(logits=lg).sample(),
+             "bernoulli": lambda m, s, lg: Bernoulli(logits=m).sample()}
+    for name, draw in draws.items():
+        generators = [torch.Generator().manual_seed(seed) for seed in (5, 6, 7)]
+        with ppo.PerSeedDraws(generators):
+            batch = draw(mean, std, logits)
+        for i, seed in enumerate((5, 6, 7)):
+            with torch.random.fork_rng():
+                torch.manual_seed(seed)
+                alone = draw(mean[i], std[i], logits[i])
+            assert torch.equal(batch[i], alone), name
+    class Noisy(torch.nn.Module):  # a stacked agent whose policy draws what PerSeedDraws cannot split
+        generators = [torch.Generator()] * 3
+
+        def get_action_and_value(self, obs):
+            return torch.distributions.Gamma(obs.exp(), 1.0).sample()
+
+    with pytest.raises(ppo.UserError, match="draws from torch's default generator"):
+        ppo.policy_step_of(Noisy())(mean)

@@ -12,7 +12,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -177,6 +176,7 @@ def runs_ahead(jobs: dict[str, tuple[tuple[str, ...], Callable[[Path], object]]]
     another test's. Tests are named as pytest names them, parameters included (test_x[a]). workers: how many run at
     once (1 for runs of two processes each). from_the_first_test: start them when the module's first test starts,
     whether or not it reads one, so that they run beside the module's other tests."""
+    import pytest  # here: scripts/verify_copy.py, a tool of the runtime set-up, imports this module's other helpers
 
     @pytest.fixture(scope="module", autouse=from_the_first_test)
     def ahead(request, tmp_path_factory):

@@ -1,0 +1,77 @@
+"""scripts/verify_copy.py: copies of the stock trainers keep the copy contract; a copy that breaks one of its rules is
+caught by the check of that rule, which says what to change."""
+
+import pytest
+
+from tests.util import REPO, run_python
+
+# name: (the check that catches it, ppo.py's lines replaced, the words of the failure)
+SABOTAGES = {
+    "a Python float that resume loses": ("resume", [
+        ("def ppo_loss(", "PENALTY = [1.0]  # a KL-penalty-like coefficient that update() adapts\n\n\ndef ppo_loss("),
+        ("clipped_ratio).mean(-1)\n", "clipped_ratio).mean(-1) * PENALTY[0]\n"),
+        ("    return {**stats, **optimizer.stats()}\n",
+         "    PENALTY[0] *= 1.5\n    return {**stats, **optimizer.stats()}\n"),
+    ], "register_buffer"),
+    "a squash that export misses": ("exports", [
+        ("        action = env_action(self, action)\n",
+         "        action = 0.5 * torch.tanh(env_action(self, action))\n"),
+    ], "the exported policy gives"),
+    "a draw from an unseeded generator": ("same_seed", [
+        ("        buf.rewards[step] = reward * args.reward_scale\n",
+         "        buf.rewards[step] = reward * args.reward_scale + 0.01 * float(np.random.default_rng().normal())\n"),
+    ], "unseeded generator"),
+    "a buffer that breaks --num_seeds": ("seeds", [
+        ("        self.obs_dim = obs_dim\n",
+         "        self.obs_dim = obs_dim\n        self.register_buffer(\"obs_scale\", torch.ones(obs_dim))\n"),
+        ("        actor_obs = obs[..., :self.obs_dim]\n",
+         "        actor_obs = obs[..., :self.obs_dim] * self.obs_scale\n"),
+    ], "leading seed dimension"),
+}
+
+
+def verify(tmp_path, source: str, name: str, checks: list[str]):
+    copy = tmp_path / f"{name}.py"
+    copy.write_text(source)
+    return run_python([str(REPO / "scripts/verify_copy.py"), str(copy), "--checks", *checks], tmp_path, timeout=600)
+
+
+def rows(stdout: str) -> dict[str, tuple[str, str]]:
+    cells = [line.strip("|").split(" | ") for line in stdout.splitlines() if line.startswith("| ")][1:]
+    return {cells[0].strip(): (cells[1].strip(), cells[2].strip()) for cells in cells}
+
+
+@pytest.mark.parametrize("sabotage", SABOTAGES)
+def test_a_copy_that_breaks_a_rule_is_caught_and_told_what_to_change(tmp_path, sabotage):
+    check, replacements, words = SABOTAGES[sabotage]
+    if check == "exports":
+        pytest.importorskip("onnxruntime")
+    source = (REPO / "ppo.py").read_text()
+    for old, new in replacements:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    result = verify(tmp_path, source, "my_idea", [check])
+    assert result.returncode == 1, result.stdout + result.stderr[-3000:]
+    found = rows(result.stdout)
+    assert found[check][0] == "fails" and words in found[check][1], result.stdout
+    assert found["trains"][0] == "holds", result.stdout
+
+
+@pytest.mark.parametrize("trainer", ["ppo", "ppo_rnn", "ppo_rgb", "ippo"])
+def test_the_stock_trainers_copies_keep_the_contract(tmp_path, trainer):
+    """ppo.py's every check; the others' that concern what a copy changes (the rest are shared code)."""
+    if trainer == "ippo":
+        pytest.importorskip("vmas")
+    pytest.importorskip("onnxruntime")
+    checks = ["trains", "same_seed", "resume", "seeds", "evaluates", "exports"] if trainer == "ppo" else [
+        "resume", "exports"]
+    result = verify(tmp_path, (REPO / f"{trainer}.py").read_text(), f"my_{trainer}", checks)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    found = rows(result.stdout)
+    assert all(found[check][0] == "holds" for check in checks if check in found), result.stdout
+    assert set(found) == {"trains", *checks} and f"my_{trainer}.py ({trainer}.py's copy)" in result.stdout
+
+
+def test_a_file_that_is_no_module_is_refused_in_one_line(tmp_path):
+    result = run_python([str(REPO / "scripts/verify_copy.py"), str(tmp_path / "my-idea.py")], tmp_path)
+    assert result.returncode == 2 and result.stderr.startswith("error:") and result.stderr.count("\n") == 1
