@@ -10,8 +10,8 @@
 Everything happens on torch tensors on the learner's device: rollout, final-value bootstrapping, GAE, update. The file
 reads top to bottom: Args; the Agent; ALGO LOGIC (rollout(), compute_advantages(), ppo_loss(), update()); train(), the
 loop that runs them, logs, evaluates and saves; the run's settings (settings(), seed_process(), the envs' kwargs,
-env_action(), what the critic sees); many seeds in one process (--num_seeds). Above the "Plumbing" divider stands what
-an idea changes; below it stand env adapters, run directories, checkpoints and resume, collectives, signals and
+env_action(), what the critic sees). Above the "Plumbing" divider stands what an idea changes; below it stand many
+seeds in one process (--num_seeds), env adapters, run directories, checkpoints and resume, collectives, signals and
 validation, which decide numbers too (what the envs return, dtypes, time limits, what a resume restores): a change there
 is a refactor, checked to the bit by benchmarks/same_numbers.py.
 A copy (cp ppo.py my_idea.py) is a trainer of its own: runs/ENV__my_idea__SEED__TIME, its own resume and evaluation.
@@ -944,6 +944,13 @@ def load_states(agent: Agent, optimizer: torch.optim.Optimizer, reward_normalize
     return resume_state["global_step"], resume_state["iteration"]
 
 
+# =============================================================================================
+# Plumbing: what an idea changes stands above. Below: many seeds in one process, startup and validation, env
+# adapters, run directories, checkpoints and resume, data parallel, signals. They decide numbers too (what the envs
+# return, dtypes, time limits, what a resume restores): change them as refactors, which benchmarks/same_numbers.py
+# compares to the bit.
+# =============================================================================================
+
 # ---------------------------------------------------------------------------------------------
 # Many seeds in one process (--num_seeds): each seed's networks, random streams and envs, as a run of its own has them
 # ---------------------------------------------------------------------------------------------
@@ -1285,12 +1292,6 @@ def mean_over_seeds(means: list[dict[str, float]]) -> dict[str, float]:
     return {key: float(np.mean([seed_means[key] for seed_means in means if key in seed_means])) for key in keys}
 
 
-# =============================================================================================
-# Plumbing: what an idea changes stands above. Below: startup and validation, env adapters, run directories,
-# checkpoints and resume, data parallel, signals. They decide numbers too (what the envs return, dtypes, time
-# limits, what a resume restores): change them as refactors, which benchmarks/same_numbers.py compares to the bit.
-# =============================================================================================
-
 # ---------------------------------------------------------------------------------------------
 # Startup: errors, arguments, the run
 # ---------------------------------------------------------------------------------------------
@@ -1334,7 +1335,7 @@ def main(args: Args) -> int:
     lock = RunDirLock(run_dir) if rank == 0 else None  # rank 0 alone writes the run directory
     try:
         if rank == 0 and resume_state is None:
-            if any(run_dir.glob("*.pt")):  # a seed's alone (--num_seeds) are set aside with the rest
+            if any(run_dir.glob("*.pt")):  # the run's own: subdirectories' (ppo.py's seeds') are set aside below
                 raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or pick "
                                 "another --exp_name")
             lock.moved_aside = set_aside_unfinished_start(run_dir)

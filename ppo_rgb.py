@@ -1152,7 +1152,7 @@ def main(args: Args) -> int:
     lock = RunDirLock(run_dir) if rank == 0 else None  # rank 0 alone writes the run directory
     try:
         if rank == 0 and resume_state is None:
-            if any(run_dir.glob("*.pt")):  # a seed's alone (--num_seeds) are set aside with the rest
+            if any(run_dir.glob("*.pt")):  # the run's own: subdirectories' (ppo.py's seeds') are set aside below
                 raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or pick "
                                 "another --exp_name")
             lock.moved_aside = set_aside_unfinished_start(run_dir)
