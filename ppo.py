@@ -743,9 +743,9 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
             raise UserError(rule) from e
         raise
     finally:
+        progress.close()  # before the error line of whatever stopped the run
         stop.restore()
         log.close()
-    progress.close()
     if rank == 0:
         print(f"done: {num_iterations} iterations, {global_step} steps; run in {setup.run_dir}", flush=True)
     return 0
@@ -1710,6 +1710,10 @@ class TorchVecEnv:
 
     def step(self, action: torch.Tensor):
         action = env_action(self, action)
+        if action.shape[1:] != self.single_action_space.shape:  # a copy's Agent or env_action() of another width
+            raise UserError(f"the envs receive actions of shape {tuple(action.shape[1:])} each, and "
+                            f"{self.single_action_space} takes {self.single_action_space.shape}: get_action(), "
+                            "get_action_and_value() and env_action() give one action of the space's shape per env")
         action = action.to(self.env.device) if self.torch_native else action.cpu().numpy()
         obs, reward, terminated, truncated, info = self.env.step(action)
         next_obs = self._obs(obs)
@@ -1870,8 +1874,14 @@ def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
         if trained != getattr(args, name):
             flag = cli_flag(name, trained)
             raise UserError(f"the checkpoint was trained with {flag}, and its network needs the same: pass {flag}")
+    missing = [key for key in agent.state_dict() if key not in state["model"]]
+    fresh_buffers = (state.get("trainer") != TRAINER and missing and set(missing) <= dict(agent.named_buffers()).keys()
+                     and not state["model"].keys() - agent.state_dict().keys())
+    if fresh_buffers:  # --checkpoint of the file a copy came from: the copy's own state (buffers it added) starts anew
+        print(f"note: {state.get('trainer')}.py's checkpoint has no {', '.join(missing)}, which start from their "
+              "initial values", file=sys.stderr)
     try:
-        agent.load_state_dict(state["model"])
+        agent.load_state_dict(state["model"], strict=not fresh_buffers)
     except RuntimeError as e:  # a copy whose network changed after the checkpoint was written
         mismatch = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e))[:200]
         raise UserError(f"the checkpoint's weights do not fit {TRAINER}.py's network ({mismatch.rstrip('.')}); "

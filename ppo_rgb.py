@@ -1548,6 +1548,10 @@ class TorchVecEnv:
 
     def step(self, action: torch.Tensor):
         action = env_action(self, action)
+        if action.shape[1:] != self.single_action_space.shape:  # a copy's Agent or env_action() of another width
+            raise UserError(f"the envs receive actions of shape {tuple(action.shape[1:])} each, and "
+                            f"{self.single_action_space} takes {self.single_action_space.shape}: get_action(), "
+                            "get_action_and_value() and env_action() give one action of the space's shape per env")
         action = action.to(self.env.device) if self.torch_native else action.cpu().numpy()
         obs, reward, terminated, truncated, info = self.env.step(action)
         next_obs = self._obs(obs)

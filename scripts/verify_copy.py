@@ -126,8 +126,8 @@ class Checks:
 
 def error_of(result: subprocess.CompletedProcess) -> str:
     lines = [line for line in result.stderr.replace("\r", "\n").splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("error")]
-    return (errors or lines or [f"exit status {result.returncode}"])[-1][:300]
+    errors = [line[line.index("error"):] for line in lines if "error" in line]
+    return (errors or lines or [f"exit status {result.returncode}"])[-1]
 
 
 def import_copy(path: Path):

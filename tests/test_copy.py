@@ -150,6 +150,22 @@ def test_a_copy_starts_from_the_originals_checkpoint_where_its_network_fits(tmp_
     assert refused.returncode == 2 and f"written by {trainer}.py, not {copy.stem}.py" in refused.stderr
 
 
+def test_a_copy_with_state_of_its_own_starts_from_the_originals_checkpoint(tmp_path):
+    """A copy that keeps an adaptive coefficient in a buffer of its Agent (as the contract says) fine-tunes ppo.py's
+    checkpoint: the buffer, which that checkpoint lacks, starts from its initial value, and a note says so."""
+    source = (REPO / "ppo.py").read_text()
+    line = "        self.obs_dim = obs_dim\n"
+    assert source.count(line) == 1
+    copy = tmp_path / "my_coef.py"
+    copy.write_text(source.replace(line, line + "        self.register_buffer(\"coef\", torch.tensor(0.5))\n"))
+    assert run_script("ppo.py", fast_args(ENV["ppo"], "base", total_timesteps=32 * 2), tmp_path).returncode == 0
+    tuned = run_script(str(copy), fast_args(ENV["ppo"], "tuned", total_timesteps=32 * 2)
+                       + ["--checkpoint", "runs/base/final_ckpt.pt"], tmp_path)
+    assert tuned.returncode == 0, tuned.stderr[-3000:]
+    assert "note: ppo.py's checkpoint has no coef, which start from their initial values" in tuned.stderr
+    assert load(tmp_path / "runs/tuned/final_ckpt.pt")["model"]["coef"] == 0.5
+
+
 def test_a_start_killed_before_its_first_checkpoint_is_started_again(tmp_path):
     """A start that a kill stopped before its first checkpoint left its TensorBoard file and videos: the same command
     starts the run afresh, what the killed start wrote moved aside; a run with a checkpoint is never touched."""
