@@ -838,6 +838,7 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
                   f"{kept}", file=sys.stderr)
         return 1
     finally:
+        progress.close()  # before the error line of whatever stopped the run
         stop.restore()
         threading.excepthook = thread_excepthook
         if writer is not None:
@@ -846,7 +847,6 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
         if args.track and rank == 0:
             import wandb
             wandb.finish()
-    progress.close()
     if rank == 0:
         print(f"done: {num_iterations} iterations, {global_step} steps; run in {setup.run_dir}", flush=True)
     return 0
@@ -2112,8 +2112,22 @@ def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
         if trained != getattr(args, name):
             flag = cli_flag(name, trained)
             raise UserError(f"the checkpoint was trained with {flag}, and its network needs the same: pass {flag}")
+    load_agent_state(agent, state)
+
+
+# Copied from ppo.py
+def load_agent_state(agent: nn.Module, state: dict):
+    """The checkpoint's weights and statistics into the agent, refused in one line where they do not fit its network;
+    but --checkpoint of the file a copy came from starts the copy's own state (buffers it added) from their initial
+    values."""
+    missing = [key for key in agent.state_dict() if key not in state["model"]]
+    fresh_buffers = (state.get("trainer") != TRAINER and missing and set(missing) <= dict(agent.named_buffers()).keys()
+                     and not state["model"].keys() - agent.state_dict().keys())
+    if fresh_buffers:
+        print(f"note: {state.get('trainer')}.py's checkpoint has no {', '.join(missing)}, which start from their "
+              "initial values", file=sys.stderr)
     try:
-        agent.load_state_dict(state["model"])
+        agent.load_state_dict(state["model"], strict=not fresh_buffers)
     except RuntimeError as e:  # a copy whose network changed after the checkpoint was written
         mismatch = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e))[:200]
         raise UserError(f"the checkpoint's weights do not fit {TRAINER}.py's network ({mismatch.rstrip('.')}); "

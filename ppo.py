@@ -869,15 +869,6 @@ def env_action(envs: TorchVecEnv, action: torch.Tensor) -> torch.Tensor:
     return action.long() + envs.action_start
 
 
-class EachSeed(list):
-    """--num_seeds: each seed's evaluation envs, which it steps alone: a vector env of all seeds would step a seed's
-    envs on, and draw their next starts, until every seed's episodes had finished."""
-
-    def close(self):
-        for envs in self:
-            envs.close()
-
-
 class CriticObservation(gym.Wrapper):
     """--critic_obs: the vector that the env puts in info["critic"] at reset and at every step (its full state),
     appended to the observation; the agent's actor reads the observation's own dims only."""
@@ -1129,9 +1120,10 @@ class PerSeedDraws(torch.overrides.TorchFunctionMode):
             return func(*args, **kwargs)
         kwargs.pop("generator", None)
         n = len(self.generators)
-        if any(x.dim() == 0 or x.shape[0] % n for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)):
-            raise UserError(f"the policy draws with {func.__name__} on a tensor whose first dimension is not one of "
-                            f"the {n} seeds' blocks ({TRAINER}.py's docstring, 'A copy's contract')")
+        tensors = [x for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)]
+        if not tensors or any(x.dim() == 0 or x.shape[0] % n for x in tensors):
+            raise UserError(f"the policy draws with {func.__name__} from no tensor whose first dimension holds the "
+                            f"{n} seeds' blocks ({TRAINER}.py's docstring, 'A copy's contract')")
 
         def part(x, i: int):
             return x.chunk(n)[i] if isinstance(x, torch.Tensor) else x
@@ -1143,6 +1135,15 @@ class PerSeedDraws(torch.overrides.TorchFunctionMode):
 def seed_state(stacked_state: dict[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:
     """Seed i's state dict from that of a module stack_seeds() made (clones: a slice saves all of the stack)."""
     return {key: value[i].clone() for key, value in stacked_state.items()}
+
+
+class EachSeed(list):
+    """--num_seeds: each seed's evaluation envs, which it steps alone: a vector env of all seeds would step a seed's
+    envs on, and draw their next starts, until every seed's episodes had finished."""
+
+    def close(self):
+        for envs in self:
+            envs.close()
 
 
 class SeedBlocks:
@@ -1709,11 +1710,9 @@ class TorchVecEnv:
         return self._obs(obs)
 
     def step(self, action: torch.Tensor):
+        self.check_shape(action, "the agent's")  # env_action()'s clamp or shift would broadcast another width
         action = env_action(self, action)
-        if action.shape[1:] != self.single_action_space.shape:  # a copy's Agent or env_action() of another width
-            raise UserError(f"the envs receive actions of shape {tuple(action.shape[1:])} each, and "
-                            f"{self.single_action_space} takes {self.single_action_space.shape}: get_action(), "
-                            "get_action_and_value() and env_action() give one action of the space's shape per env")
+        self.check_shape(action, "env_action()'s")
         action = action.to(self.env.device) if self.torch_native else action.cpu().numpy()
         obs, reward, terminated, truncated, info = self.env.step(action)
         next_obs = self._obs(obs)
@@ -1740,6 +1739,13 @@ class TorchVecEnv:
             self.episode_return = torch.where(done, 0.0, self.episode_return)
             self.episode_length = torch.where(done, 0, self.episode_length)
         return next_obs, reward, terminated, truncated, final_obs, finished
+
+    def check_shape(self, action: torch.Tensor, whose: str):
+        """A copy's Agent or env_action() of another width is refused in one line, not broadcast."""
+        if action.shape[1:] != self.single_action_space.shape:
+            raise UserError(f"{whose} actions have shape {tuple(action.shape[1:])} each, and {self.single_action_space}"
+                            f" takes {self.single_action_space.shape}: get_action(), get_action_and_value() and "
+                            "env_action() give one action of the space's shape per env")
 
     def flush_video(self):
         """ManiSkill's RecordEpisode over many envs saves a video every max_steps_per_video steps only; an
@@ -1874,10 +1880,17 @@ def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
         if trained != getattr(args, name):
             flag = cli_flag(name, trained)
             raise UserError(f"the checkpoint was trained with {flag}, and its network needs the same: pass {flag}")
+    load_agent_state(agent, state)
+
+
+def load_agent_state(agent: nn.Module, state: dict):
+    """The checkpoint's weights and statistics into the agent, refused in one line where they do not fit its network;
+    but --checkpoint of the file a copy came from starts the copy's own state (buffers it added) from their initial
+    values."""
     missing = [key for key in agent.state_dict() if key not in state["model"]]
     fresh_buffers = (state.get("trainer") != TRAINER and missing and set(missing) <= dict(agent.named_buffers()).keys()
                      and not state["model"].keys() - agent.state_dict().keys())
-    if fresh_buffers:  # --checkpoint of the file a copy came from: the copy's own state (buffers it added) starts anew
+    if fresh_buffers:
         print(f"note: {state.get('trainer')}.py's checkpoint has no {', '.join(missing)}, which start from their "
               "initial values", file=sys.stderr)
     try:
@@ -1937,7 +1950,9 @@ class RunLog:
             threading.excepthook = (lambda hook: None if issubclass(hook.exc_type, OSError)
                                     else self.thread_excepthook(hook))
             self.run_writer = open_run(args, setup, resume_state)
-            self.writers = [open_run(*run, resume_state) for run in seed_runs_of_run] or [self.run_writer]
+            for run in seed_runs_of_run:
+                self.writers.append(open_run(*run, resume_state))
+            self.writers = self.writers or [self.run_writer]
         except BaseException:
             self.close()
             raise

@@ -837,6 +837,7 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
                   f"{kept}", file=sys.stderr)
         return 1
     finally:
+        progress.close()  # before the error line of whatever stopped the run
         stop.restore()
         threading.excepthook = thread_excepthook
         if writer is not None:
@@ -845,7 +846,6 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
         if args.track and rank == 0:
             import wandb
             wandb.finish()
-    progress.close()
     if rank == 0:
         print(f"done: {num_iterations} iterations, {global_step} steps; run in {setup.run_dir}", flush=True)
     return 0
@@ -1488,11 +1488,9 @@ class TorchVecEnv:
         return self._obs(obs)
 
     def step(self, action: torch.Tensor):
+        self.check_shape(action, "the agent's")  # env_action()'s clamp or shift would broadcast another width
         action = env_action(self, action)
-        if action.shape[1:] != self.single_action_space.shape:  # a copy's Agent or env_action() of another width
-            raise UserError(f"the envs receive actions of shape {tuple(action.shape[1:])} each, and "
-                            f"{self.single_action_space} takes {self.single_action_space.shape}: get_action(), "
-                            "get_action_and_value() and env_action() give one action of the space's shape per env")
+        self.check_shape(action, "env_action()'s")
         action = action.to(self.env.device) if self.torch_native else action.cpu().numpy()
         obs, reward, terminated, truncated, info = self.env.step(action)
         next_obs = self._obs(obs)
@@ -1519,6 +1517,13 @@ class TorchVecEnv:
             self.episode_return = torch.where(done, 0.0, self.episode_return)
             self.episode_length = torch.where(done, 0, self.episode_length)
         return next_obs, reward, terminated, truncated, final_obs, finished
+
+    def check_shape(self, action: torch.Tensor, whose: str):
+        """A copy's Agent or env_action() of another width is refused in one line, not broadcast."""
+        if action.shape[1:] != self.single_action_space.shape:
+            raise UserError(f"{whose} actions have shape {tuple(action.shape[1:])} each, and {self.single_action_space}"
+                            f" takes {self.single_action_space.shape}: get_action(), get_action_and_value() and "
+                            "env_action() give one action of the space's shape per env")
 
     def flush_video(self):
         """ManiSkill's RecordEpisode over many envs saves a video every max_steps_per_video steps only; an
@@ -1645,10 +1650,18 @@ def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
         if trained != getattr(args, name):
             flag = cli_flag(name, trained)
             raise UserError(f"the checkpoint was trained with {flag}, and its network needs the same: pass {flag}")
+    load_agent_state(agent, state)
+
+
+# Copied from ppo.py
+def load_agent_state(agent: nn.Module, state: dict):
+    """The checkpoint's weights and statistics into the agent, refused in one line where they do not fit its network;
+    but --checkpoint of the file a copy came from starts the copy's own state (buffers it added) from their initial
+    values."""
     missing = [key for key in agent.state_dict() if key not in state["model"]]
     fresh_buffers = (state.get("trainer") != TRAINER and missing and set(missing) <= dict(agent.named_buffers()).keys()
                      and not state["model"].keys() - agent.state_dict().keys())
-    if fresh_buffers:  # --checkpoint of the file a copy came from: the copy's own state (buffers it added) starts anew
+    if fresh_buffers:
         print(f"note: {state.get('trainer')}.py's checkpoint has no {', '.join(missing)}, which start from their "
               "initial values", file=sys.stderr)
     try:

@@ -126,7 +126,7 @@ class Checks:
 
 def error_of(result: subprocess.CompletedProcess) -> str:
     lines = [line for line in result.stderr.replace("\r", "\n").splitlines() if line.strip()]
-    errors = [line[line.index("error"):] for line in lines if "error" in line]
+    errors = [line[line.index("error:"):] for line in lines if "error:" in line]
     return (errors or lines or [f"exit status {result.returncode}"])[-1]
 
 

@@ -160,10 +160,14 @@ def test_a_copy_with_state_of_its_own_starts_from_the_originals_checkpoint(tmp_p
     copy.write_text(source.replace(line, line + "        self.register_buffer(\"coef\", torch.tensor(0.5))\n"))
     assert run_script("ppo.py", fast_args(ENV["ppo"], "base", total_timesteps=32 * 2), tmp_path).returncode == 0
     tuned = run_script(str(copy), fast_args(ENV["ppo"], "tuned", total_timesteps=32 * 2)
-                       + ["--checkpoint", "runs/base/final_ckpt.pt"], tmp_path)
+                       + ["--checkpoint", "runs/base/final_ckpt.pt", "--learning_rate", "1e-30"], tmp_path)
     assert tuned.returncode == 0, tuned.stderr[-3000:]
     assert "note: ppo.py's checkpoint has no coef, which start from their initial values" in tuned.stderr
-    assert load(tmp_path / "runs/tuned/final_ckpt.pt")["model"]["coef"] == 0.5
+    base = load(tmp_path / "runs/base/final_ckpt.pt")["model"]
+    model = load(tmp_path / "runs/tuned/final_ckpt.pt")["model"]
+    assert model["coef"] == 0.5 and model.keys() - base.keys() == {"coef"}
+    for key in base:  # a learning rate of 1e-30 keeps the weights it started from: the base checkpoint's
+        torch.testing.assert_close(model[key], base[key], rtol=0, atol=1e-20)
 
 
 def test_a_start_killed_before_its_first_checkpoint_is_started_again(tmp_path):

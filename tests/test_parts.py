@@ -233,3 +233,17 @@ def test_multi_discrete_and_multi_binary_policies_against_a_hand_computation():
             first = torch.softmax(logits[0, :3].detach(), -1)
             frequencies = torch.bincount(samples[:, 0, 0], minlength=3).double() / len(samples)
             assert torch.allclose(frequencies, first, atol=0.04)
+
+
+def test_the_envs_refuse_an_action_of_another_shape_than_their_space():
+    """A narrower action would broadcast through env_action()'s shift (MultiDiscrete's (1,) against (2,)), a wider
+    one through its clamp: both refused in one line before they reach the env."""
+    vector = gym.vector.SyncVectorEnv([lambda: gym.make("tests.envs:PointMassMultiDiscrete-v0")] * 2,
+                                      autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs = ppo.TorchVecEnv(vector, torch.device("cpu"), torch_native=False)
+    envs.reset(seed=0)
+    for width in (1, 3):
+        with pytest.raises(ppo.UserError, match=rf"the agent's actions have shape \({width},\) each"):
+            envs.step(torch.zeros((2, width), dtype=torch.long))
+    envs.step(torch.zeros((2, 2), dtype=torch.long))  # the space's own shape
+    envs.close()
