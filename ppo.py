@@ -1057,8 +1057,9 @@ class SeedOptimizer(PPOOptimizer):
                 view.grad = p.grad[i] if go else None
         grad_norms = torch.stack([nn.utils.clip_grad_norm_(group["params"], max_grad_norm)
                                   for group, go in zip(self.param_groups, self.going) if go])
-        if not (torch.isfinite(loss).all() & torch.isfinite(grad_norms).all()):  # one wait for the GPU, not two
-            raise NonFiniteError("gradient" if torch.isfinite(loss).all() else "loss",
+        loss_finite = torch.isfinite(loss).all()
+        if not (loss_finite & torch.isfinite(grad_norms).all()):  # one wait for the GPU, not two
+            raise NonFiniteError("gradient" if loss_finite else "loss",
                                  nonfinite_seeds([loss, *(p.grad for p in self.stacked)], len(self.generators)))
         torch.optim.Adam.step(self)
         self.minibatch_steps += self.stepping
@@ -1082,11 +1083,11 @@ def policy_step_of(agent: Agent):
     checked = []
 
     def each_seed_draws(obs: torch.Tensor):
-        before = None if checked else default_generator_states(obs.device)
+        before = None if checked else rng_states(obs.device)
         with PerSeedDraws(agent.generators):
             result = agent.get_action_and_value(obs)
         if not checked:
-            if any(not torch.equal(a, b) for a, b in zip(before, default_generator_states(obs.device))):
+            if {"torch", "cuda"} & set(moved_generators(before, rng_states(obs.device))):
                 raise UserError("the policy draws from torch's default generator with what --num_seeds cannot give "
                                 "each seed from its own: draw actions with torch.normal, torch.bernoulli, "
                                 "torch.multinomial or a Normal, Categorical or Bernoulli's sample() or rsample() "
@@ -1096,8 +1097,13 @@ def policy_step_of(agent: Agent):
     return each_seed_draws
 
 
-def default_generator_states(device: torch.device) -> list[torch.Tensor]:
-    return [torch.get_rng_state(), *([torch.cuda.get_rng_state(device)] if device.type == "cuda" else [])]
+def moved_generators(before: dict, after: dict) -> list[str]:
+    """The generators (keys of rng_states()) whose state differs between the two."""
+    def same(a, b) -> bool:
+        if isinstance(a, dict):
+            return all(same(a[key], b[key]) for key in a)
+        return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+    return [key for key in before if not same(before[key], after[key])]
 
 
 class PerSeedDraws(torch.overrides.TorchFunctionMode):
@@ -1115,10 +1121,9 @@ class PerSeedDraws(torch.overrides.TorchFunctionMode):
         self.generators = generators
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        if func not in self.SPLIT or kwargs.get("generator") is not None:
-            return func(*args, **kwargs)
-        kwargs.pop("generator", None)
+        if func not in self.SPLIT or (kwargs or {}).get("generator") is not None:  # every torch call passes here
+            return func(*args, **(kwargs or {}))
+        kwargs = {key: value for key, value in (kwargs or {}).items() if key != "generator"}
         n = len(self.generators)
         tensors = [x for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)]
         if not tensors or any(x.dim() == 0 or x.shape[0] % n for x in tensors):
@@ -1190,9 +1195,11 @@ class SeedBlocks:
         if self.watch_steps <= 0:
             return call(*args, **kwargs)
         self.watch_steps -= 1
-        before = global_random_states()
+        before = rng_states(torch.device("cpu"))
         result = call(*args, **kwargs)
-        drawn = [name for name, state in global_random_states().items() if state != before[name]]
+        moved = moved_generators(before, rng_states(torch.device("cpu")))
+        drawn = [name for key, name in (("python", "Python's"), ("numpy", "numpy's"), ("torch", "torch's"))
+                 if key in moved]
         if drawn:
             print(f"warning: {self.env_id} draws from {' and '.join(drawn)} global random "
                   f"generator{'s' if len(drawn) > 1 else ''}, which the seeds of --num_seeds share: each seed's "
@@ -1200,12 +1207,6 @@ class SeedBlocks:
                   f"instead (docs/ppo.md)", file=sys.stderr)
             self.watch_steps = 0
         return result
-
-
-def global_random_states() -> dict:
-    np_state = np.random.get_state()
-    return {"Python's": random.getstate(), "numpy's": (np_state[1].tobytes(), *np_state[2:]),
-            "torch's": torch.get_rng_state().numpy().tobytes()}
 
 
 def episodes_by_seed(episodes: dict[str, torch.Tensor], num_seeds: int) -> list[dict[str, torch.Tensor]]:

@@ -553,8 +553,7 @@ def export_policy(policy: DeployedPolicy, first, envs, ckpt: dict, checkpoint: P
         except AttributeError as e:
             raise UserError(f"{ckpt['trainer']}.py's env_action() reads what an exported policy does not carry "
                             f"({e}); it may read the envs' {', '.join(policy.ENV_ACTION_READS)}") from e
-        env_device = (envs.action_low if policy.box else envs.action_start).device
-        received = policy.to_env(policy.env_action(envs, action.to(env_device)).cpu())
+        received = policy.to_env(policy.env_action(envs, action.to(envs.device)).cpu())
     expected = (received, *state)
     try:
         with warnings.catch_warnings():

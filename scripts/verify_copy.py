@@ -185,7 +185,7 @@ def check_export(checks: Checks, copy: Path, module, kind: str, run_dir: Path, w
         return
     path = work / "policy.onnx"
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # the exporter's notes on its own internals
-    with contextlib.redirect_stdout(open(os.devnull, "w")):
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
         status = ppo_eval.cli([str(run_dir), "--export", str(path), "--trainer", str(copy)])
     if status != 0:
         checks.add("exports", [f"ppo_eval.py --export failed (exit status {status}; its error line above)"], fix)
