@@ -10,9 +10,10 @@
 
 Runs are grouped into curves by name: --group is a regular expression whose first group (else whole match) names
 the curve; by default a trailing seed is dropped from the run name (`__seed3` as scripts/sweep.sh names runs, or
-the trainers' default `__{seed}__{unix time}`). Each run's curve is interpolated onto the steps (or seconds) of the
-group's shortest run; the band is the 95% Student-t interval of the mean across the group's runs, and each run
-is drawn thin. The y-axis spans the runs' values (the band of two or three seeds can reach far beyond them).
+the trainers' default `__{seed}__{unix time}`); a ppo.py --num_seeds run directory stands for its seeds' runs inside
+it (runs/RUN/RUN__seed{S}), a curve of as many runs. Each run's curve is interpolated onto the steps (or seconds)
+of the group's shortest run; the band is the 95% Student-t interval of the mean across the group's runs, and each
+run is drawn thin. The y-axis spans the runs' values (the band of two or three seeds can reach far beyond them).
 --iqm draws the interquartile mean instead (the mean of the middle half of the runs; of fewer than 4, the mean) and
 its 95% bootstrap interval, each resample drawing whole runs (rliable's sample-efficiency curves). --tasks (with
 --normalize, as scripts/summarize.py takes them) writes rliable's performance profile of the first metric's final
@@ -56,20 +57,33 @@ def read_scalars(run_dir: Path, metric: str) -> tuple[np.ndarray, np.ndarray, np
             np.array([e.value for e in events], dtype=np.float64))
 
 
+def seed_runs(run_dir: Path) -> list[Path]:
+    """The seeds' runs of a ppo.py --num_seeds run directory ({run_name}__seed{S} inside it, in seed order): its own
+    logs hold no scalars. Any other run directory is its own one run."""
+    seed_name = re.compile(re.escape(run_dir.resolve().name) + r"__seed(\d+)")
+    seeds = {int(m.group(1)): path for path in run_dir.iterdir()
+             if path.is_dir() and (m := seed_name.fullmatch(path.name))}
+    return [seeds[seed] for seed in sorted(seeds)] or [run_dir]
+
+
 def group_runs(run_dirs: list[Path], pattern: str) -> dict[str, list[Path]]:
-    """Curve name -> its runs, in the order the names first appear."""
+    """Curve name -> its runs, in the order the names first appear; a --num_seeds run counts as its seeds' runs."""
     try:
         regex = re.compile(pattern)
     except re.error as e:
         raise UserError(f"--group {pattern!r} is not a regular expression: {e}") from e
-    groups = defaultdict(list)
-    for run_dir in run_dirs:
-        if not run_dir.is_dir():
-            raise UserError(f"{run_dir} is not a run directory")
-        match = regex.search(run_dir.name)
-        if match is None:
-            raise UserError(f"--group {pattern!r} does not match the run name {run_dir.name!r}")
-        groups[match.group(1) if regex.groups else match.group(0)].append(run_dir)
+    groups, seen = defaultdict(list), set()
+    for given in run_dirs:
+        if not given.is_dir():
+            raise UserError(f"{given} is not a run directory")
+        for run_dir in seed_runs(given):
+            if run_dir.resolve() in seen:  # a batch given with its seeds' directories: each seed once
+                continue
+            seen.add(run_dir.resolve())
+            match = regex.search(run_dir.name)
+            if match is None:
+                raise UserError(f"--group {pattern!r} does not match the run name {run_dir.name!r}")
+            groups[match.group(1) if regex.groups else match.group(0)].append(run_dir)
     return dict(groups)
 
 

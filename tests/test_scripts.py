@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -113,6 +114,17 @@ def test_sweep_refuses_bad_options_before_running_anything(tmp_path, options, sa
                              text=True, timeout=60)
     assert refused.returncode == 2 and refused.stderr.startswith(says), refused.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_num_seeds_run_stands_for_its_seeds_runs(tmp_path, monkeypatch):
+    batch, plain = tmp_path / "b", tmp_path / "plain"
+    for path in ("b/b__seed10", "b/b__seed2", "b/b__seed1", "b/source", "b/other__seed3", "plain/source"):
+        (tmp_path / path).mkdir(parents=True)
+    seeds = [batch / f"b__seed{seed}" for seed in (1, 2, 10)]
+    # in seed order, each seed once though given twice; a directory not of the run's name is no seed of it
+    assert plot.group_runs([batch, seeds[1], plain], plot.DEFAULT_GROUP) == {"b": seeds, "plain": [plain]}
+    monkeypatch.chdir(batch)
+    assert plot.group_runs([Path(".")], plot.DEFAULT_GROUP) == {"b": [seed.relative_to(batch) for seed in seeds]}
 
 
 @pytest.mark.parametrize("name,group", [("cheetah__seed3", "cheetah"),
