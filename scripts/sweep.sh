@@ -2,19 +2,21 @@
 # Run a trainer over seeds and flag values: every combination, N at a time, each its own run directory.
 #
 #   scripts/sweep.sh --seeds "1 2 3" cartpole -- python ppo.py --env_id=CartPole-v1 --num_envs=8 --num_steps=128
-#   scripts/sweep.sh --seeds "1 2" --vary "--learning_rate=1e-4 --learning_rate=3e-4" --vary "--num_envs=1 --num_envs=4" \
-#       --jobs 2 lr_envs -- python ppo.py --env_id=Hopper-v5 --num_steps=2048 --no_capture_video  # pip install mujoco
+#   scripts/sweep.sh --seeds "1 2" --vary "--learning_rate=1e-4 --learning_rate=3e-4" \
+#       --vary "--num_envs=1 --num_envs=4" --jobs 2 lr_envs \
+#       -- python ppo.py --env_id=Hopper-v5 --num_steps=2048 --no_capture_video  # pip install mujoco
 #
 #   scripts/sweep.sh --seeds "1 2 3 4 5" --one_process mujoco -- python ppo.py --env_id=Hopper-v5 ...  # ppo.py only
 #
 # Each run is named NAME[__flag=value...]__seed{S} and writes runs/<that name>, its output in runs/<that name>.log.
 # --one_process trains the seeds of each combination in one process (ppo.py --num_seeds; the seeds consecutive,
 # F to L): runs/NAME[__flag=value...]__seedsF-L holds each seed's run, NAME[__flag=value...]__seedsF-L__seed{S}
-# (summarize.py and plot.py take runs/NAME__*/*__seed*).
+# (summarize.py and plot.py take runs/NAME[__flag=value...]__seedsF-L as those seeds' runs).
 # A run whose final checkpoint exists is skipped; one that was interrupted is resumed (--resume). Run it again after
-# a crash or a reboot and it finishes what is missing (a run killed before its first checkpoint starts again). Then:
-# python scripts/summarize.py runs/NAME__*/ and python scripts/plot.py runs/NAME__*/ --out plots/NAME (the run
-# directories, not their .log files), which group the seeds of each combination.
+# a crash or a reboot and it finishes what is missing (a run killed before its first checkpoint starts again). At the
+# end it prints the commands of the table and the curves, python scripts/summarize.py runs/NAME__*/ and
+# python scripts/plot.py runs/NAME__*/ --out plots/NAME (the run directories, not their .log files), which group the
+# seeds of each combination.
 set -euo pipefail
 
 usage() {
@@ -119,3 +121,9 @@ if [ "$failed" -gt 0 ]; then
   echo "error: $failed run(s) failed; see runs/${name}*.log" >&2
   exit 1
 fi
+# the python that trained, where the command names one, has the scripts' packages too
+python="${command[0]}"
+[[ "$(basename "$python")" == python* ]] || python=python
+scripts="$(dirname "$0")"
+printf 'table:  %q %q runs/%q__*/\n' "$python" "$scripts/summarize.py" "$name"
+printf 'curves: %q %q runs/%q__*/ --out plots/%q\n' "$python" "$scripts/plot.py" "$name" "$name"

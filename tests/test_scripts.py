@@ -87,6 +87,19 @@ def test_sweep_puts_each_combinations_seeds_in_one_process(tmp_path):
         for seed in (3, 4):
             saved = load(run / f"{run.name}__seed{seed}" / "final_ckpt.pt")["args"]
             assert saved["seed"] == seed and saved["learning_rate"] == float(lr)
+
+    # the commands it prints take each combination's run as its two seeds' runs
+    printed = dict(line.split(": ", 1) for line in first.stdout.splitlines() if line.startswith(("table:", "curves:")))
+    table, curves = (subprocess.run(printed[key].strip(), shell=True, cwd=tmp_path, env=script_env(),
+                                    capture_output=True, text=True, timeout=300) for key in ("table", "curves"))
+    assert table.returncode == 0 and curves.returncode == 0, table.stderr + curves.stderr
+    rows = table.stdout.strip().splitlines()
+    assert len(rows) == 4, rows
+    for row, lr in zip(rows[2:], ("1e-3", "3e-4")):
+        run = tmp_path / "runs" / f"pend__learning_rate={lr}__seeds3-4"
+        finals = [scalars(run / f"{run.name}__seed{seed}")["eval/return"][-1][1] for seed in (3, 4)]
+        assert row.startswith(f"| {run.name} | 2 | {np.mean(finals):.4g} ± {np.std(finals):.3g} | 128 |"), row
+    assert (tmp_path / "plots/pend/eval_return.png").read_bytes().startswith(b"\x89PNG")
     again = sweep(tmp_path, *options)
     assert again.returncode == 0 and again.stdout.count("done already") == 2, again.stderr
     other_seeds = sweep(tmp_path, "--seeds", "5 6", "--one_process")  # another batch, not the one done already
