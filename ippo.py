@@ -72,6 +72,7 @@ CPU_WORKERS_PER_CORE = 4
 # The flags that shape the network: a checkpoint's weights fit only a network built with the same.
 NETWORK_FIELDS = ("norm_obs", "norm_value", "hidden_sizes", "activation", "share_parameters", "centralized_critic",
                   "agent_obs")
+# Copied from ppo.py
 LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
 NORMAL_ENTROPY_AT_UNIT_STD = 0.5 + 0.5 * math.log(2 * math.pi)
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -283,12 +284,14 @@ class RunningMeanStd(nn.Module):
                        / total)
         self.count.copy_(total)
 
+    # Copied from ppo.py
     def std(self) -> torch.Tensor:
         return torch.sqrt(self.var + 1e-8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.clamp((x.double() - self.mean) / self.std(), -self.clip, self.clip).float()
 
+    # Copied from ppo.py
     def denormalize(self, x: torch.Tensor) -> torch.Tensor:
         return (x.double() * self.std() + self.mean).float()
 
@@ -413,6 +416,7 @@ class Agent(nn.Module):
         else:
             self.actor_logstd = nn.Parameter(torch.ones(num_nets, width) * log_std_init)
 
+    # Copied from ppo.py
     def normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
         return obs if self.obs_normalizer is None else self.obs_normalizer(obs)
 
@@ -1125,6 +1129,7 @@ class TorchVecEnv:
     def _obs(self, obs) -> torch.Tensor:
         return self._to_device(obs, torch.float32, (-1, self.flat_obs_dim))[:, self.obs_index]
 
+    # Copied from ppo.py
     def _to_device(self, x, dtype: torch.dtype, shape: tuple = (-1,)) -> torch.Tensor:
         return torch.as_tensor(x).to(self.device, dtype).reshape(shape)
 
@@ -1182,6 +1187,7 @@ class TorchVecEnv:
         if self.video_recorder is not None:
             self.video_recorder.flush_video()
 
+    # Copied from ppo.py
     def close(self):
         self.env.close()
 
@@ -2165,31 +2171,41 @@ def open_run(args: Args, setup: Setup, resume_state: Optional[dict], critic_inpu
     return writer
 
 
-def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: torch.optim.Optimizer,
-                     reward_normalizer: Optional[RewardNormalizer], global_step: int, iteration: int,
-                     final: bool = False) -> Optional[Path]:
-    """Every rank calls it (each hands rank 0 its random state); rank 0 writes ckpt_{iteration}.pt."""
+def checkpoint_states(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: torch.optim.Optimizer,
+                      reward_normalizer: Optional[RewardNormalizer], global_step: int,
+                      iteration: int) -> list[tuple[Path, dict]]:
+    """What a checkpoint holds, by the run directory it goes to. Every rank calls it (each hands rank 0 its random
+    state); on the others it is empty."""
     if not all_finite(agent):
         raise NonFiniteError("parameters")
     rank_rngs = gather_objects(rng_states(setup.device))
     if setup.rank != 0:
-        return None
+        return []
     state = {"format": CHECKPOINT_FORMAT, "trainer": TRAINER, "run_name": setup.run_name,
              "args": dataclasses.asdict(args), "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
              "reward_normalizer": None if reward_normalizer is None else reward_normalizer.state_dict(),
              "agents": envs.agents, **agent_spaces(envs),
              "global_step": global_step, "iteration": iteration, "world_size": world_size(),
-             "source_sha256": SOURCE_SHA256,
-             "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:]}
-    path = setup.run_dir / f"ckpt_{iteration}.pt"
-    save_checkpoint(path, state)
-    if final:
-        save_checkpoint(setup.run_dir / "final_ckpt.pt", state)
-    if args.keep_checkpoints is not None:
-        numbered = numbered_checkpoints(setup.run_dir)
+             "source_sha256": SOURCE_SHA256, "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:]}
+    return [(setup.run_dir, state)]
+
+
+# Copied from ppo.py with PPOOptimizer->torch.optim.Optimizer
+def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: torch.optim.Optimizer,
+                     reward_normalizer: Optional[RewardNormalizer], global_step: int, iteration: int,
+                     final: bool = False) -> Optional[Path]:
+    """Every rank calls it; rank 0 writes ckpt_{iteration}.pt (and, final, final_ckpt.pt) in each run directory
+    checkpoint_states() names, then keeps the newest --keep_checkpoints of each."""
+    states = checkpoint_states(args, setup, envs, agent, optimizer, reward_normalizer, global_step, iteration)
+    for run_dir, state in states:
+        save_checkpoint(run_dir / f"ckpt_{iteration}.pt", state)
+        if final:
+            save_checkpoint(run_dir / "final_ckpt.pt", state)
+    for run_dir, _ in states if args.keep_checkpoints is not None else []:
+        numbered = numbered_checkpoints(run_dir)  # pruned once all are written: each keeps what the others keep
         for old in sorted(numbered)[:-args.keep_checkpoints]:
             numbered[old].unlink()
-    return path
+    return setup.run_dir / f"ckpt_{iteration}.pt" if states else None
 
 
 def agent_spaces(envs: TorchVecEnv) -> dict:
@@ -2282,6 +2298,7 @@ def find_resume_checkpoint(path: str) -> Path:
     return numbered[max(numbered)]
 
 
+# Copied from ppo.py
 TORCH_LOAD_ADVICE = ("Weights only load failed", "Please file an issue", "Check the documentation of torch.load")
 
 

@@ -646,6 +646,8 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
           resume_state: Optional[dict], init_state: Optional[dict]) -> int:
     """Rank 0 alone logs, evaluates (eval_envs is None on the others) and writes checkpoints."""
     device, rank, num_ranks, num_iterations = setup.device, setup.rank, world_size(), setup.num_iterations
+    if args.num_seeds > 1 and resume_state is not None:
+        resume_state = with_seeds(resume_state, setup.run_dir)  # the seeds' parts are in their own checkpoints
     agent = make_agents(args, envs, device, resume_state)  # --num_seeds: each seed's network, stacked
     optimizer = make_optimizer(agent, args)
     reward_normalizer = (stack_seeds([RewardNormalizer(args.num_envs, args.gamma) for _ in range(args.num_seeds)])
@@ -1140,6 +1142,11 @@ class PerSeedDraws(torch.overrides.TorchFunctionMode):
 def seed_state(stacked_state: dict[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:
     """Seed i's state dict from that of a module stack_seeds() made (clones: a slice saves all of the stack)."""
     return {key: value[i].clone() for key, value in stacked_state.items()}
+
+
+def stack_states(seed_states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The state dict of stack_seeds()'s module from its seeds' (the inverse of seed_state())."""
+    return {key: torch.stack([state[key] for state in seed_states]) for key in seed_states[0]}
 
 
 class EachSeed(list):
@@ -1995,39 +2002,52 @@ class RunLog:
             wandb.finish()
 
 
-def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: PPOOptimizer,
-                     reward_normalizer: Optional[RewardNormalizer], global_step: int, iteration: int,
-                     final: bool = False) -> Optional[Path]:
-    """Every rank calls it (each hands rank 0 its random state); rank 0 writes ckpt_{iteration}.pt. Under
-    --num_seeds, first each seed's, as a run of its own would write it, in its run directory (seed_dirs()); then the
-    run's, of all seeds, which --resume continues."""
+def checkpoint_states(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: PPOOptimizer,
+                      reward_normalizer: Optional[RewardNormalizer], global_step: int,
+                      iteration: int) -> list[tuple[Path, dict]]:
+    """What a checkpoint holds, by the run directory it goes to. Every rank calls it (each hands rank 0 its random
+    state); on the others it is empty. Under --num_seeds, each seed's in its own run directory (seed_dirs()), as a run
+    of that seed alone writes one, first; then the run's, which says how they make one run (with_seeds())."""
     if not all_finite(agent):
         raise NonFiniteError("parameters", nonfinite_seeds(agent.state_dict().values(), args.num_seeds))
     rank_rngs = gather_objects(rng_states(setup.device))
     if setup.rank != 0:
-        return None
+        return []
     state = {"format": CHECKPOINT_FORMAT, "trainer": TRAINER, "run_name": setup.run_name,
              "args": dataclasses.asdict(args), "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
              "reward_normalizer": None if reward_normalizer is None else reward_normalizer.state_dict(),
              "observation_space": space_to_dict(envs.single_observation_space),
              "action_space": space_to_dict(envs.single_action_space),
              "global_step": global_step, "iteration": iteration, "world_size": world_size(),
-             "source_sha256": SOURCE_SHA256, "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:],
-             "seed_rngs": [generator.get_state() for generator in getattr(agent, "generators", [])]}
-    # The seeds' first: the batch's says that theirs are written. A kill between them makes --resume continue from the
-    # batch's previous checkpoint (setting aside the seeds' later ones) or, before its first, the same command start
-    # afresh (setting the seeds' aside).
-    runs = [(seed_dir, seed_checkpoint(state, i, seed_args, seed_dir))
-            for i, (seed_args, seed_dir) in enumerate(seed_dirs(args, setup.run_dir))] if args.num_seeds > 1 else []
-    for run_dir, run_state in [*runs, (setup.run_dir, state)]:
-        save_checkpoint(run_dir / f"ckpt_{iteration}.pt", run_state)
+             "source_sha256": SOURCE_SHA256, "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:], "seed_rngs": []}
+    if args.num_seeds == 1:
+        return [(setup.run_dir, state)]
+    state["seed_rngs"] = [generator.get_state() for generator in agent.generators]
+    # The seeds' first: the run's says that theirs are written. A kill between them makes --resume continue from the
+    # run's previous checkpoint (setting aside the seeds' later ones) or, before its first, the same command start
+    # afresh (setting the seeds' aside). The run's holds no tensor that a seed's holds: each is stored once.
+    seeds = [(seed_dir, seed_checkpoint(state, i, seed_args, seed_dir))
+             for i, (seed_args, seed_dir) in enumerate(seed_dirs(args, setup.run_dir))]
+    groups = state["optimizer"]["param_groups"]
+    return [*seeds, (setup.run_dir, {**state, "model": {}, "reward_normalizer": None, "seed_rngs": [],
+                                     "optimizer": {"state": {}, "param_groups": groups}})]
+
+
+def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: PPOOptimizer,
+                     reward_normalizer: Optional[RewardNormalizer], global_step: int, iteration: int,
+                     final: bool = False) -> Optional[Path]:
+    """Every rank calls it; rank 0 writes ckpt_{iteration}.pt (and, final, final_ckpt.pt) in each run directory
+    checkpoint_states() names, then keeps the newest --keep_checkpoints of each."""
+    states = checkpoint_states(args, setup, envs, agent, optimizer, reward_normalizer, global_step, iteration)
+    for run_dir, state in states:
+        save_checkpoint(run_dir / f"ckpt_{iteration}.pt", state)
         if final:
-            save_checkpoint(run_dir / "final_ckpt.pt", run_state)
-    for run_dir, _ in [*runs, (setup.run_dir, state)] if args.keep_checkpoints is not None else []:
-        numbered = numbered_checkpoints(run_dir)  # pruned once all are written: a seed keeps what the run keeps
+            save_checkpoint(run_dir / "final_ckpt.pt", state)
+    for run_dir, _ in states if args.keep_checkpoints is not None else []:
+        numbered = numbered_checkpoints(run_dir)  # pruned once all are written: each keeps what the others keep
         for old in sorted(numbered)[:-args.keep_checkpoints]:
             numbered[old].unlink()
-    return setup.run_dir / f"ckpt_{iteration}.pt"
+    return setup.run_dir / f"ckpt_{iteration}.pt" if states else None
 
 
 def seed_dirs(args: Args, run_dir: Path) -> list[tuple[Args, Path]]:
@@ -2057,6 +2077,29 @@ def seed_checkpoint(state: dict, i: int, seed_args: Args, seed_dir: Path) -> dic
             "reward_normalizer": (None if state["reward_normalizer"] is None
                                   else seed_state(state["reward_normalizer"], i)),
             "rng": rng, "seed_rngs": []}
+
+
+def with_seeds(state: dict, run_dir: Path) -> dict:
+    """A --num_seeds run's checkpoint whole: its seeds' parts read back from their checkpoints of its iteration, each
+    in its run directory, and stacked as the run holds them (the inverse of seed_checkpoint())."""
+    args = Args(**{f.name: state["args"][f.name] for f in dataclasses.fields(Args) if f.name in state["args"]})
+    name, seeds = f"ckpt_{state['iteration']}.pt", []
+    for _, seed_dir in seed_dirs(args, run_dir):
+        seed = read_checkpoint(seed_dir / name) if (seed_dir / name).is_file() else None
+        if seed is None or seed["iteration"] != state["iteration"]:
+            raise UserError(f"{seed_dir / name}, a seed's part of the run's {name}, is missing: resume from an earlier "
+                            f"checkpoint of {run_dir} (set the later ones aside), or start the run again")
+        seeds.append(seed)
+    groups = state["optimizer"]["param_groups"]
+    optimizer = {"state": {group["params"][k]: value for group, seed in zip(groups, seeds)
+                           for k, value in seed["optimizer"]["state"].items()},
+                 "param_groups": [{**seed["optimizer"]["param_groups"][0], "params": group["params"]}
+                                  for group, seed in zip(groups, seeds)]}
+    stream = "cuda" if len(state["rng"]["cuda"]) > 0 else "torch"  # as seed_checkpoint() stores a seed's generator
+    return {**state, "model": stack_states([seed["model"] for seed in seeds]), "optimizer": optimizer,
+            "reward_normalizer": (None if seeds[0]["reward_normalizer"] is None
+                                  else stack_states([seed["reward_normalizer"] for seed in seeds])),
+            "seed_rngs": [seed["rng"][stream] for seed in seeds]}
 
 
 def kept_source(run_dir: Path, trainer: str, sha256: str) -> Path:

@@ -94,6 +94,7 @@ class EvalArgs:
     """ManiSkill: reset an env on termination, else run to the time limit (default: the run's --eval_partial_reset)"""
 
 
+# Copied from ppo.py
 class UserError(Exception):
     """A mistake the user can fix: reported as one line and exit status 2."""
 

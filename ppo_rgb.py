@@ -81,6 +81,7 @@ OBS_MODES = ("rgb", "rgbd", "depth")
 MIN_IMAGE_SIDE = 36  # the NatureCNN's three convolutions need this many pixels
 ATARI_ENTRY_POINT = "ale_py.env:AtariEnv"
 ATARI_FRAME_SKIP = 4
+# Copied from ppo.py
 LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
 NORMAL_ENTROPY_AT_UNIT_STD = 0.5 + 0.5 * math.log(2 * math.pi)
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -224,6 +225,7 @@ class Args:
 # --resume continues one experiment: only the flags that say how long it runs and how it is run, watched and stored
 # may change. Any other difference (the task, the algorithm, the evaluation) is another experiment: start it from the
 # run's weights with --checkpoint.
+# Copied from ppo.py
 RESUME_CHANGEABLE_FIELDS = ("total_timesteps", "eval_freq", "checkpoint_freq", "keep_checkpoints", "capture_video",
                             "save_train_video_freq", "save_model", "track", "wandb_project_name", "wandb_entity",
                             "torch_threads", "cuda", "torch_deterministic")
@@ -251,6 +253,7 @@ def mlp(in_dim: int, hidden_sizes: tuple[int, ...], activation: str, out_dim: in
 class RunningMeanStd(nn.Module):
     """Running mean and variance in float64 (parallel-variance merge); buffers, so checkpoints carry them."""
 
+    # Copied from ppo.py
     def __init__(self, dim: int, clip: float = 10.0):
         super().__init__()
         self.clip = clip
@@ -268,12 +271,15 @@ class RunningMeanStd(nn.Module):
                        / total)
         self.count.copy_(total)
 
+    # Copied from ppo.py
     def std(self) -> torch.Tensor:
         return torch.sqrt(self.var + 1e-8)
 
+    # Copied from ippo.py
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.clamp((x.double() - self.mean) / self.std(), -self.clip, self.clip).float()
 
+    # Copied from ppo.py
     def denormalize(self, x: torch.Tensor) -> torch.Tensor:
         return (x.double() * self.std() + self.mean).float()
 
@@ -950,10 +956,12 @@ class CriticObservation(gym.Wrapper):
         critic = gym.spaces.Box(-np.inf, np.inf, (np.asarray(info["critic"]).size,), np.float32)
         self.observation_space = gym.spaces.Dict({**spaces, "critic": critic})
 
+    # Copied from ppo.py
     def reset(self, **kwargs):
         obs, info = self.env.reset(**kwargs)
         return self.with_critic(obs, info), info
 
+    # Copied from ppo.py
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
         return self.with_critic(obs, info), reward, terminated, truncated, info
@@ -1535,6 +1543,7 @@ class TorchVecEnv:
                                             for key, size in self.vectors], dim=-1)
         return converted
 
+    # Copied from ppo.py
     def _to_device(self, x, dtype: torch.dtype, shape: tuple = (-1,)) -> torch.Tensor:
         return torch.as_tensor(x).to(self.device, dtype).reshape(shape)
 
@@ -1583,6 +1592,7 @@ class TorchVecEnv:
             self.episode_length = torch.where(done, 0, self.episode_length)
         return next_obs, reward, terminated, truncated, final_obs, finished
 
+    # Copied from ppo.py
     def check_shape(self, action: torch.Tensor, whose: str):
         """A copy's Agent or env_action() of another width is refused in one line, not broadcast."""
         if action.shape[1:] != self.single_action_space.shape:
@@ -1590,12 +1600,14 @@ class TorchVecEnv:
                             f" takes {self.single_action_space.shape}: get_action(), get_action_and_value() and "
                             "env_action() give one action of the space's shape per env")
 
+    # Copied from ppo.py
     def flush_video(self):
         """ManiSkill's RecordEpisode over many envs saves a video every max_steps_per_video steps only; an
         evaluation that ended early saves the rest of its video now."""
         if self.video_recorder is not None:
             self.video_recorder.flush_video()
 
+    # Copied from ppo.py
     def close(self):
         self.env.close()
 
@@ -1771,32 +1783,42 @@ def open_run(args: Args, setup: Setup, resume_state: Optional[dict]) -> SummaryW
 
 
 # Copied from ppo_rnn.py
-def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: torch.optim.Optimizer,
-                     reward_normalizer: Optional[RewardNormalizer], global_step: int, iteration: int,
-                     final: bool = False) -> Optional[Path]:
-    """Every rank calls it (each hands rank 0 its random state); rank 0 writes ckpt_{iteration}.pt."""
+def checkpoint_states(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: torch.optim.Optimizer,
+                      reward_normalizer: Optional[RewardNormalizer], global_step: int,
+                      iteration: int) -> list[tuple[Path, dict]]:
+    """What a checkpoint holds, by the run directory it goes to. Every rank calls it (each hands rank 0 its random
+    state); on the others it is empty."""
     if not all_finite(agent):
         raise NonFiniteError("parameters")
     rank_rngs = gather_objects(rng_states(setup.device))
     if setup.rank != 0:
-        return None
+        return []
     state = {"format": CHECKPOINT_FORMAT, "trainer": TRAINER, "run_name": setup.run_name,
              "args": dataclasses.asdict(args), "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
              "reward_normalizer": None if reward_normalizer is None else reward_normalizer.state_dict(),
              "observation_space": space_to_dict(envs.single_observation_space),
              "action_space": space_to_dict(envs.single_action_space),
              "global_step": global_step, "iteration": iteration, "world_size": world_size(),
-             "source_sha256": SOURCE_SHA256,
-             "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:]}
-    path = setup.run_dir / f"ckpt_{iteration}.pt"
-    save_checkpoint(path, state)
-    if final:
-        save_checkpoint(setup.run_dir / "final_ckpt.pt", state)
-    if args.keep_checkpoints is not None:
-        numbered = numbered_checkpoints(setup.run_dir)
+             "source_sha256": SOURCE_SHA256, "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:]}
+    return [(setup.run_dir, state)]
+
+
+# Copied from ppo.py with PPOOptimizer->torch.optim.Optimizer
+def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: torch.optim.Optimizer,
+                     reward_normalizer: Optional[RewardNormalizer], global_step: int, iteration: int,
+                     final: bool = False) -> Optional[Path]:
+    """Every rank calls it; rank 0 writes ckpt_{iteration}.pt (and, final, final_ckpt.pt) in each run directory
+    checkpoint_states() names, then keeps the newest --keep_checkpoints of each."""
+    states = checkpoint_states(args, setup, envs, agent, optimizer, reward_normalizer, global_step, iteration)
+    for run_dir, state in states:
+        save_checkpoint(run_dir / f"ckpt_{iteration}.pt", state)
+        if final:
+            save_checkpoint(run_dir / "final_ckpt.pt", state)
+    for run_dir, _ in states if args.keep_checkpoints is not None else []:
+        numbered = numbered_checkpoints(run_dir)  # pruned once all are written: each keeps what the others keep
         for old in sorted(numbered)[:-args.keep_checkpoints]:
             numbered[old].unlink()
-    return path
+    return setup.run_dir / f"ckpt_{iteration}.pt" if states else None
 
 
 # Copied from ppo.py
@@ -1879,6 +1901,7 @@ def find_resume_checkpoint(path: str) -> Path:
     return numbered[max(numbered)]
 
 
+# Copied from ppo.py
 TORCH_LOAD_ADVICE = ("Weights only load failed", "Please file an issue", "Check the documentation of torch.load")
 
 

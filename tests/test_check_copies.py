@@ -20,7 +20,8 @@ def check(root, *flags) -> subprocess.CompletedProcess:
 
 
 def checkout(tmp_path):
-    for file in ("ppo.py", *SIBLINGS):
+    for file in ("ppo.py", *SIBLINGS, "ppo_eval.py", "scripts/intended_differences.txt"):
+        (tmp_path / file).parent.mkdir(exist_ok=True)
         shutil.copy(REPO / file, tmp_path / file)
     return tmp_path
 
@@ -85,7 +86,7 @@ def test_renamed_copies_and_replacements(tmp_path):
             return 2 * x  # ppo
 
 
-        # Copied from ppo.py with x->y, + 1->+ 2
+        # Copied from ppo.py with x->y, 1->2
         @staticmethod
         def shift(y):
             return y + 2
@@ -102,9 +103,194 @@ def test_renamed_copies_and_replacements(tmp_path):
     assert check(tmp_path, "--fix").returncode == 0 and (tmp_path / "ippo.py").read_text() == copy
     (tmp_path / "ippo.py").write_text(copy.replace("# Copied from ppo.py: scale", "# Copied from ppo.py: nothing"))
     refused = check(tmp_path)
-    assert refused.returncode == 2 and refused.stderr.startswith("error: ippo.py:2 double: ppo.py has no top-level")
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("error: ippo.py:2 double: ppo.py has no definition nothing")
     # a mark that stands above no definition would leave its copy unchecked
     marked = "# Copied from ppo.py: scale\n"
     (tmp_path / "ippo.py").write_text(copy.replace(marked, marked + "# a comment between the mark and its copy\n"))
     stray = check(tmp_path)
     assert stray.returncode == 2 and stray.stderr.startswith("error: ippo.py:1: a 'Copied from' line must stand")
+
+
+SOURCE = '''\
+import math
+
+# A comment that says what was copied from where is no mark.
+LOG_TWO = math.log(2)
+HALF = 0.5
+
+
+class Agent:
+    def normalize(self, x):
+        return x * HALF
+        # a closing comment belongs to the method
+
+    def act(self, x):
+        return x
+
+
+def bootstrap(x):
+    return x + LOG_TWO
+    # a closing comment belongs to the function
+
+
+def schedule(step, total):
+    """The fraction of the learning rate left at `step` of `total`."""
+    if total <= 0:
+        return 1.0
+    left = 1.0 - step / total
+    if left < 0:
+        return 0.0
+    if left > 1:
+        return 1.0
+    return left
+'''
+
+
+def tiny(tmp_path, files: dict[str, str]):
+    """A checkout of small files: ppo.py the source above unless given."""
+    for name, text in {"ppo.py": SOURCE, **files}.items():
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    return tmp_path
+
+
+def drift_is_caught_and_fixed(root, file, drifted, where):
+    """`drifted` in `file` is named at `where`; --fix restores the file as it was before the drift."""
+    path = root / file
+    good = path.read_text()
+    path.write_text(drifted(good))
+    result = check(root)
+    assert result.returncode == 1 and f"{where} differs from its source" in result.stdout, result.stdout + result.stderr
+    assert check(root, "--fix").returncode == 0 and path.read_text() == good
+    assert check(root).returncode == 0
+
+
+def test_a_definition_ends_by_indentation_its_closing_comments_included(tmp_path):
+    copy = '''\
+    # Copied from ppo.py
+    def bootstrap(x):
+        return x + LOG_TWO
+        # a closing comment belongs to the function
+    '''
+    root = tiny(tmp_path, {"ippo.py": copy})
+    drift_is_caught_and_fixed(root, "ippo.py", lambda text: text.replace("closing", "final"), "ippo.py:2 bootstrap")
+    drift_is_caught_and_fixed(root, "ippo.py", lambda text: text + "    # one more\n", "ippo.py:2 bootstrap")
+    # a closing comment added to the source reaches the copy
+    closing = "    # a closing comment belongs to the function\n"
+    (root / "ppo.py").write_text(SOURCE.replace(closing, closing + "    # added in the source\n"))
+    assert check(root).returncode == 1
+    assert check(root, "--fix").returncode == 0
+    assert (root / "ippo.py").read_text().endswith("# added in the source\n")
+
+
+def test_a_method_is_copied_by_class_and_name_at_any_depth(tmp_path):
+    copy = '''\
+    class Agent:
+        # Copied from ppo.py
+        def normalize(self, x):
+            return x * HALF
+            # a closing comment belongs to the method
+
+        # Copied from ppo.py: Agent.act
+        def forward(self, x):
+            return x
+
+
+    class Other:
+        # Copied from ppo.py: bootstrap
+        def bootstrap(x):
+            return x + LOG_TWO
+            # a closing comment belongs to the function
+    '''
+    root = tiny(tmp_path, {"ippo.py": copy})
+    assert "ippo.py: 3 marked copies, 0 differing" in check(root).stdout
+    drift_is_caught_and_fixed(root, "ippo.py", lambda text: text.replace("x * HALF", "x / 2"),
+                              "ippo.py:3 Agent.normalize")
+    drift_is_caught_and_fixed(root, "ippo.py", lambda text: text.replace("return x\n", "return -x\n"),
+                              "ippo.py:8 Agent.forward")
+    drift_is_caught_and_fixed(root, "ippo.py", lambda text: text.replace("+ LOG_TWO", "- LOG_TWO"),
+                              "ippo.py:14 Other.bootstrap")
+
+
+@pytest.mark.parametrize("mark, refusal", [
+    ("#Copied from ppo.py", None),
+    ("#   Copied from ppo.py", None),
+    ("# Copied from ppo", "names no .py file: write '# Copied from ppo.py'"),
+    ("# copied from ppo.py", "is not a mark this script reads"),
+    ("# Copied from ppo.py with LOG_TWO->LOG_2 all-casing", "is not a replacement A->B"),
+    ("# Copied from ppo.py with LOG_THREE->LOG_3", "the replacement LOG_THREE->LOG_3 changes nothing"),
+    ("# Copied from ppo.py: Agent.missing", "ppo.py has no definition Agent.missing"),
+])
+def test_every_variant_of_a_mark_is_read_or_refused_in_one_line(tmp_path, mark, refusal):
+    copy = f"{mark}\ndef bootstrap(x):\n    return x + LOG_TWO\n    # a closing comment belongs to the function\n"
+    root = tiny(tmp_path, {"ippo.py": copy})
+    result = check(root)
+    if refusal is None:
+        assert "ippo.py: 1 marked copies, 0 differing" in result.stdout
+        drift_is_caught_and_fixed(root, "ippo.py", lambda text: text.replace("x +", "x -"), "ippo.py:2 bootstrap")
+    else:
+        assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+        assert result.stderr.startswith("error: ippo.py:") and refusal in result.stderr, result.stderr
+
+
+def test_fix_never_writes_a_file_that_does_not_parse(tmp_path):
+    copy = "# Copied from ppo.py with +->+(\ndef bootstrap(x):\n    return x - LOG_TWO\n"
+    root = tiny(tmp_path, {"ippo.py": copy})
+    fixed = check(root, "--fix")
+    assert fixed.returncode == 2 and "would not parse" in fixed.stderr and (root / "ippo.py").read_text() == copy
+
+
+def test_copies_of_copies_settle_in_any_file_order_and_cycles_are_refused(tmp_path):
+    # a.py copies from zz.py, which copies from ppo.py: a.py's source comes after it
+    copy = ("# Copied from {}\ndef bootstrap(x):\n    return x + LOG_TWO\n"
+            "    # a closing comment belongs to the function\n")
+    root = tiny(tmp_path, {"a.py": copy.format("zz.py"), "zz.py": copy.format("ppo.py")})
+    assert check(root).returncode == 0
+    (root / "ppo.py").write_text(SOURCE.replace("x + LOG_TWO", "x + 2 * LOG_TWO"))
+    result = check(root)
+    assert "a.py:2 bootstrap differs" in result.stdout and "zz.py:2 bootstrap differs" in result.stdout
+    assert check(root, "--fix").returncode == 0 and check(root).returncode == 0
+    assert "2 * LOG_TWO" in (root / "a.py").read_text()
+    (root / "zz.py").write_text(copy.format("a.py"))  # a.py <-> zz.py, drifting alike
+    cycle = check(root)
+    assert cycle.returncode == 2 and "a cycle of copies" in cycle.stderr
+
+
+def test_every_python_file_at_the_root_is_checked(tmp_path):
+    copy = ("# Copied from ppo.py\ndef bootstrap(x):\n    return x + LOG_TWO\n"
+            "    # a closing comment belongs to the function\n")
+    root = tiny(tmp_path, {"ppo_new_trainer.py": copy})
+    drift_is_caught_and_fixed(root, "ppo_new_trainer.py", lambda text: text.replace("+", "-"),
+                              "ppo_new_trainer.py:2 bootstrap")
+
+
+def test_module_constants_are_copied_as_a_block_of_assignments(tmp_path):
+    copy = "import math\n\n# Copied from ppo.py\nLOG_TWO = math.log(2)\nHALF = 0.5\n\nOWN = 1\n"
+    root = tiny(tmp_path, {"ippo.py": copy})
+    assert "ippo.py: 1 marked copies, 0 differing" in check(root).stdout
+    drift_is_caught_and_fixed(root, "ippo.py", lambda text: text.replace("HALF = 0.5", "HALF = 0.25"),
+                              "ippo.py:4 LOG_TWO")
+
+
+def test_a_new_unmarked_near_twin_fails_until_marked_or_listed(tmp_path):
+    twin = "def " + SOURCE.split("def ")[-1].replace("return 0.0", "return 0.0  # none left")
+    root = tiny(tmp_path, {"ippo.py": twin})
+    result = check(root)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "ippo.py schedule is 0.90 like ppo.py's and unmarked" in result.stdout
+    assert "intended_differences.txt" in result.stdout
+    (root / "scripts").mkdir()
+    listed = root / "scripts/intended_differences.txt"
+    listed.write_text("# file name: why\nippo.py schedule: its comment says more\n")
+    assert check(root).returncode == 0
+    assert "ippo.py schedule: 0.90 like ppo.py schedule: listed (its comment says more)" in \
+        check(root, "--report").stdout
+    (root / "ippo.py").write_text("def own(x):\n    return x\n")
+    stale = check(root)
+    assert stale.returncode == 1 and "lists ippo.py schedule, which is no longer" in stale.stdout
+
+
+def test_the_trainers_unmarked_near_twins_are_all_listed():
+    report = check(REPO, "--report")
+    assert report.returncode == 0, report.stdout + report.stderr
+    assert "UNLISTED" not in report.stdout

@@ -17,8 +17,8 @@ from tests.util import (REPO, fast_args, load, refused_in_one_line, run_python, 
                         script_env, start_python, start_script, wait_for)
 
 TRAINERS = ["ppo", "ppo_rnn", "ippo"]
-# Checkpoint retention, kills and torn writes: ppo.py's write_checkpoint, open_run and save_checkpoint, and ippo.py's
-# own write_checkpoint and open_run; ppo_rnn.py's and ppo_rgb.py's are checked copies of ppo.py's.
+# Checkpoint retention, kills and torn writes: ppo.py's write_checkpoint, open_run and save_checkpoint, marked copies
+# in ppo_rnn.py and ppo_rgb.py (scripts/check_copies.py), and ippo.py's own open_run and checkpoint_states.
 CHECKPOINT_WRITERS = ["ppo", "ippo"]
 # Envs whose resets ignore the random stream, with 16-step episodes: 16-step rollouts end on episode boundaries, so
 # resumes can be exact (see test_ppo.py and test_ippo.py). Small recurrent cores.
