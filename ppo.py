@@ -507,7 +507,7 @@ def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch
 
 def ppo_loss(agent: Agent, args: Args, obs, actions, old_logprobs, advantages, returns, old_values):
     """The clipped surrogate, value and entropy terms of one minibatch of rows, each reduced over its rows (the last
-    dimension: under --num_seeds one value per seed); its log-ratios and ratios, detached."""
+    dimension; a stack of networks keeps one value per network); its log-ratios and ratios, detached."""
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
     logratio = newlogprob - old_logprobs
     ratio = logratio.exp()
@@ -646,8 +646,8 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
           resume_state: Optional[dict], init_state: Optional[dict]) -> int:
     """Rank 0 alone logs, evaluates (eval_envs is None on the others) and writes checkpoints."""
     device, rank, num_ranks, num_iterations = setup.device, setup.rank, world_size(), setup.num_iterations
-    if args.num_seeds > 1 and resume_state is not None:
-        resume_state = with_seeds(resume_state, setup.run_dir)  # the seeds' parts are in their own checkpoints
+    if args.num_seeds > 1:  # each seed's part of what the run continues, or of the weights it starts from
+        resume_state, init_state = with_seeds(resume_state, setup.run_dir), for_every_seed(init_state, args.num_seeds)
     agent = make_agents(args, envs, device, resume_state)  # --num_seeds: each seed's network, stacked
     optimizer = make_optimizer(agent, args)
     reward_normalizer = (stack_seeds([RewardNormalizer(args.num_envs, args.gamma) for _ in range(args.num_seeds)])
@@ -1447,8 +1447,7 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     if args.anneal_lr and args.lr_schedule not in ("constant", "linear"):
         raise UserError(f"--anneal_lr means --lr_schedule=linear and conflicts with --lr_schedule={args.lr_schedule}")
     if args.num_seeds > 1:
-        for given, flag in ((num_ranks > 1, "torchrun"), (args.compile, "--compile"),
-                            (args.checkpoint is not None, "--checkpoint"), (args.track, "--track")):
+        for given, flag in ((num_ranks > 1, "torchrun"), (args.compile, "--compile"), (args.track, "--track")):
             if given:
                 raise UserError(f"--num_seeds does not work with {flag} yet; start a run of each seed instead "
                                 "(scripts/sweep.sh)")
@@ -1476,6 +1475,9 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     seeds_per_run = (num_iterations + 1) * num_ranks * (args.num_envs + args.num_eval_envs)
     if seeds_per_run >= 2**32:
         raise UserError(f"--total_timesteps={args.total_timesteps} would need more env seeds than numpy has (2**32)")
+    if args.num_seeds > 2**32 - seeds_per_run:
+        raise UserError(f"--num_seeds must be at most {2**32 - seeds_per_run} for this run's length (numpy's env "
+                        f"seeds end at 2**32), got {args.num_seeds}")
     if not 0 <= args.seed <= 2**32 - seeds_per_run - args.num_seeds:
         raise UserError(f"--seed must be in [0, {2**32 - seeds_per_run - args.num_seeds}] for this run's length and "
                         f"--num_seeds, got {args.seed}")
@@ -1882,6 +1884,10 @@ def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
         theirs = state["observation_space"].get("shape", state["observation_space"]["type"])  # ppo_rgb.py's Dict
         raise UserError(f"the checkpoint's spaces ({theirs}, {state['action_space']}) do not match {args.env_id}'s "
                         f"({observation_space['shape']}, {action_space})")
+    if not state["model"]:
+        name = state["run_name"]
+        raise UserError(f"run {name}'s checkpoint holds no weights: each of its {state['args']['num_seeds']} seeds "
+                        f"(--num_seeds) has its own, in {name}__seed<S>/ beside it; start from one of those")
     defaults = {field.name: field.default for field in dataclasses.fields(Args)}
     for name in NETWORK_FIELDS:
         trained = state["args"].get(name, defaults[name])  # checkpoints older than the flag used its default
@@ -1909,7 +1915,7 @@ def load_agent_state(agent: nn.Module, state: dict):
                         f"evaluate or continue it with the file that wrote it") from e
 
 
-def open_run(args: Args, setup: Setup, resume_state: Optional[dict]) -> SummaryWriter:
+def open_run(args: Args, setup: Setup, resume_state: Optional[dict], announce: bool = True) -> SummaryWriter:
     """Rank 0's start of the run's logs; on --resume, what came after the checkpoint is set aside first."""
     if args.track:
         import wandb
@@ -1934,7 +1940,9 @@ def open_run(args: Args, setup: Setup, resume_state: Optional[dict]) -> SummaryW
         derived["checkpoint_written_by"] = f"{setup.checkpoint_trainer}.py"
     table = {**dataclasses.asdict(args), **derived}
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in table.items()))
-    print(f"run {setup.run_name}: {setup.run_dir}  " + "  ".join(f"{k}={v}" for k, v in derived.items()), flush=True)
+    if announce:
+        print(f"run {setup.run_name}: {setup.run_dir}  " + "  ".join(f"{k}={v}" for k, v in derived.items()),
+              flush=True)
     return writer
 
 
@@ -1958,8 +1966,11 @@ class RunLog:
             threading.excepthook = (lambda hook: None if issubclass(hook.exc_type, OSError)
                                     else self.thread_excepthook(hook))
             self.run_writer = open_run(args, setup, resume_state)
-            for run in seed_runs_of_run:
-                self.writers.append(open_run(*run, resume_state))
+            for run in seed_runs_of_run:  # each seed's run as a run alone has it, announced in one line for all
+                self.writers.append(open_run(*run, resume_state, announce=False))
+            if seed_runs_of_run:
+                first, last = seed_runs_of_run[0][1].run_dir, seed_runs_of_run[-1][1].run_dir
+                print(f"its {args.num_seeds} seeds' runs: {first} to {last}", flush=True)
             self.writers = self.writers or [self.run_writer]
         except BaseException:
             self.close()
@@ -2079,9 +2090,11 @@ def seed_checkpoint(state: dict, i: int, seed_args: Args, seed_dir: Path) -> dic
             "rng": rng, "seed_rngs": []}
 
 
-def with_seeds(state: dict, run_dir: Path) -> dict:
+def with_seeds(state: Optional[dict], run_dir: Path) -> Optional[dict]:
     """A --num_seeds run's checkpoint whole: its seeds' parts read back from their checkpoints of its iteration, each
     in its run directory, and stacked as the run holds them (the inverse of seed_checkpoint())."""
+    if state is None:
+        return None
     args = Args(**{f.name: state["args"][f.name] for f in dataclasses.fields(Args) if f.name in state["args"]})
     name, seeds = f"ckpt_{state['iteration']}.pt", []
     for _, seed_dir in seed_dirs(args, run_dir):
@@ -2100,6 +2113,16 @@ def with_seeds(state: dict, run_dir: Path) -> dict:
             "reward_normalizer": (None if seeds[0]["reward_normalizer"] is None
                                   else stack_states([seed["reward_normalizer"] for seed in seeds])),
             "seed_rngs": [seed["rng"][stream] for seed in seeds]}
+
+
+def for_every_seed(state: Optional[dict], num_seeds: int) -> Optional[dict]:
+    """--checkpoint under --num_seeds: every seed starts from its weights and statistics, as a run of that seed alone
+    with --checkpoint does (a checkpoint without weights is refused by load_weights)."""
+    if state is None or not state["model"]:
+        return state
+    normalizer = state.get("reward_normalizer")
+    return {**state, "model": stack_states([state["model"]] * num_seeds),
+            "reward_normalizer": None if normalizer is None else stack_states([normalizer] * num_seeds)}
 
 
 def kept_source(run_dir: Path, trainer: str, sha256: str) -> Path:
@@ -2145,7 +2168,23 @@ def print_how_to_resume(signum: int, checkpoint: Optional[Path], iteration: int,
           file=sys.stderr)
 
 
+# The flags that some of the trainers have, and which: a trainer given another's says so (tests/test_copy.py keeps this
+# equal to the trainers' Args).
+FLAGS_OF_SOME_TRAINERS = {
+    "num_seeds": "ppo.py", "critic_obs": "ppo.py, ppo_rnn.py and ppo_rgb.py", "hidden_sizes": "ppo.py, ppo_rgb.py and "
+    "ippo.py", "rnn_type": "ppo_rnn.py", "rnn_hidden_size": "ppo_rnn.py", "rnn_num_layers": "ppo_rnn.py",
+    "seq_len": "ppo_rnn.py", "shared_rnn": "ppo_rnn.py", "obs_mode": "ppo_rgb.py", "include_state": "ppo_rgb.py",
+    "aug_shift": "ppo_rgb.py", "clip_reward": "ppo_rgb.py", "agent_obs": "ippo.py", "centralized_critic": "ippo.py",
+    "env_kwargs": "ippo.py", "share_parameters": "ippo.py"}
+
+
 def parse_args(argv: list[str]) -> Args:
+    fields = {field.name for field in dataclasses.fields(Args)}
+    for flag in argv:
+        name = flag[2:].partition("=")[0].replace("-", "_") if flag.startswith("--") else ""
+        name = name if name in FLAGS_OF_SOME_TRAINERS else name.removeprefix("no_")
+        if name in FLAGS_OF_SOME_TRAINERS and name not in fields:
+            raise UserError(f"--{name} is a flag of {FLAGS_OF_SOME_TRAINERS[name]}, not of {TRAINER}.py")
     args = tyro.cli(Args, args=argv, use_underscores=True, description=__doc__)
     if args.resume is None:
         return args

@@ -1647,6 +1647,10 @@ def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
         theirs = state["observation_space"].get("shape", state["observation_space"]["type"])  # ppo_rgb.py's Dict
         raise UserError(f"the checkpoint's spaces ({theirs}, {state['action_space']}) do not match {args.env_id}'s "
                         f"({observation_space['shape']}, {action_space})")
+    if not state["model"]:
+        name = state["run_name"]
+        raise UserError(f"run {name}'s checkpoint holds no weights: each of its {state['args']['num_seeds']} seeds "
+                        f"(--num_seeds) has its own, in {name}__seed<S>/ beside it; start from one of those")
     defaults = {field.name: field.default for field in dataclasses.fields(Args)}
     for name in NETWORK_FIELDS:
         trained = state["args"].get(name, defaults[name])  # checkpoints older than the flag used its default
@@ -1676,7 +1680,7 @@ def load_agent_state(agent: nn.Module, state: dict):
 
 
 # Copied from ppo.py
-def open_run(args: Args, setup: Setup, resume_state: Optional[dict]) -> SummaryWriter:
+def open_run(args: Args, setup: Setup, resume_state: Optional[dict], announce: bool = True) -> SummaryWriter:
     """Rank 0's start of the run's logs; on --resume, what came after the checkpoint is set aside first."""
     if args.track:
         import wandb
@@ -1701,7 +1705,9 @@ def open_run(args: Args, setup: Setup, resume_state: Optional[dict]) -> SummaryW
         derived["checkpoint_written_by"] = f"{setup.checkpoint_trainer}.py"
     table = {**dataclasses.asdict(args), **derived}
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in table.items()))
-    print(f"run {setup.run_name}: {setup.run_dir}  " + "  ".join(f"{k}={v}" for k, v in derived.items()), flush=True)
+    if announce:
+        print(f"run {setup.run_name}: {setup.run_dir}  " + "  ".join(f"{k}={v}" for k, v in derived.items()),
+              flush=True)
     return writer
 
 
@@ -1776,7 +1782,22 @@ def print_how_to_resume(signum: int, checkpoint: Optional[Path], iteration: int,
 
 
 # Copied from ppo.py
+FLAGS_OF_SOME_TRAINERS = {
+    "num_seeds": "ppo.py", "critic_obs": "ppo.py, ppo_rnn.py and ppo_rgb.py", "hidden_sizes": "ppo.py, ppo_rgb.py and "
+    "ippo.py", "rnn_type": "ppo_rnn.py", "rnn_hidden_size": "ppo_rnn.py", "rnn_num_layers": "ppo_rnn.py",
+    "seq_len": "ppo_rnn.py", "shared_rnn": "ppo_rnn.py", "obs_mode": "ppo_rgb.py", "include_state": "ppo_rgb.py",
+    "aug_shift": "ppo_rgb.py", "clip_reward": "ppo_rgb.py", "agent_obs": "ippo.py", "centralized_critic": "ippo.py",
+    "env_kwargs": "ippo.py", "share_parameters": "ippo.py"}
+
+
+# Copied from ppo.py
 def parse_args(argv: list[str]) -> Args:
+    fields = {field.name for field in dataclasses.fields(Args)}
+    for flag in argv:
+        name = flag[2:].partition("=")[0].replace("-", "_") if flag.startswith("--") else ""
+        name = name if name in FLAGS_OF_SOME_TRAINERS else name.removeprefix("no_")
+        if name in FLAGS_OF_SOME_TRAINERS and name not in fields:
+            raise UserError(f"--{name} is a flag of {FLAGS_OF_SOME_TRAINERS[name]}, not of {TRAINER}.py")
     args = tyro.cli(Args, args=argv, use_underscores=True, description=__doc__)
     if args.resume is None:
         return args

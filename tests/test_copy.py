@@ -1,6 +1,7 @@
 """A copy of a trainer with a changed network (cp ppo.py my_ppo.py) is a trainer of its own: its runs carry its
 name, it resumes them exactly, the original refuses them, and ppo_eval.py evaluates them with the copy's code."""
 
+import dataclasses
 import hashlib
 import os
 from pathlib import Path
@@ -11,6 +12,7 @@ import torch
 import ippo
 import ppo
 import ppo_rgb
+import ppo_rnn
 from tests.test_reliability import ENV, FLAGS
 from tests.util import REPO, fast_args, load, refused_in_one_line, run_script, run_scripts, snapshot
 
@@ -229,3 +231,19 @@ def test_a_run_resumed_by_a_changed_file_keeps_both_and_says_so(tmp_path):
     second = hashlib.sha256(copy.read_bytes()).hexdigest()
     assert sorted(p.name for p in (tmp_path / "runs/r/source").iterdir()) == sorted([first[:12], second[:12]])
     assert load(tmp_path / "runs/r/ckpt_3.pt")["source_sha256"] == second
+
+
+def test_a_trainer_given_another_trainers_flag_names_whose_it_is(tmp_path, capfd):
+    """FLAGS_OF_SOME_TRAINERS (a checked copy in every trainer) says of each flag that not all trainers have which
+    ones have it; each trainer refuses the others' flags in one line, --no_ forms too, before tyro's box."""
+    modules = {"ppo.py": ppo, "ppo_rnn.py": ppo_rnn, "ppo_rgb.py": ppo_rgb, "ippo.py": ippo}
+    fields = {name: {field.name for field in dataclasses.fields(module.Args)} for name, module in modules.items()}
+    owners = {}
+    for name in sorted(set().union(*fields.values()) - set.intersection(*fields.values())):
+        have = [file for file in modules if name in fields[file]]
+        owners[name] = have[0] if len(have) == 1 else f"{', '.join(have[:-1])} and {have[-1]}"
+    assert ppo.FLAGS_OF_SOME_TRAINERS == owners
+    refusal = refused_in_one_line(ppo_rnn, ["--num_seeds", "3"], tmp_path, capfd, whole_process=False)
+    assert refusal == "error: --num_seeds is a flag of ppo.py, not of ppo_rnn.py"
+    refusal = refused_in_one_line(ippo, ["--no_critic_obs"], tmp_path, capfd, whole_process=False)
+    assert refusal == "error: --critic_obs is a flag of ppo.py, ppo_rnn.py and ppo_rgb.py, not of ippo.py"

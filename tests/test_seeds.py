@@ -165,6 +165,14 @@ def test_a_seeds_run_directory_has_one_writer(tmp_path):
 def test_a_seeds_run_evaluates_and_summarizes_as_a_run_alone(tmp_path):
     trained = run_script("ppo.py", fast_args("tests.envs:PointMass-v0", "batch", num_seeds=2), tmp_path)
     assert trained.returncode == 0, trained.stderr
+    # one line for the run, one for its seeds' runs
+    announced = [line for line in trained.stdout.splitlines() if line.startswith(("run ", "its "))]
+    assert len(announced) == 2 and announced[0].startswith("run batch: runs/batch "), trained.stdout
+    assert announced[1] == "its 2 seeds' runs: runs/batch/batch__seed1 to runs/batch/batch__seed2"
+    weightless = run_script("ppo.py", fast_args("tests.envs:PointMass-v0", "again",
+                                                checkpoint="runs/batch/final_ckpt.pt"), tmp_path)
+    assert weightless.returncode == 2 and weightless.stderr.count("\n") == 1, weightless.stderr
+    assert "run batch's checkpoint holds no weights: each of its 2 seeds (--num_seeds) has its own" in weightless.stderr
     evaluated = run_script("ppo_eval.py", ["runs/batch/batch__seed2/final_ckpt.pt", "--num_episodes", "2"], tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr
     assert "return" in evaluated.stdout
@@ -192,11 +200,34 @@ def test_seeds_on_maniskill_cpu_workers(tmp_path):
 
 
 @pytest.mark.parametrize("flag, given", [("torchrun", dict()), ("--compile", dict(compile=True)),
-                                         ("--checkpoint", dict(checkpoint="x.pt")), ("--track", dict(track=True))])
+                                         ("--track", dict(track=True))])
 def test_num_seeds_refuses_what_it_does_not_do_yet(flag, given):
     args = ppo.Args(env_id="CartPole-v1", num_seeds=2, num_envs=2, num_steps=16, num_minibatches=2, **given)
     with pytest.raises(ppo.UserError, match=f"--num_seeds does not work with {flag} yet"):
         ppo.validate(args, maniskill=False, time_limit=500, num_ranks=2 if flag == "torchrun" else 1)
+
+
+def test_num_seeds_beyond_numpys_seeds_is_refused_by_name():
+    args = ppo.Args(env_id="CartPole-v1", num_seeds=2**32, num_envs=2, num_steps=16, num_minibatches=2)
+    with pytest.raises(ppo.UserError, match=r"^--num_seeds must be at most \d+ for this run's length"):
+        ppo.validate(args, maniskill=False, time_limit=500)
+
+
+def test_seeds_start_from_a_checkpoint_as_each_seed_alone_does(tmp_path):
+    """--checkpoint under --num_seeds: every seed starts from its weights and statistics, as a run alone with it."""
+    flags = dict(norm_obs=True, norm_reward=True)
+    start = run_script("ppo.py", fast_args("Pendulum-v1", "start", **flags), tmp_path)
+    assert start.returncode == 0, start.stderr
+    checkpoint = dict(checkpoint="runs/start/final_ckpt.pt", **flags)
+    results = run_scripts([("ppo.py", fast_args("Pendulum-v1", "batch", seed=5, num_seeds=2, **checkpoint)),
+                           ("ppo.py", fast_args("Pendulum-v1", "alone", seed=6, **checkpoint))], tmp_path)
+    assert all(result.returncode == 0 for result in results), [result.stderr[-2000:] for result in results]
+    in_batch = load(tmp_path / "runs/batch/batch__seed6/final_ckpt.pt")
+    alone = load(tmp_path / "runs/alone/final_ckpt.pt")
+    for key in alone["model"]:
+        torch.testing.assert_close(in_batch["model"][key], alone["model"][key], rtol=1e-4, atol=1e-5, msg=key)
+    for key, value in alone["reward_normalizer"].items():
+        torch.testing.assert_close(in_batch["reward_normalizer"][key], value, rtol=1e-4, atol=0, msg=key)
 
 
 def test_each_seed_draws_from_its_own_generator_inside_per_seed_draws():
