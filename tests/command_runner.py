@@ -7,10 +7,12 @@ brings cannot be imported, except those a command names with "pip install X" bes
 Each command is {"program", "argv", "mode", "extras"}; mode "run" runs it (a trainer's run cut to one batch and a
 short evaluation); "smoke" runs a trainer's command on a Gymnasium env that way and validates the others: parses
 their flags and checks them as the trainer does before it starts (GPU commands as on a machine with CUDA);
-"parse" parses a script's flags, "parse_trainer" a trainer's, "parse_eval" ppo_eval.py's. results.json holds, per
-command, "ok" or the error."""
+"parse" parses a script's flags, "parse_trainer" a trainer's, "parse_eval" ppo_eval.py's; "snippet" checks a Python
+block of the docs (argv: its code and a run it may read). results.json holds, per command, "ok" or the error."""
 
 import argparse
+import ast
+import builtins
 import contextlib
 import importlib
 import importlib.metadata
@@ -119,10 +121,48 @@ def parse_script(program: str, argv: list[str]):
     raise AssertionError("the script did not parse its flags")
 
 
+def free_names(tree: ast.Module) -> set[str]:
+    """The names a block reads at its top level and does not bind; a function's body is a sketch, not run."""
+    loaded, bound, todo = set(), set(), list(ast.iter_child_nodes(tree))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        if isinstance(node, ast.Name):
+            (loaded if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        todo += ast.iter_child_nodes(node)
+    return loaded - bound - set(dir(builtins))
+
+
+def run_snippet(code: str, run: str):
+    """A Python block of the docs compiles; each name it reads and does not bind is a module or given by its comments
+    ("# NAME: VALUE"); what it imports exists, and so do the modules' attributes it reads; a block that reads a run
+    (runs/RUN) runs on `run`."""
+    tree = ast.parse(code)
+    given = {name: ast.literal_eval(value) for name, value in re.findall(r"#\s*(\w+): ([^,\s]+)", code)}
+    modules = {name: importlib.import_module(name) for name in sorted(free_names(tree) - given.keys())}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules.update({alias.asname or alias.name: importlib.import_module(alias.name) for alias in node.names})
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                getattr(importlib.import_module(node.module), alias.name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+            getattr(modules[node.value.id], node.attr)
+    if "runs/RUN" in code:
+        exec(compile(code.replace("runs/RUN", run), "<docs>", "exec"), {**modules, **given})
+
+
 def run_one(command: dict):
     program, argv, mode = command["program"], command["argv"], command["mode"]
     if mode == "parse":
         return parse_script(program, argv)
+    if mode == "snippet":
+        return run_snippet(*argv)
     module = trainer(program)
     if command["extras"]:  # a trainer imports its optional packages at its start, which their blocking may have failed
         module = importlib.reload(module)
@@ -133,7 +173,7 @@ def run_one(command: dict):
         if mode == "parse_trainer":  # a command for the reader's own task module, or torchrun's --resume
             return
         maniskill, time_limit = module.find_env(args.env_id)
-        if mode == "smoke" and (command["num_ranks"] > 1 or command["abbreviated"] or maniskill):
+        if mode == "smoke" and (command["num_ranks"] > 1 or command["validate_only"] or maniskill):
             # what the trainer checks before it starts, as on a machine with CUDA
             with mock.patch("torch.cuda.is_available", return_value=True):
                 return module.validate(args, maniskill, time_limit, command["num_ranks"], command["num_ranks"])

@@ -1,7 +1,13 @@
 """Every command the project prints runs: the shell commands of README.md, docs/*.md, benchmarks/README.md and the
 docstrings and headers of the trainers, ppo_eval.py, pomdp.py, scripts/ and benchmarks/, collected from the files
 (a new example is covered the day it is written) and run as after the README's set-up alone (tests/command_runner.py
-hides what only requirements-dev.txt installs, unless the command says "pip install X").
+hides what only requirements-dev.txt installs, unless the command says "pip install X"). A command's environment
+variables and `timeout` in front of it are dropped. A shell block of the docs is checked whole by bash -n, and its
+lines of other shell forms (a for loop, a Slurm script) run in bash with the trainers' launchers stubbed, each
+python or torchrun command they launch collected as its line's. A Python block of the docs compiles, the names it
+does not define are modules or given in its comments ("# critic_dim: 0"), and one that reads a run (runs/RUN) runs
+on a fixture run. The commands that benchmarks/results/ records (their "command:" lines, indented and inline ones)
+are the long runs the results came from: their flags are validated, not run.
 
 A trainer's command on a Gymnasium env runs cut to one batch and a short evaluation with the command's own flags
 (videos included); ManiSkill's commands (each starts worker processes or a GPU simulation), torchrun's and those
@@ -15,18 +21,38 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.util import REPO, script_env
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "benchmarks/README.md"]
+RESULTS = sorted((REPO / "benchmarks/results").rglob("*.md"))
 PYTHON_FILES = [*(REPO / name for name in ("ppo.py", "ppo_rnn.py", "ppo_rgb.py", "ippo.py", "ppo_eval.py", "pomdp.py")),
                 *sorted((REPO / "scripts").glob("*.py")), *sorted((REPO / "benchmarks").glob("*.py"))]
 SHELL_FILES = [*sorted((REPO / "scripts").glob("*.sh")), *sorted((REPO / "benchmarks").glob("*.sh"))]
 TRAINERS = ("ppo.py", "ppo_rnn.py", "ppo_rgb.py", "ippo.py", "my_idea.py")
 COMMAND_START = re.compile(r"^(\$ )?(python|\.venv/bin/python|torchrun|bash|scripts/|benchmarks/|cp |tensorboard|"
                            r"\.venv/bin/tensorboard)\b")
+# what may stand before a command: environment variables, and timeout with its options and duration
+PREFIX = re.compile(r"^(?:[A-Za-z_]\w*=(?:\"[^\"]*\"|\S*)\s+)*"
+                    r"(?:timeout\s+(?:(?:-[sk]\s+\S+|--?[\w-]+(?:=\S+)?)\s+)*\S+\s+)?")
+SHELL_BLOCKS = ("bash", "sh", "shell")
+# the trainers' launchers, stubbed where a shell block's loops and scripts run: each records its command and the line
+# of the block it came from (the bottom of bash's call stack)
+TRACE_STUBS = """record() { { printf '%s' "${BASH_LINENO[-2]}"; printf '\\x1f%s' "$@"; printf '\\x1e'; } >> "$TRACE"; }
+python() { record python "$@"; }
+torchrun() { record torchrun "$@"; }
+srun() { "$@"; }
+scontrol() { echo node0; }
+timeout() { while [[ $1 == -* ]]; do [[ $1 == -[sk] ]] && shift; shift; done; shift; "$@"; }
+"""
+SLURM_ENV = {"SLURM_NNODES": "2", "SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "node0"}  # what Slurm gives a job
+# a command that benchmarks/results/ records: a program of the repository with its arguments, run by python, bash or
+# torchrun or alone (a program's name alone is prose)
+RESULT_COMMAND = re.compile(r"^(?:(?:python|bash) )?[\w./-]+\.(?:py|sh) \S|^torchrun .*\.py\b")
 # Modules that a doc names as the reader's own: a command that imports one is checked for its flags only.
 OWN_MODULES = ("my_tasks", "my_package", "my_module")
 # The smoke run that the placeholders of run directories and checkpoints stand for, per trainer.
@@ -45,6 +71,8 @@ class Command:
     text: str
     comment: str = ""  # its own trailing comment and the comment lines above it in its block
     tokens: list[str] = field(default_factory=list)
+    recorded: bool = False  # a command that benchmarks/results/ records: validated, not run
+    prefix: str = ""  # the environment variables and timeout before it, dropped
 
 
 def logical_lines(lines: list[str]):
@@ -59,18 +87,103 @@ def logical_lines(lines: list[str]):
         yield number, first, line
 
 
+@dataclass
+class Block:
+    where: str  # file:line of its first line
+    language: str
+    lines: list[str]  # as written, from the line after the fence
+    first: int  # the file's line number of lines[0]
+
+
+def blocks(path: Path) -> list[Block]:
+    found, block = [], None
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip().startswith("```"):
+            if block is None:
+                block = Block(f"{path.relative_to(REPO)}:{number}", line.strip()[3:].strip(), [], number + 1)
+            else:
+                found.append(block)
+                block = None
+        elif block is not None:
+            block.lines.append(line)
+    return found
+
+
 def doc_commands(path: Path) -> list[Command]:
-    commands, in_block, comments = [], False, []
-    for number, _, line in logical_lines(path.read_text().splitlines()):
-        if line.startswith("```"):
-            in_block, comments = not in_block, []
-        elif in_block and line.startswith("#"):
-            comments.append(line)
-        elif in_block:
-            if COMMAND_START.match(line):
+    """The commands of the shell blocks, and those that the blocks' lines of other shell forms launch."""
+    commands = []
+    for block in blocks(path):
+        if block.language not in SHELL_BLOCKS:
+            continue
+        comments, other_forms = [], {}
+        for offset, _, line in logical_lines(block.lines):
+            number = block.first + offset - 1
+            if line.startswith("#"):
+                comments.append(line)
+            elif COMMAND_START.match(PREFIX.sub("", line)):
                 commands.append(command(f"{path.relative_to(REPO)}:{number}", line, comments))
-            if not line:
+            elif line:
+                other_forms[number] = line
+            else:
                 comments = []
+        if other_forms:
+            commands += traced(path, other_forms, " ".join(comments))
+    return commands
+
+
+def traced(path: Path, lines: dict[int, str], comment: str) -> list[Command]:
+    """The python and torchrun commands that lines of other shell forms (loops, conditions, variables, srun) launch,
+    found by running them in bash with the launchers stubbed, in an empty directory; the first of each line's."""
+    with tempfile.TemporaryDirectory() as directory:
+        script, trace = Path(directory) / "block.sh", Path(directory) / "trace"
+        body = [re.sub(r"(^|[\s;])\.venv/bin/python\b", r"\1python", line) for line in lines.values()]
+        script.write_text(TRACE_STUBS + "\n".join(body) + "\n")
+        ran = subprocess.run(["bash", str(script)], cwd=directory, capture_output=True, text=True,
+                             env={**script_env(), **SLURM_ENV, "TRACE": str(trace)})
+        assert ran.returncode == 0 and not ran.stderr, f"{path.relative_to(REPO)}: {list(lines.values())}\n{ran.stderr}"
+        records = trace.read_text().split("\x1e")[:-1] if trace.exists() else []
+    numbers, commands = list(lines), {}
+    for record in records:
+        line, *argv = record.split("\x1f")
+        number = numbers[int(line) - TRACE_STUBS.count("\n") - 1]
+        where, comments = f"{path.relative_to(REPO)}:{number}", [comment, lines[number].partition(" # ")[2]]
+        commands.setdefault(number, command(where, shlex.join(argv), comments))
+    return list(commands.values())
+
+
+@dataclass
+class Snippet:
+    where: str
+    text: str
+
+
+def python_blocks(path: Path) -> list[Snippet]:
+    return [Snippet(block.where, textwrap.dedent("\n".join(block.lines))) for block in blocks(path)
+            if block.language == "python"]
+
+
+def results_commands(path: Path) -> list[Command]:
+    """What a results file says ran: its "command:" lines (a placeholder seed as 1, a variant's flags and what follows
+    ", i.e." or "; " left out), its indented lines and its inline code that run a program of the repository."""
+    where = path.relative_to(REPO)
+    text, found = path.read_text(), []
+    for number, line in enumerate(text.splitlines(), 1):
+        match = re.search(r"(?:^|; )command: (.*)", line)
+        if match:
+            recorded = re.split(r", i\.e\.|; ", match.group(1))[0]
+            recorded = re.sub(r"\[variant flags?\]", "", re.sub(r"\bSEED\b|<seed>", "1", recorded))
+            found.append((number, recorded))
+    indented = [line[4:] if line.startswith("    ") else "" for line in text.splitlines()]
+    found += [(number, line) for number, _, line in logical_lines(indented) if line]
+    found += [(text.count("\n", 0, span.start()) + 1, " ".join(span.group(1).split()))
+              for span in re.finditer(r"`([^`]+)`", text)]
+    commands = []
+    for number, line in found:
+        prefix = PREFIX.match(line).group()
+        if RESULT_COMMAND.match(line[len(prefix):]):
+            program = line[len(prefix):].split()[0]
+            runner = "python " if program.endswith(".py") else "bash " if program.endswith(".sh") else ""
+            commands.append(command(f"{where}:{number}", prefix + runner + line[len(prefix):], [], recorded=True))
     return commands
 
 
@@ -90,16 +203,19 @@ def docstring_commands(path: Path) -> list[Command]:
             if first.startswith(" ") and COMMAND_START.match(line)]
 
 
-def command(where: str, line: str, comments: list[str]) -> Command:
+def command(where: str, line: str, comments: list[str], recorded: bool = False) -> Command:
     text, _, comment = re.sub(r"^\$ ", "", line).partition(" # ")  # a comment starts at " # "
     if text.lstrip().startswith("#"):
         text, comment = "", text
-    return Command(where, text.strip(), " ".join([*comments, comment]))
+    prefix = PREFIX.match(text).group()
+    return Command(where, text[len(prefix):].strip(), " ".join([*comments, comment]), recorded=recorded,
+                   prefix=prefix.strip())
 
 
 def collect() -> list[Command]:
     commands = [c for path in DOCS for c in doc_commands(path)]
     commands += [c for path in PYTHON_FILES + SHELL_FILES for c in docstring_commands(path)]
+    commands += [c for path in RESULTS for c in results_commands(path)]
     for c in commands:
         c.tokens = ["python" if t == ".venv/bin/python" else t for t in shlex.split(c.text) if t != "..."]
     return commands
@@ -134,6 +250,8 @@ def plan(c: Command, fixtures: dict[str, str]) -> dict | None:
     program, argv = tokens[1], tokens[2:]
     if program in TRAINERS:
         return trainer_plan(c, program, argv, fixtures)
+    if program == "ppo_eval.py" and c.recorded:
+        return dict(program=program, argv=argv, mode="parse_eval", extras=[DEV])
     if program == "ppo_eval.py":
         return eval_plan(c, argv, fixtures)
     # scripts/ and benchmarks/ are the developers' tools: they run after the --dev set-up
@@ -151,9 +269,11 @@ def trainer_plan(c: Command, program: str, argv: list[str], fixtures: dict[str, 
     for i, token in enumerate(argv):
         if token == "--checkpoint":
             argv[i + 1] = fixtures["ppo.py"] + "/final_ckpt.pt"
-    # the runner runs it unless it is a ManiSkill command or one that "..." abbreviates: those it validates
+    # the runner runs it unless it is a ManiSkill command, one that "..." abbreviates or one that benchmarks/results/
+    # records (a long run, with the developers' packages): those it validates
     return dict(program=program, argv=argv, mode="parse_trainer" if names_own_module(argv) else "smoke",
-                extras=extras(c), num_ranks=num_ranks, abbreviated="..." in c.text.split())
+                extras=[DEV] if c.recorded else extras(c), num_ranks=num_ranks,
+                validate_only=c.recorded or "..." in c.text.split())
 
 
 def eval_plan(c: Command, argv: list[str], fixtures: dict[str, str]) -> dict:
@@ -174,7 +294,17 @@ def eval_plan(c: Command, argv: list[str], fixtures: dict[str, str]) -> dict:
 
 def test_every_command_the_project_prints_runs(tmp_path):
     commands = collect()
-    assert len(commands) > 80, [c.text for c in commands]  # the collector still finds the docs' commands
+    # the collector still finds the docs' commands, those of their loops and Slurm script, those with environment
+    # variables or timeout before them, and those that benchmarks/results/ records
+    assert len(commands) > 80, [c.text for c in commands]
+    traced_texts = ("--seed=1 --exp_name=push_s1", "--nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_id=1")
+    assert [any(part in c.text for c in commands) for part in traced_texts] == [True, True], [c.text for c in commands]
+    assert len([c for c in commands if c.prefix]) >= 2, [c.text for c in commands]
+    assert len([c for c in commands if c.recorded]) >= 20, [c.text for c in commands]
+    snippets = [s for path in DOCS for s in python_blocks(path)]
+    assert len(snippets) >= 2 and any("runs/RUN" in s.text for s in snippets), snippets
+    shell_blocks = [b for path in DOCS for b in blocks(path) if b.language in SHELL_BLOCKS]
+    assert len(shell_blocks) > 20, [b.where for b in shell_blocks]
     # each command runs in a directory of its own (two runs started in one second would share a default name); the
     # fixtures in their runner's
     fixtures = {name: str(tmp_path / "runner0/runs" / f"fixture_{Path(name).stem}") for name in FIXTURE_ENVS}
@@ -190,6 +320,14 @@ def test_every_command_the_project_prints_runs(tmp_path):
             failures += check_here(c)
         if step is not None:
             planned.append((c, step))
+    for block in shell_blocks:
+        checked = subprocess.run(["bash", "-n"], input="\n".join(block.lines), capture_output=True, text=True)
+        failures += [f"{block.where}: bash -n\n  {checked.stderr}"] if checked.returncode else []
+    for snippet in snippets:  # run on the fixture run of the trainer it names
+        named = [f"{name}.py" for name in ("ppo_rnn", "ppo_rgb", "ippo") if f"{name}." in snippet.text]
+        trainer = (named or ["ppo.py"])[0]
+        planned.append((snippet, dict(program="snippet", argv=[snippet.text, fixtures[trainer]], mode="snippet",
+                                      extras=FIXTURE_ENVS[trainer][1])))
     planned.sort(key=lambda step: bool(step[1]["extras"]))  # see command_runner.runtime_only
     # two runners, one per core, each in a directory of its own: the fixtures and what reads them, and every other
     # one of the rest (in order: see command_runner.runtime_only)
