@@ -507,7 +507,7 @@ def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch
 
 def ppo_loss(agent: Agent, args: Args, obs, actions, old_logprobs, advantages, returns, old_values):
     """The clipped surrogate, value and entropy terms of one minibatch of rows, each reduced over its rows (the last
-    dimension; a stack of networks keeps one value per network); its log-ratios and ratios, detached."""
+    dimension); its log-ratios and ratios, detached."""
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
     logratio = newlogprob - old_logprobs
     ratio = logratio.exp()
@@ -647,7 +647,8 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
     """Rank 0 alone logs, evaluates (eval_envs is None on the others) and writes checkpoints."""
     device, rank, num_ranks, num_iterations = setup.device, setup.rank, world_size(), setup.num_iterations
     if args.num_seeds > 1:  # each seed's part of what the run continues, or of the weights it starts from
-        resume_state, init_state = with_seeds(resume_state, setup.run_dir), for_every_seed(init_state, args.num_seeds)
+        resume_state = with_seeds(resume_state, setup.run_dir)
+        init_state = for_every_seed(init_state, args.num_seeds)
     agent = make_agents(args, envs, device, resume_state)  # --num_seeds: each seed's network, stacked
     optimizer = make_optimizer(agent, args)
     reward_normalizer = (stack_seeds([RewardNormalizer(args.num_envs, args.gamma) for _ in range(args.num_seeds)])
@@ -1475,9 +1476,9 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     seeds_per_run = (num_iterations + 1) * num_ranks * (args.num_envs + args.num_eval_envs)
     if seeds_per_run >= 2**32:
         raise UserError(f"--total_timesteps={args.total_timesteps} would need more env seeds than numpy has (2**32)")
-    if args.num_seeds > 2**32 - seeds_per_run:
-        raise UserError(f"--num_seeds must be at most {2**32 - seeds_per_run} for this run's length (numpy's env "
-                        f"seeds end at 2**32), got {args.num_seeds}")
+    if args.num_seeds > 2**32 - seeds_per_run - max(args.seed, 0):
+        raise UserError(f"--num_seeds must be at most {2**32 - seeds_per_run - max(args.seed, 0)} for this run's "
+                        f"length and --seed (numpy's env seeds end at 2**32), got {args.num_seeds}")
     if not 0 <= args.seed <= 2**32 - seeds_per_run - args.num_seeds:
         raise UserError(f"--seed must be in [0, {2**32 - seeds_per_run - args.num_seeds}] for this run's length and "
                         f"--num_seeds, got {args.seed}")
@@ -1916,7 +1917,8 @@ def load_agent_state(agent: nn.Module, state: dict):
 
 
 def open_run(args: Args, setup: Setup, resume_state: Optional[dict], announce: bool = True) -> SummaryWriter:
-    """Rank 0's start of the run's logs; on --resume, what came after the checkpoint is set aside first."""
+    """Rank 0's start of the run's logs; on --resume, what came after the checkpoint is set aside first. announce:
+    print the run's line (False where the caller announces many runs in one)."""
     if args.track:
         import wandb
 
@@ -2098,10 +2100,14 @@ def with_seeds(state: Optional[dict], run_dir: Path) -> Optional[dict]:
     args = Args(**{f.name: state["args"][f.name] for f in dataclasses.fields(Args) if f.name in state["args"]})
     name, seeds = f"ckpt_{state['iteration']}.pt", []
     for _, seed_dir in seed_dirs(args, run_dir):
+        if not seed_dir.is_dir():
+            raise UserError(f"{seed_dir}, a seed's run of {run_dir}, is missing (a run of many seeds finds its seeds' "
+                            "runs by its directory's name: keep it, or give the seeds' directories the new one)")
         seed = read_checkpoint(seed_dir / name) if (seed_dir / name).is_file() else None
-        if seed is None or seed["iteration"] != state["iteration"]:
-            raise UserError(f"{seed_dir / name}, a seed's part of the run's {name}, is missing: resume from an earlier "
-                            f"checkpoint of {run_dir} (set the later ones aside), or start the run again")
+        if seed is None or (seed["iteration"], seed["global_step"]) != (state["iteration"], state["global_step"]):
+            raise UserError(f"{seed_dir / name}, a seed's part of the run's {name}, is missing or was written by "
+                            f"another run (the seed resumed alone?): resume from an earlier checkpoint of {run_dir} "
+                            "(set the later ones aside), or start the run again")
         seeds.append(seed)
     groups = state["optimizer"]["param_groups"]
     optimizer = {"state": {group["params"][k]: value for group, seed in zip(groups, seeds)
@@ -2171,11 +2177,12 @@ def print_how_to_resume(signum: int, checkpoint: Optional[Path], iteration: int,
 # The flags that some of the trainers have, and which: a trainer given another's says so (tests/test_copy.py keeps this
 # equal to the trainers' Args).
 FLAGS_OF_SOME_TRAINERS = {
-    "num_seeds": "ppo.py", "critic_obs": "ppo.py, ppo_rnn.py and ppo_rgb.py", "hidden_sizes": "ppo.py, ppo_rgb.py and "
-    "ippo.py", "rnn_type": "ppo_rnn.py", "rnn_hidden_size": "ppo_rnn.py", "rnn_num_layers": "ppo_rnn.py",
-    "seq_len": "ppo_rnn.py", "shared_rnn": "ppo_rnn.py", "obs_mode": "ppo_rgb.py", "include_state": "ppo_rgb.py",
-    "aug_shift": "ppo_rgb.py", "clip_reward": "ppo_rgb.py", "agent_obs": "ippo.py", "centralized_critic": "ippo.py",
-    "env_kwargs": "ippo.py", "share_parameters": "ippo.py"}
+    "num_seeds": "ppo.py", "critic_obs": "ppo.py, ppo_rnn.py and ppo_rgb.py",
+    "hidden_sizes": "ppo.py, ppo_rgb.py and ippo.py",
+    "rnn_type": "ppo_rnn.py", "rnn_hidden_size": "ppo_rnn.py", "rnn_num_layers": "ppo_rnn.py", "seq_len": "ppo_rnn.py",
+    "shared_rnn": "ppo_rnn.py",
+    "obs_mode": "ppo_rgb.py", "include_state": "ppo_rgb.py", "aug_shift": "ppo_rgb.py", "clip_reward": "ppo_rgb.py",
+    "agent_obs": "ippo.py", "centralized_critic": "ippo.py", "env_kwargs": "ippo.py", "share_parameters": "ippo.py"}
 
 
 def parse_args(argv: list[str]) -> Args:

@@ -279,9 +279,10 @@ def run_args(trainer, ckpt: dict, args: EvalArgs):
     """The trainer's Args of the run, with the evaluation's settings and overrides."""
     saved = ckpt["args"]
     if saved.get("num_seeds", 1) > 1:
-        name, first = ckpt["run_name"], saved["seed"]
-        raise UserError(f"this checkpoint holds the {saved['num_seeds']} seeds that --num_seeds trained together; "
-                        f"evaluate a seed's own, in the directories beside it ({name}__seed{first}/ and on)")
+        run_dir, name, count = find_checkpoint(args.checkpoint).parent, ckpt["run_name"], saved["num_seeds"]
+        first, last = (run_dir / f"{name}__seed{saved['seed'] + i}" for i in (0, count - 1))
+        raise UserError(f"{run_dir} is a run of {count} seeds trained together (--num_seeds), whose checkpoints hold "
+                        f"no weights: evaluate a seed's run, {first} to {last}")
     run = trainer.Args(**{f.name: saved[f.name] for f in dataclasses.fields(trainer.Args) if f.name in saved})
     overrides = {"num_eval_envs": args.num_envs, "env_id": args.env_id, "control_mode": args.control_mode,
                  "sim_backend": args.sim_backend, "eval_reconfiguration_freq": args.reconfiguration_freq,

@@ -1681,7 +1681,8 @@ def load_agent_state(agent: nn.Module, state: dict):
 
 # Copied from ppo.py
 def open_run(args: Args, setup: Setup, resume_state: Optional[dict], announce: bool = True) -> SummaryWriter:
-    """Rank 0's start of the run's logs; on --resume, what came after the checkpoint is set aside first."""
+    """Rank 0's start of the run's logs; on --resume, what came after the checkpoint is set aside first. announce:
+    print the run's line (False where the caller announces many runs in one)."""
     if args.track:
         import wandb
 
@@ -1783,11 +1784,12 @@ def print_how_to_resume(signum: int, checkpoint: Optional[Path], iteration: int,
 
 # Copied from ppo.py
 FLAGS_OF_SOME_TRAINERS = {
-    "num_seeds": "ppo.py", "critic_obs": "ppo.py, ppo_rnn.py and ppo_rgb.py", "hidden_sizes": "ppo.py, ppo_rgb.py and "
-    "ippo.py", "rnn_type": "ppo_rnn.py", "rnn_hidden_size": "ppo_rnn.py", "rnn_num_layers": "ppo_rnn.py",
-    "seq_len": "ppo_rnn.py", "shared_rnn": "ppo_rnn.py", "obs_mode": "ppo_rgb.py", "include_state": "ppo_rgb.py",
-    "aug_shift": "ppo_rgb.py", "clip_reward": "ppo_rgb.py", "agent_obs": "ippo.py", "centralized_critic": "ippo.py",
-    "env_kwargs": "ippo.py", "share_parameters": "ippo.py"}
+    "num_seeds": "ppo.py", "critic_obs": "ppo.py, ppo_rnn.py and ppo_rgb.py",
+    "hidden_sizes": "ppo.py, ppo_rgb.py and ippo.py",
+    "rnn_type": "ppo_rnn.py", "rnn_hidden_size": "ppo_rnn.py", "rnn_num_layers": "ppo_rnn.py", "seq_len": "ppo_rnn.py",
+    "shared_rnn": "ppo_rnn.py",
+    "obs_mode": "ppo_rgb.py", "include_state": "ppo_rgb.py", "aug_shift": "ppo_rgb.py", "clip_reward": "ppo_rgb.py",
+    "agent_obs": "ippo.py", "centralized_critic": "ippo.py", "env_kwargs": "ippo.py", "share_parameters": "ippo.py"}
 
 
 # Copied from ppo.py

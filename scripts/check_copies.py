@@ -37,12 +37,12 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
-LOOSE_MARKER = re.compile(r"#\s*copied\s+from\b", re.IGNORECASE)
+LOOSE_MARKER = re.compile(r"\bcopied\s+from\b", re.IGNORECASE)  # any comment saying so is a mark, or refused
 MARKER = re.compile(r"#\s*Copied from (?P<source>[\w./-]+?)(?::\s*(?P<name>[\w.]+))?(?:\s+with\s+(?P<pairs>.+?))?\s*$")
 PAIR = re.compile(r"(?P<old>\S+?)->(?P<new>\S*)")
 ALLOWED = "intended_differences.txt"
 NEAR_TWIN = 0.9
-FIX_PASSES = 5  # a copy nested in a class copied elsewhere settles in a second pass
+FIX_PASSES = 5  # a copy nested in a class that is copied elsewhere settles in a second pass; more is refused
 
 
 class CopyError(ValueError):
@@ -75,12 +75,15 @@ def block_end(lines: list[str], last: int, column: int) -> int:
 
 
 def marker_lines(text: str, filename: str) -> dict[int, str]:
-    """Line index -> comment, for each line that is a comment alone and reads like a 'Copied from' mark."""
+    """Line index -> comment, for each comment that reads like a 'Copied from' mark; one that does not stand alone on
+    its line would mark nothing, and is refused."""
     found = {}
     for token in tokenize.generate_tokens(io.StringIO(text).readline):
-        if token.type == tokenize.COMMENT and not token.line[:token.start[1]].strip():
-            if LOOSE_MARKER.match(token.string):
-                found[token.start[0] - 1] = token.string
+        if token.type == tokenize.COMMENT and LOOSE_MARKER.search(token.string):
+            if token.line[:token.start[1]].strip():
+                raise CopyError(f"{filename}:{token.start[0]}: a 'Copied from' mark must stand on a line of its own, "
+                                "directly above what it marks")
+            found[token.start[0] - 1] = token.string
     return found
 
 
@@ -90,9 +93,12 @@ def definitions(text: str, filename: str) -> tuple[list[str], dict[str, Definiti
     lines = text.splitlines(keepends=True)
     marks = marker_lines(text, filename)
     spans: dict[str, Definition] = {}
+    owners: dict[int, Definition] = {}  # by the line above each definition, the one a mark stands on
 
     def add(name: str, first: int, end: int) -> None:
-        spans.setdefault(name, Definition(name, first, end, indent_of(lines[first])))
+        definition = Definition(name, first, end, indent_of(lines[first]))
+        owners.setdefault(first - 1, definition)
+        spans.setdefault(name, definition)
 
     def walk(body: list[ast.stmt], prefix: str) -> None:
         for node in body:
@@ -109,14 +115,13 @@ def definitions(text: str, filename: str) -> tuple[list[str], dict[str, Definiti
         if not isinstance(target, ast.Name):
             continue
         end = block_end(lines, node.end_lineno - 1, 0)
-        for following in assignments[i + 1:]:  # the run goes on over comments, to a blank line or a mark
+        for following in assignments[i + 1:]:  # the run goes on over comment lines, to anything else or a mark
             between = lines[end:following.lineno - 1]
-            if following.lineno - 1 < end or any(not line.strip() for line in between) or \
+            if following.lineno - 1 < end or not all(line.strip().startswith("#") for line in between) or \
                     any(end + j in marks for j in range(len(between))):
                 break
             end = block_end(lines, following.end_lineno - 1, 0)
         add(target.id, node.lineno - 1, end)
-    owners = {definition.first - 1: definition for definition in spans.values()}
     for index, comment in sorted(marks.items()):
         where = f"{filename}:{index + 1}"
         match = MARKER.fullmatch(comment)
@@ -127,8 +132,11 @@ def definitions(text: str, filename: str) -> tuple[list[str], dict[str, Definiti
             raise CopyError(f"{where}: {comment!r} names no .py file: write '# Copied from {match['source']}.py'")
         owner = owners.get(index)
         if owner is None or owner.indent != indent_of(lines[index]):
-            raise CopyError(f"{where}: a 'Copied from' line must stand directly above a def, a class or an "
-                            "assignment (or its decorators), at its indentation")
+            raise CopyError(f"{where}: a 'Copied from' line must stand directly above a def or class of the module or "
+                            "of a class, or a module's assignment (or their decorators), at its indentation")
+        if spans[owner.name] is not owner:
+            raise CopyError(f"{where}: {filename} defines {owner.name} more than once, so a mark cannot say which; "
+                            "give the copy a name of its own")
         owner.marker, owner.marker_line = match, index
     return lines, spans
 
@@ -193,17 +201,18 @@ class Checkout:
                                     "stands left of its header)")
                 moved.append(definition.indent + line[len(source_indent):] if line.strip() else line)
             text = "".join(moved)
-        own, theirs = name.rpartition(".")[2], source_name.rpartition(".")[2]
-        if own != theirs:  # the copy's own name in its header, and nowhere else
-            text = re.sub(rf"^(\s*(?:(?:async\s+)?def|class)\s+){theirs}\b|^(\s*){theirs}\b", rf"\1\2{own}", text,
-                          count=1, flags=re.MULTILINE)
         if not text.endswith("\n"):  # a source that ends its file without one
             text += "\n"
         for old, new in replacements(match["pairs"], where) if match["pairs"] else []:
-            if old not in text:
+            if old not in text or old == new:
                 raise CopyError(f"{where}: the replacement {old}->{new} changes nothing in {source_file} "
                                 f"{source_name}: drop it")
             text = text.replace(old, new)
+        # the copy's own name in its header, and nowhere else; after the replacements, which may have named it
+        own, theirs = name.rpartition(".")[2], source_name.rpartition(".")[2]
+        if own != theirs:
+            text = re.sub(rf"^(\s*(?:(?:async\s+)?def|class)\s+){theirs}\b|^(\s*){theirs}\b", rf"\1\2{own}", text,
+                          count=1, flags=re.MULTILINE)
         self.resolved[key] = text
         return text
 
@@ -224,8 +233,11 @@ class Checkout:
 
     def near_twins(self) -> list[tuple[str, str, str, float]]:
         """(file, name, twin's file, similarity) for each unmarked definition with an unmarked near-twin of the same
-        name in a file before it (ppo.py first, then by name); a method only where its class is no near-twin."""
-        order = sorted(self.files, key=lambda file: (file != "ppo.py", file))
+        name in a file before it (ppo.py first, then by name; files with marks only); a method only where its class
+        is no near-twin."""
+        marked = [file for file in self.files if any(d.marker for d in self.read(file)[1].values())]
+        # a file without marks (a researcher's cp ppo.py my_idea.py) is its own: only ppo.py is a source regardless
+        order = sorted({"ppo.py", *marked} & self.files.keys(), key=lambda file: (file != "ppo.py", file))
         found = []
         for position, file in enumerate(order):
             reported = set()
@@ -269,7 +281,7 @@ def intended_differences(root: Path) -> dict[tuple[str, str], str]:
 def check(root: Path, fix: bool, report: bool) -> int:
     checkout = Checkout(root)
     files = sorted(path.name for path in root.glob("*.py"))
-    drifted = 0
+    drifted, first_pass = 0, []  # what the first pass found, printed once --fix has written it
     for _ in range(FIX_PASSES if fix else 1):
         checkout.files.clear()
         checkout.resolved.clear()
@@ -278,29 +290,30 @@ def check(root: Path, fix: bool, report: bool) -> int:
             marked = checkout.copies(file)
             stale = [copy for copy in marked if copy["differs"]]
             stale_now[file] = stale
-            if marked and (not fix or not drifted):
-                for copy in stale:
-                    print(f"{copy['where']} differs from its source{' (fixed)' if fix else ''}")
-                print(f"{file}: {len(marked)} marked copies, {len(stale)} differing")
+            if marked and not drifted:
+                first_pass += [f"{copy['where']} differs from its source{' (fixed)' if fix else ''}" for copy in stale]
+                first_pass.append(f"{file}: {len(marked)} marked copies, {len(stale)} differing")
         drifted += sum(len(stale) for stale in stale_now.values())
         if not fix or not any(stale_now.values()):
             break
+        fixed = {}  # every file's new text parses before any is written
         for file, stale in stale_now.items():
-            if not stale:
-                continue
             lines = checkout.files[file][0][:]
             for copy in sorted(stale, key=lambda c: -c["span"][0]):  # from the bottom: earlier spans stay put
                 first, end = copy["span"]
                 lines[first:end] = [copy["expected"]]
-            text = "".join(lines)
             try:
-                ast.parse(text, file)
+                ast.parse(fixed.setdefault(file, "".join(lines)), file)
             except SyntaxError as e:
-                raise CopyError(f"{file}: the fixed file would not parse (line {e.lineno}: {e.msg}); nothing written: "
-                                "correct the mark's replacements") from None
-            (root / file).write_text(text)
-    else:
+                raise CopyError(f"{file}: the fixed file would not parse (line {e.lineno}: {e.msg}); nothing written "
+                                "in this pass: correct the mark's replacements") from None
+        for file, text in fixed.items():
+            if stale_now[file]:
+                (root / file).write_text(text)
+    else:  # a copy whose expected text changes with each rewrite (its mark renames what it copies) never settles
         raise CopyError(f"the copies did not settle in {FIX_PASSES} passes of --fix")
+    if first_pass:
+        print("\n".join(first_pass))
     if drifted and not fix:
         print(f"{drifted} copies differ from their source: python scripts/check_copies.py --fix rewrites them")
     twins = checkout.near_twins()

@@ -115,7 +115,7 @@ def test_renamed_copies_and_replacements(tmp_path):
 SOURCE = '''\
 import math
 
-# A comment that says what was copied from where is no mark.
+# Constants that copies share.
 LOG_TWO = math.log(2)
 HALF = 0.5
 
@@ -219,6 +219,9 @@ def test_a_method_is_copied_by_class_and_name_at_any_depth(tmp_path):
     ("# copied from ppo.py", "is not a mark this script reads"),
     ("# Copied from ppo.py with LOG_TWO->LOG_2 all-casing", "is not a replacement A->B"),
     ("# Copied from ppo.py with LOG_THREE->LOG_3", "the replacement LOG_THREE->LOG_3 changes nothing"),
+    ("# Copied from ppo.py with x->x", "the replacement x->x changes nothing"),
+    ("## Copied from ppo.py", "is not a mark this script reads"),
+    ("# NOTE: Copied from ppo.py", "is not a mark this script reads"),
     ("# Copied from ppo.py: Agent.missing", "ppo.py has no definition Agent.missing"),
 ])
 def test_every_variant_of_a_mark_is_read_or_refused_in_one_line(tmp_path, mark, refusal):
@@ -274,7 +277,8 @@ def test_module_constants_are_copied_as_a_block_of_assignments(tmp_path):
 
 def test_a_new_unmarked_near_twin_fails_until_marked_or_listed(tmp_path):
     twin = "def " + SOURCE.split("def ")[-1].replace("return 0.0", "return 0.0  # none left")
-    root = tiny(tmp_path, {"ippo.py": twin})
+    root = tiny(tmp_path, {"ippo.py": "# Copied from ppo.py\nHALF = 0.5\n\n\n" + twin,
+                           "my_idea.py": SOURCE.replace("return 0.0", "return 0.1")})  # a researcher's, unmarked
     result = check(root)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "ippo.py schedule is 0.90 like ppo.py's and unmarked" in result.stdout
@@ -285,7 +289,7 @@ def test_a_new_unmarked_near_twin_fails_until_marked_or_listed(tmp_path):
     assert check(root).returncode == 0
     assert "ippo.py schedule: 0.90 like ppo.py schedule: listed (its comment says more)" in \
         check(root, "--report").stdout
-    (root / "ippo.py").write_text("def own(x):\n    return x\n")
+    (root / "ippo.py").write_text("# Copied from ppo.py\nHALF = 0.5\n\n\ndef own(x):\n    return x\n")
     stale = check(root)
     assert stale.returncode == 1 and "lists ippo.py schedule, which is no longer" in stale.stdout
 
@@ -294,3 +298,40 @@ def test_the_trainers_unmarked_near_twins_are_all_listed():
     report = check(REPO, "--report")
     assert report.returncode == 0, report.stdout + report.stderr
     assert "UNLISTED" not in report.stdout
+
+
+@pytest.mark.parametrize("copy, refusal", [
+    ("def bootstrap(x):  # Copied from ppo.py\n    return x + LOG_TWO\n", "must stand on a line of its own"),
+    ("def outer():\n    # Copied from ppo.py: bootstrap\n    def bootstrap(x):\n        return x\n",
+     "must stand directly above a def or class of the module or of a class"),
+    ("class C:\n    @property\n    def x(self):\n        return 1\n\n    # Copied from ppo.py: Agent.act\n"
+     "    @x.setter\n    def x(self, value):\n        return value\n", "defines C.x more than once"),
+])
+def test_a_mark_that_could_mark_nothing_is_refused(tmp_path, copy, refusal):
+    result = check(tiny(tmp_path, {"ippo.py": copy}))
+    assert result.returncode == 2 and refusal in result.stderr and len(result.stderr.splitlines()) == 1, result.stderr
+
+
+def test_a_copy_renamed_by_its_replacements_settles(tmp_path):
+    copy = ("# Copied from ppo.py: Agent with Agent->RecurrentAgent\nclass RecurrentAgent:\n"
+            "    def normalize(self, x):\n        return x\n")
+    root = tiny(tmp_path, {"ippo.py": copy})
+    assert check(root, "--fix").returncode == 0
+    fixed = (root / "ippo.py").read_text()
+    assert "class RecurrentAgent:\n" in fixed and "return x * HALF" in fixed and check(root).returncode == 0
+
+
+def test_fix_writes_every_file_or_none(tmp_path):
+    good = "# Copied from ppo.py\ndef bootstrap(x):\n    return x - LOG_TWO\n"
+    bad = "# Copied from ppo.py with +->+(\ndef bootstrap(x):\n    return x - LOG_TWO\n"
+    root = tiny(tmp_path, {"a.py": good, "b.py": bad})
+    result = check(root, "--fix")
+    assert result.returncode == 2 and "(fixed)" not in result.stdout
+    assert (root / "a.py").read_text() == good and (root / "b.py").read_text() == bad
+
+
+def test_a_run_of_constants_ends_at_code(tmp_path):
+    source = SOURCE.replace("HALF = 0.5\n", "HALF = 0.5\nprint(HALF)\nTHIRD = 1 / 3\n")
+    copy = "import math\n\n# Copied from ppo.py\nLOG_TWO = math.log(2)\nHALF = 0.5\nprint('own')\nTHIRD = 0.3\n"
+    root = tiny(tmp_path, {"ppo.py": source, "ippo.py": copy})
+    assert check(root).returncode == 0  # the run is LOG_TWO and HALF: what follows the call is the copy's own

@@ -19,6 +19,7 @@ import ast
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -49,6 +50,8 @@ srun() { "$@"; }
 scontrol() { echo node0; }
 timeout() { while [[ $1 == -* ]]; do [[ $1 == -[sk] ]] && shift; shift; done; shift; "$@"; }
 """
+# What a traced doc line may run besides the stubs: programs that read and print, and change nothing
+SAFE_PROGRAMS = ("ls", "head", "tail", "cat", "seq", "nproc", "basename", "dirname", "date", "sort", "wc", "tr")
 SLURM_ENV = {"SLURM_NNODES": "2", "SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "node0"}  # what Slurm gives a job
 # a command that benchmarks/results/ records: a program of the repository with its arguments, run by python, bash or
 # torchrun or alone (a program's name alone is prose)
@@ -133,13 +136,18 @@ def doc_commands(path: Path) -> list[Command]:
 
 def traced(path: Path, lines: dict[int, str], comment: str) -> list[Command]:
     """The python and torchrun commands that lines of other shell forms (loops, conditions, variables, srun) launch,
-    found by running them in bash with the launchers stubbed, in an empty directory; the first of each line's."""
+    found by running them in bash with the launchers stubbed, in an empty directory with nothing on PATH (any other
+    program than SAFE_PROGRAMS that a doc line would start fails the test, rather than running); the first of each
+    line's."""
     with tempfile.TemporaryDirectory() as directory:
-        script, trace = Path(directory) / "block.sh", Path(directory) / "trace"
+        script, trace, programs = Path(directory) / "block.sh", Path(directory) / "trace", Path(directory) / "bin"
+        programs.mkdir()
+        for program in SAFE_PROGRAMS:
+            (programs / program).symlink_to(shutil.which(program))
         body = [re.sub(r"(^|[\s;])\.venv/bin/python\b", r"\1python", line) for line in lines.values()]
         script.write_text(TRACE_STUBS + "\n".join(body) + "\n")
-        ran = subprocess.run(["bash", str(script)], cwd=directory, capture_output=True, text=True,
-                             env={**script_env(), **SLURM_ENV, "TRACE": str(trace)})
+        ran = subprocess.run([shutil.which("bash"), str(script)], cwd=directory, capture_output=True, text=True,
+                             env={**script_env(), **SLURM_ENV, "TRACE": str(trace), "PATH": str(programs)})
         assert ran.returncode == 0 and not ran.stderr, f"{path.relative_to(REPO)}: {list(lines.values())}\n{ran.stderr}"
         records = trace.read_text().split("\x1e")[:-1] if trace.exists() else []
     numbers, commands = list(lines), {}

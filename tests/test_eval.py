@@ -242,8 +242,8 @@ def test_bad_checkpoints_are_one_clear_line(tmp_path, monkeypatch, capfd):
 
 
 def test_a_num_seeds_run_points_at_its_seeds_runs(tmp_path, monkeypatch, capfd):
-    """The run's checkpoints hold every seed, which no evaluation takes: its directory, as its checkpoint files, is
-    one line naming the seeds' runs beside them, and a seed's run replays that seed's final evaluation."""
+    """The run's checkpoints hold no seed's weights: its directory, as its checkpoint files, is one line naming the
+    seeds' runs in it, and a seed's run replays that seed's final evaluation."""
     train(tmp_path, "ppo.py", fast_args("CartPole-v1", "batch", total_timesteps=64, eval_freq=100, num_eval_envs=3)
           + ["--num_seeds", "2"])
     capfd.readouterr()  # the run's progress bar
@@ -252,7 +252,7 @@ def test_a_num_seeds_run_points_at_its_seeds_runs(tmp_path, monkeypatch, capfd):
         assert ppo_eval.cli([given]) == 2
         lines = capfd.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and lines[0].endswith(
-            "evaluate a seed's own, in the directories beside it (batch__seed1/ and on)"), (given, lines)
+            "evaluate a seed's run, runs/batch/batch__seed1 to runs/batch/batch__seed2"), (given, lines)
     # seed 2's only evaluation was its final one, seeded with seed + num_envs = 2 + 2
     results = evaluate(tmp_path, ["runs/batch/batch__seed2", "--num_episodes", "3", "--num_envs", "3", "--seed", "4"])
     assert_agrees_with_training(results, tmp_path / "runs/batch/batch__seed2")

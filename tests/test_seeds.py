@@ -178,7 +178,7 @@ def test_a_seeds_run_evaluates_and_summarizes_as_a_run_alone(tmp_path):
     assert "return" in evaluated.stdout
     refused = run_script("ppo_eval.py", ["runs/batch/final_ckpt.pt", "--num_episodes", "2"], tmp_path)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
-    assert "evaluate a seed's own, in the directories beside it (batch__seed1/ and on)" in refused.stderr
+    assert "evaluate a seed's run, runs/batch/batch__seed1 to runs/batch/batch__seed2" in refused.stderr
     summary = run_script("scripts/summarize.py", ["runs/batch/batch__seed1", "runs/batch/batch__seed2"], tmp_path)
     assert summary.returncode == 0, summary.stderr
     assert "| batch | 2 |" in summary.stdout  # the seeds are one group, as runs of their own named __seed{N} are
