@@ -1770,14 +1770,25 @@ class TorchVecEnv:
 
 def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: bool, run_dir: Path,
               num_eval_steps: int, trajectory_path: Optional[Path] = None) -> TorchVecEnv:
-    """trajectory_path: ManiSkill only; record every episode there (.h5 and .json) with RecordEpisode. Under
-    --num_seeds, the seeds' training envs are blocks of one vector env (SeedBlocks), and each seed evaluates in envs
-    of its own, with its videos in its run directory (EachSeed)."""
-    if evaluation and args.num_seeds > 1:
-        return EachSeed(make_envs(seed_args, maniskill, device, evaluation=True, run_dir=seed_setup_dir,
-                                  num_eval_steps=num_eval_steps)
+    """The run's envs (make_run_envs). Under --num_seeds, the seeds' training envs are blocks of one vector env
+    (SeedBlocks), and each seed evaluates in envs of its own, with its videos in its run directory (EachSeed)."""
+    if args.num_seeds == 1:
+        return make_run_envs(args, maniskill, device, evaluation=evaluation, run_dir=run_dir,
+                             num_eval_steps=num_eval_steps, trajectory_path=trajectory_path)
+    if evaluation:
+        return EachSeed(make_run_envs(seed_args, maniskill, device, evaluation=True, run_dir=seed_setup_dir,
+                                      num_eval_steps=num_eval_steps)
                         for seed_args, seed_setup_dir in seed_dirs(args, run_dir))
-    num_envs = (args.num_eval_envs if evaluation else args.num_envs) * args.num_seeds
+    envs = make_run_envs(dataclasses.replace(args, num_envs=args.num_envs * args.num_seeds), maniskill, device,
+                         evaluation=False, run_dir=run_dir, num_eval_steps=num_eval_steps)
+    in_process = not maniskill and not args.async_envs  # a worker process's draws are its own
+    return SeedBlocks(envs, args.num_seeds, args.env_id, watch_steps=GLOBAL_DRAW_WATCH_STEPS if in_process else 0)
+
+
+def make_run_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: bool, run_dir: Path,
+                  num_eval_steps: int, trajectory_path: Optional[Path] = None) -> TorchVecEnv:
+    """trajectory_path: ManiSkill only; record every episode there (.h5 and .json) with RecordEpisode."""
+    num_envs = args.num_eval_envs if evaluation else args.num_envs
     video_dir, video_trigger, max_steps_per_video = None, None, None
     if args.capture_video and evaluation:
         video_dir = str(run_dir / "videos")
@@ -1789,9 +1800,8 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
         max_steps_per_video = args.num_steps
     try:
         if maniskill:
-            envs = make_maniskill_envs(args, num_envs, device, evaluation, video_dir, video_trigger,
+            return make_maniskill_envs(args, num_envs, device, evaluation, video_dir, video_trigger,
                                        max_steps_per_video, trajectory_path)
-            return envs if args.num_seeds == 1 else SeedBlocks(envs, args.num_seeds, args.env_id)
         prefix = "eval" if evaluation else "train"
         if evaluation and video_dir is not None:
             video_trigger = ResetEpisodeTrigger()
@@ -1804,11 +1814,8 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
         else:
             env = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         critic_dim = env.get_attr("critic_dim")[0] if args.critic_obs else 0
-        envs = TorchVecEnv(env, device, torch_native=False, reset_video_trigger=video_trigger if evaluation else None,
+        return TorchVecEnv(env, device, torch_native=False, reset_video_trigger=video_trigger if evaluation else None,
                            critic_dim=critic_dim)
-        in_process = isinstance(env, gym.vector.SyncVectorEnv)  # a worker process's draws are its own
-        return envs if args.num_seeds == 1 else SeedBlocks(envs, args.num_seeds, args.env_id,
-                                                           watch_steps=GLOBAL_DRAW_WATCH_STEPS if in_process else 0)
     except gym.error.DependencyNotInstalled as e:
         hint = "; or pass --no_capture_video" if args.capture_video else ""
         raise UserError(f"{args.env_id} needs an optional dependency: {e}{hint}") from e

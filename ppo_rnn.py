@@ -1538,6 +1538,7 @@ class TorchVecEnv:
         self.env.close()
 
 
+# Copied from ppo.py: make_run_envs
 def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: bool, run_dir: Path,
               num_eval_steps: int, trajectory_path: Optional[Path] = None) -> TorchVecEnv:
     """trajectory_path: ManiSkill only; record every episode there (.h5 and .json) with RecordEpisode."""

@@ -152,6 +152,23 @@ def replacements(pairs: str, where: str) -> list[tuple[str, str]]:
     return result
 
 
+def renamed(text: str, old: str, new: str) -> str:
+    """A definition's text with the name in its header made new; a def's or class's continuation lines, aligned
+    under its opening bracket, move with the name."""
+    lines = text.splitlines(keepends=True)
+    header = re.compile(rf"^(\s*(?:(?:async\s+)?def\s+|class\s+)){old}\b|^(\s*){old}(?=\s*[:=])")
+    first = next((i for i, line in enumerate(lines) if header.match(line)), None)
+    if first is None:  # the mark's replacements named it already
+        return text
+    lines[first] = header.sub(lambda match: (match[1] or match[2]) + new, lines[first], count=1)
+    last = first
+    while lines[first].lstrip().startswith(("def ", "async ", "class ")) and not lines[last].rstrip().endswith(":"):
+        last += 1
+        pad = indent_of(lines[last])
+        lines[last] = " " * max(0, len(pad) + len(new) - len(old)) + lines[last][len(pad):]
+    return "".join(lines)
+
+
 class Checkout:
     def __init__(self, root: Path):
         self.root = root
@@ -211,8 +228,7 @@ class Checkout:
         # the copy's own name in its header, and nowhere else; after the replacements, which may have named it
         own, theirs = name.rpartition(".")[2], source_name.rpartition(".")[2]
         if own != theirs:
-            text = re.sub(rf"^(\s*(?:(?:async\s+)?def|class)\s+){theirs}\b|^(\s*){theirs}\b", rf"\1\2{own}", text,
-                          count=1, flags=re.MULTILINE)
+            text = renamed(text, theirs, own)
         self.resolved[key] = text
         return text
 

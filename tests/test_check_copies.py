@@ -335,3 +335,13 @@ def test_a_run_of_constants_ends_at_code(tmp_path):
     copy = "import math\n\n# Copied from ppo.py\nLOG_TWO = math.log(2)\nHALF = 0.5\nprint('own')\nTHIRD = 0.3\n"
     root = tiny(tmp_path, {"ppo.py": source, "ippo.py": copy})
     assert check(root).returncode == 0  # the run is LOG_TWO and HALF: what follows the call is the copy's own
+
+
+def test_a_renamed_copy_keeps_its_header_aligned(tmp_path):
+    source = SOURCE + "\n\ndef clip(value, low,\n         high):\n    return min(max(value, low), high)\n"
+    copy = ("# Copied from ppo.py: clip\ndef clamp_to(value, low,\n             high):\n"
+            "    return min(max(value, low), high)\n")
+    root = tiny(tmp_path, {"ppo.py": source, "ippo.py": copy})
+    assert check(root).returncode == 0
+    drift_is_caught_and_fixed(root, "ippo.py", lambda text: text.replace("             high", "    high"),
+                              "ippo.py:2 clamp_to")
