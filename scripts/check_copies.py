@@ -42,6 +42,7 @@ MARKER = re.compile(r"#\s*Copied from (?P<source>[\w./-]+?)(?::\s*(?P<name>[\w.]
 PAIR = re.compile(r"(?P<old>\S+?)->(?P<new>\S*)")
 ALLOWED = "intended_differences.txt"
 NEAR_TWIN = 0.9
+UNLIKE = 0.5  # a drifted copy less alike than this is named as perhaps marked by mistake
 FIX_PASSES = 5  # a copy nested in a class that is copied elsewhere settles in a second pass; more is refused
 
 
@@ -279,6 +280,14 @@ class Checkout:
         return any(d.marker is not None and d.first < definition.first < d.end for d in self.read(file)[1].values())
 
 
+def unlike(checkout: Checkout, file: str, copy: dict) -> str:
+    """A note where a copy is far from its source: a mark above the wrong definition, which --fix would overwrite."""
+    first, end = copy["span"]
+    ratio = difflib.SequenceMatcher(None, checkout.files[file][0][first:end], copy["expected"].splitlines(True),
+                                    autojunk=False).ratio()
+    return f" (only {ratio:.2f} alike: is the mark above the right definition?)" if ratio < UNLIKE else ""
+
+
 def intended_differences(root: Path) -> dict[tuple[str, str], str]:
     """scripts/intended_differences.txt: 'FILE NAME: why it is not a copy', one a line; '#' starts a comment."""
     path = root / "scripts" / ALLOWED
@@ -307,7 +316,8 @@ def check(root: Path, fix: bool, report: bool) -> int:
             stale = [copy for copy in marked if copy["differs"]]
             stale_now[file] = stale
             if marked and not drifted:
-                first_pass += [f"{copy['where']} differs from its source{' (fixed)' if fix else ''}" for copy in stale]
+                first_pass += [f"{copy['where']} differs from its source{unlike(checkout, file, copy)}"
+                               f"{' (fixed)' if fix else ''}" for copy in stale]
                 first_pass.append(f"{file}: {len(marked)} marked copies, {len(stale)} differing")
         drifted += sum(len(stale) for stale in stale_now.values())
         if not fix or not any(stale_now.values()):
@@ -331,7 +341,9 @@ def check(root: Path, fix: bool, report: bool) -> int:
     if first_pass:
         print("\n".join(first_pass))
     if drifted and not fix:
-        print(f"{drifted} copies differ from their source: python scripts/check_copies.py --fix rewrites them")
+        root_flag = "" if root.resolve() == Path(__file__).resolve().parent.parent else f" --root {root}"
+        print(f"{drifted} copies differ from their source: python scripts/check_copies.py --fix{root_flag} rewrites "
+              "them")
     twins = checkout.near_twins()
     listed = intended_differences(root)
     unlisted = [twin for twin in twins if (twin[0], twin[1]) not in listed]

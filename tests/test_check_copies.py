@@ -345,3 +345,10 @@ def test_a_renamed_copy_keeps_its_header_aligned(tmp_path):
     assert check(root).returncode == 0
     drift_is_caught_and_fixed(root, "ippo.py", lambda text: text.replace("             high", "    high"),
                               "ippo.py:2 clamp_to")
+
+
+def test_a_mark_above_the_wrong_definition_is_named_so(tmp_path):
+    copy = "# Copied from ppo.py: bootstrap\ndef unrelated(table):\n    for row in table:\n        print(row)\n"
+    result = check(tiny(tmp_path, {"ippo.py": copy}))
+    assert result.returncode == 1 and "is the mark above the right definition?" in result.stdout, result.stdout
+    assert f"--fix --root {tmp_path} rewrites them" in result.stdout
