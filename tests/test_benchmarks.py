@@ -1,9 +1,14 @@
 """The benchmark scripts in tiny configurations, so that they keep working (their real runs: benchmarks/README.md)."""
 
 import importlib
+import json
 import os
+import re
+import shlex
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -264,9 +269,14 @@ def test_seeds_speed_benchmark_times_both_ways(tmp_path):
     assert all(int(row[6].rstrip(" |")) > 100 for row in rows)  # MiB: a process with torch imported
 
 
+GPU_SH = REPO / "benchmarks/gpu.sh"
+GPU_SH_BUDGET = 8 * 60 - 20  # seconds: the default 8 minutes, less the report's 20 s
+
+
 def test_gpu_kit_refuses_or_skips_without_a_gpu_and_reports_fake_runs(tmp_path):
     """scripts/setup_gpu.sh refuses a machine without an NVIDIA GPU in one line; benchmarks/gpu.sh parses, says there
-    is no GPU and exits 0; its report writes the table and curves of finished runs."""
+    is no GPU and exits 0, refuses to start over runs of an earlier run; its report writes the table and curves of
+    finished runs, a --num_seeds run's seeds in one row."""
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
     (fake_bin / "nvidia-smi").write_text("#!/bin/sh\nexit 9\n")
@@ -276,7 +286,7 @@ def test_gpu_kit_refuses_or_skips_without_a_gpu_and_reports_fake_runs(tmp_path):
     assert setup.returncode == 1 and setup.stderr.startswith("error: no NVIDIA GPU") and setup.stdout == "", setup
     assert len(setup.stderr.strip().splitlines()) == 1
 
-    gpu_sh = ["bash", str(REPO / "benchmarks/gpu.sh")]
+    gpu_sh = ["bash", str(GPU_SH)]
     assert run(["bash", "-n", gpu_sh[1]], tmp_path).returncode == 0
     if not torch.cuda.is_available():
         result = run(gpu_sh, tmp_path, {"PYTHON": sys.executable})
@@ -285,20 +295,216 @@ def test_gpu_kit_refuses_or_skips_without_a_gpu_and_reports_fake_runs(tmp_path):
 
     from torch.utils.tensorboard import SummaryWriter
 
+    with SummaryWriter(str(tmp_path / "runs/gpu_ppo_PushCube_seeds4")):  # a --num_seeds run's own events: none
+        pass
     for name, success in (("gpu_ppo_PushCube", [0.2, 0.9]), ("gpu_ippo_TwoRobotPickCube", None),
-                          ("gpu_ppo_PushCube_seeds4/gpu_ppo_PushCube_seeds4__seed1", [0.5, 0.6])):
+                          ("gpu_ppo_PushCube_seeds4/gpu_ppo_PushCube_seeds4__seed1", [0.5, 0.6]),
+                          ("gpu_ppo_PushCube_seeds4/gpu_ppo_PushCube_seeds4__seed2", [0.5, 0.8])):
         with SummaryWriter(str(tmp_path / "runs" / name)) as writer:
             for i, step in enumerate((100_000, 200_000)):
                 writer.add_scalar("eval/return", 10.0 * (i + 1), step)
                 writer.add_scalar("charts/SPS", 50_000 + i, step)
                 if success:
                     writer.add_scalar("eval/success_once", success[i], step)
+    again = run(gpu_sh, tmp_path, {"PYTHON": sys.executable})
+    assert again.returncode == 1 and again.stderr.startswith("error: runs/gpu_* are here"), again
+    assert len(again.stderr.splitlines()) == 1
     result = run(gpu_sh, tmp_path, {"PYTHON": sys.executable, "REPORT_ONLY": "1", "OUT": str(tmp_path / "out")})
     assert result.returncode == 0, result.stderr[-3000:]
     table = (tmp_path / "out/table.md").read_text()
-    assert "| gpu_ppo_PushCube | 1 | 0.9" in table and "| gpu_ippo_TwoRobotPickCube | 1 |" in table, table
-    assert "| gpu_ppo_PushCube_seeds4__seed1 | 1 | 0.6" in table, table  # a --num_seeds run's seeds
+    assert "| gpu_ppo_PushCube | 1 | 5e+04 ± 0 | 20 ± 0 | 0.9 ± 0 | 200000 |" in table, table
+    assert "| gpu_ippo_TwoRobotPickCube | 1 | 5e+04 ± 0 | 20 ± 0 | - |" in table, table
+    assert "| gpu_ppo_PushCube_seeds4 | 2 | 5e+04 ± 0 | 20 ± 0 | 0.7 ± 0.1 |" in table, table  # the seeds' row
     assert (tmp_path / "out/eval_return.png").stat().st_size > 10_000
+
+
+def physx_homes(directory) -> tuple[Path, Path]:
+    """Two home directories: one without PhysX's GPU library, one with (an empty file where SAPIEN looks)."""
+    import sapien
+
+    missing, present = directory / "home_missing", directory / "home_present"
+    library = present / ".sapien/physx" / sapien.physx.version() / "libPhysXGpu_64.so"
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"")
+    missing.mkdir()
+    return missing, present
+
+
+def gpu_plan(directory, home: Path, *args: str) -> tuple[list[str], list[tuple[int, str, list[str]]]]:
+    """PLAN=1 bash benchmarks/gpu.sh ARGS with HOME at home: the lines before its parts, and each part's seconds,
+    name and command."""
+    result = run(["bash", str(GPU_SH), *args], directory, {"PYTHON": sys.executable, "PLAN": "1", "HOME": str(home)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    notes, parts = [], []
+    for line in result.stdout.splitlines():
+        if match := re.fullmatch(r" *(\d+) s  (\S+) +(.*)", line):
+            parts.append((int(match[1]), match[2], shlex.split(match[3])))
+        else:
+            notes.append(line)
+    return notes, parts
+
+
+def maniskill_simulation(command: list[str]) -> str | None:
+    """Where a planned trainer's command (its script among the first tokens) would simulate ManiSkill on a machine
+    with CUDA, "gpu" or "cpu"; None for another env."""
+    script = next(i for i, token in enumerate(command) if token.endswith(".py"))
+    trainer = importlib.import_module(Path(command[script]).stem)
+    args = trainer.parse_args(command[script + 1:])
+    maniskill, _ = trainer.find_env(args.env_id)
+    return ("cpu" if args.sim_backend == "cpu" else "gpu") if maniskill else None
+
+
+def test_gpu_sh_set_up_check_leaves_out_the_gpu_simulation_where_physx_gpu_library_is_missing(tmp_path):
+    """benchmarks/gpu.sh's set-up check looks for PhysX's GPU library where SAPIEN does, without downloading it:
+    where it is missing, one line says so and no part starts ManiSkill's GPU simulation; where it is there, the GPU
+    simulation's parts join in. Either plan fits its minutes."""
+    missing, present = physx_homes(tmp_path)
+    check = run([sys.executable, str(REPO / "benchmarks/gpu_simulation.py")], tmp_path, {"HOME": str(missing)})
+    library_dir = next(present.glob(".sapien/physx/*"))
+    assert check.returncode == 1 and check.stdout.startswith(
+        f"PhysX's GPU library is not in {missing}/.sapien/physx/{library_dir.name} "), check
+    assert len(check.stdout.splitlines()) == 1
+    ready = run([sys.executable, str(REPO / "benchmarks/gpu_simulation.py")], tmp_path, {"HOME": str(present)})
+    assert ready.returncode == 0 and ready.stdout == "", ready
+
+    notes, fallback = gpu_plan(tmp_path, missing)
+    assert notes == [f"ManiSkill's GPU simulation cannot start: {check.stdout.strip()}: running what needs no GPU "
+                     "simulation"]  # and no note of parts squeezed into the default 8 minutes
+    assert not (missing / ".sapien").exists()  # SAPIEN's download would have made its directory first
+    names = [name for _, name, _ in fallback]
+    learners = ["ppo_Pendulum", "ppo_rnn_CartPole", "ppo_rgb_PointMassPixels", "ippo_TwoRobotPickCube"]
+    assert names == ["pytest_gpu", *[f"{step}{learner}" for learner in learners for step in ("", "eval_", "export_")],
+                     "torchrun_ppo_Pendulum", "ppo_PushCube_cpu_workers", "ppo_CartPole", "ppo_CartPole_seeds8",
+                     "rnn_replay", "rnn_replay_packed", "seeds_update"]
+    commands = {name: command for _, name, command in fallback}
+    trainers = [command for name, command in commands.items() if name in learners or name.startswith(
+        ("torchrun", "ppo_PushCube", "ppo_CartPole"))]
+    assert len(trainers) == 8 and not any(maniskill_simulation(command) == "gpu" for command in trainers)
+    for name in ("ippo_TwoRobotPickCube", "ppo_PushCube_cpu_workers"):  # ManiSkill's CPU workers, one a core
+        assert f"--num_envs={len(os.sched_getaffinity(0))}" in commands[name] and "--sim_backend=cpu" in commands[name]
+    assert "--num_seeds=8" in commands["ppo_CartPole_seeds8"]
+    assert commands["ppo_CartPole_seeds8"][:-2] == commands["ppo_CartPole"][:-1]  # but --num_seeds and the name
+    assert sum(seconds for seconds, _, _ in fallback) <= GPU_SH_BUDGET
+
+    notes, full = gpu_plan(tmp_path, present)
+    assert notes[0] == "ManiSkill's GPU simulation can start: PhysX's GPU library is in place"
+    wanted = int(re.fullmatch(r"note: the parts want (\d+) minutes; in 8 each gets \d+% of its time", notes[1])[1])
+    assert sum(seconds for seconds, _, _ in full) <= GPU_SH_BUDGET
+    simulated = {name for _, name, command in full if name in {"ppo_PushCube", "ppo_rnn_PushCube", "ppo_rgb_PushCube",
+                                                               "ippo_TwoRobotPickCube", "ppo_PushCube_seeds4"}
+                 and maniskill_simulation(command) == "gpu"}
+    assert len(simulated) == 5 and {f"export_{name}" for name in simulated - {"ppo_PushCube_seeds4"}} <= {
+        name for _, name, _ in full}
+    notes, enough = gpu_plan(tmp_path, present, str(wanted))
+    assert len(notes) == 1 and GPU_SH_BUDGET < sum(seconds for seconds, _, _ in enough) <= wanted * 60 - 20
+
+
+def test_gpu_sh_planned_commands_run(tmp_path):
+    """Every command of both plans of benchmarks/gpu.sh runs as tests/test_commands.py runs the docs' commands
+    (tests/command_runner.py): a trainer's cut to one batch and a short evaluation (one of ManiSkill's GPU simulation:
+    its flags parsed), then ppo_eval.py's evaluation and export of the Gymnasium runs (of ManiSkill's, which take tens
+    of seconds on the CPU: their flags parsed); the benchmarks' flags parsed by their own parsers; pytest collects the
+    GPU tests with the plan's flags."""
+    missing, present = physx_homes(tmp_path)
+    commands = {tuple(command): name for home in (missing, present) for _, name, command in gpu_plan(tmp_path, home)[1]}
+    pytest_command = next(command for command, name in commands.items() if name == "pytest_gpu")
+    collected = run([*pytest_command, "--collect-only"], tmp_path)
+    every = run([sys.executable, "-m", "pytest", "-q", "--collect-only", str(REPO / "tests/test_gpu.py")], tmp_path)
+    count = re.compile(r"^(\d+) tests collected", re.MULTILINE)
+    assert collected.returncode == 0 and count.search(collected.stdout)[1] == count.search(every.stdout)[1], (
+        collected.stdout[-3000:])
+
+    def step(command: tuple[str, ...], mode: str) -> dict:
+        script = next(i for i, token in enumerate(command) if token.endswith(".py"))
+        return dict(program=command[script], argv=list(command[script + 1:]), mode=mode,
+                    extras=["requirements-dev.txt"], here=True)
+
+    def run_steps(steps: list[dict], name: str) -> list[str]:
+        (tmp_path / f"{name}.json").write_text(json.dumps(steps))
+        runner = subprocess.run([sys.executable, "-m", "tests.command_runner", f"{name}.json", f"{name}_results.json"],
+                                cwd=tmp_path, env=script_env(), capture_output=True, text=True, timeout=600)
+        assert runner.returncode == 0, runner.stderr[-5000:]
+        print(runner.stderr)  # each command's time and outcome, shown where the test fails
+        return json.loads((tmp_path / f"{name}_results.json").read_text())
+
+    evaluations = [command for command, name in commands.items() if name.startswith(("eval_", "export_"))]
+    trainers = [command for command in commands if command != pytest_command and command not in evaluations]
+    simulations = {command: maniskill_simulation(list(command)) for command in trainers
+                   if "/benchmarks/" not in command[1]}
+    steps = [step(command, "parse" if command not in simulations else
+                  "parse_trainer" if simulations[command] == "gpu" else "run") for command in trainers]
+    outcomes = run_steps(steps, "trainers")
+    maniskill_runs = {f"runs/gpu_{commands[command]}" for command, simulation in simulations.items() if simulation}
+    evaluated = [step(command, "parse_eval" if command[2] in maniskill_runs else "run") for command in evaluations]
+    assert sum(s["mode"] == "run" for s in evaluated) == 6  # the 3 Gymnasium learners' evaluation and export
+    outcomes += run_steps(evaluated, "evaluations")
+    failures = [f"{s['mode']} {s['program']} {' '.join(s['argv'])}: {outcome}"
+                for s, outcome in zip(steps + evaluated, outcomes) if outcome != "ok"]
+    assert not failures, "\n\n".join(failures)
+    assert (tmp_path / "runs/gpu_ppo_rgb_PointMassPixels/policy.pt2").stat().st_size > 0
+    assert (tmp_path / "runs/gpu_ippo_TwoRobotPickCube/final_ckpt.pt").is_file()  # on ManiSkill's CPU workers
+
+
+def test_gpu_sh_runs_its_parts_in_their_time_and_reports_them(tmp_path):
+    """benchmarks/gpu.sh's run as on a machine with CUDA but without PhysX's GPU library (torch's view of CUDA and
+    nvidia-smi faked; the parts then run on the CPU) in its least time, 1 minute: each planned part runs, stopped
+    at its seconds, its row in table.md with its exit (124 where stopped), after the set-up check and the note that
+    the parts got less time than they want."""
+    missing, _ = physx_homes(tmp_path)
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "nvidia-smi").write_text("#!/bin/sh\necho 'Fake GPU, 1 MiB, 0'\n")
+    (fake_bin / "python").write_text(f'#!/bin/sh\ncase "$2" in *torch.cuda.is_available*) exit 0;; esac\n'
+                                     f'exec {sys.executable} "$@"\n')
+    for fake in fake_bin.iterdir():
+        fake.chmod(0o755)
+    env = {"PATH": f"{fake_bin}:{os.environ['PATH']}", "PYTHON": str(fake_bin / "python"), "HOME": str(missing),
+           "OUT": str(tmp_path / "out")}
+    _, planned = gpu_plan(tmp_path, missing, "1")
+    start = time.monotonic()
+    result = run(["bash", str(GPU_SH), "1"], tmp_path, env)
+    took = time.monotonic() - start
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert took < 100  # its minute, and some for starts, the report and a busy machine: far from the parts' 8
+    table = (tmp_path / "out/table.md").read_text().splitlines()
+    assert table[2] == "GPU: Fake GPU, 1 MiB, 0" and table[4].startswith("ManiSkill's GPU simulation cannot start: ")
+    assert table[6].startswith("note: the parts want 8 minutes; in 1 each gets ")
+    rows = [line.split(" | ") for line in table if line.startswith("| ") and line.count(" | ") == 4][1:]
+    assert [(row[0][2:], int(row[1])) for row in rows] == [(name, seconds) for seconds, name, _ in planned]
+    assert all(int(row[3]) in (124, 137) for row in rows if int(row[2]) > int(row[1]) + 1)  # stopped: TERM or KILL
+    assert any(int(row[3]) == 124 for row in rows)
+    assert sorted(path.stem for path in (tmp_path / "out/logs").iterdir()) == sorted(name for _, name, _ in planned)
+
+
+def test_gpu_tests_of_the_gpu_simulation_skip_without_physx_gpu_library(tmp_path):
+    """tests/test_gpu.py on a machine with CUDA (torch's view of it faked) without PhysX's GPU library: its tests of
+    the GPU simulation skip, saying why, instead of starting SAPIEN's download."""
+    missing, _ = physx_homes(tmp_path)
+    argv = ["-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider", "-k", "not continues_on_the_cpu",
+            str(REPO / "tests/test_gpu.py")]
+    code = f"import sys, pytest, torch; torch.cuda.is_available = lambda: True; sys.exit(pytest.main({argv!r}))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={**script_env(), "HOME": str(missing)},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "13 skipped, 4 deselected" in result.stdout, result.stdout[-3000:]
+    reasons = [line for line in result.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert reasons and all("needs ManiSkill's GPU simulation: PhysX's GPU library is not in " in line
+                           for line in reasons), reasons
+    assert not (missing / ".sapien").exists()
+
+
+def test_seeds_update_benchmark_on_a_device_agrees_with_the_loop(tmp_path):
+    """benchmarks/seeds_update_gpu.py, gpu.sh's seeds_update.py on CUDA, checked on the CPU: seeds_update.py's tables
+    with every way agreeing with the loop, after the device."""
+    result = run([sys.executable, str(REPO / "benchmarks/seeds_update_gpu.py"), "--device", "cpu", "--seeds", "1", "2",
+                  "--steps", "2"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[0] == "device: cpu" and lines[2].endswith("bit for bit: True")
+    rows = [line.split(" | ") for line in lines if line.count(" | ") == 14 and line[2].isdigit()]
+    assert [row[0] for row in rows] == ["| 1", "| 2"] and all(row[-4:] == ["True"] * 3 + ["True |"] for row in rows)
+    if not torch.cuda.is_available():
+        refused = run([sys.executable, str(REPO / "benchmarks/seeds_update_gpu.py"), "--device", "cuda"], tmp_path)
+        assert refused.returncode == 1 and refused.stderr.startswith("error: --device cuda, but torch sees no GPU")
 
 
 def test_mpe_spread_benchmark_writes_its_table_and_plot(ahead):
