@@ -545,12 +545,13 @@ def bootstrap_mask(rule: str, terminated: torch.Tensor, truncated: torch.Tensor)
     return torch.zeros_like(terminated)
 
 
+# Copied from ppo.py
 def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch.Tensor, bootstrap_values: torch.Tensor,
                        next_value: torch.Tensor, gamma: float, gae_lambda: float, finite_horizon: bool) -> torch.Tensor:
-    """GAE over a (num_steps, num_envs, num_agents) rollout, each agent's on its own rewards, values and episode
-    ends; next_value = V(obs after the last step). Nothing crosses an episode end.
-    finite_horizon: ManiSkill's variant, whose lambda-weights are renormalized over the steps left before the
-    rollout or episode ends, so a short tail is not dominated by its last value."""
+    """GAE over a rollout's (num_steps, ...) tensors, each env (each index after the first) on its own; next_value =
+    V(obs after the last step). Nothing crosses an episode end. finite_horizon: ManiSkill's variant, whose
+    lambda-weights are renormalized over the steps left before the rollout or episode ends, so a short tail is not
+    dominated by its last value."""
     # Whatever does not depend on the next step's result is computed for all steps at once, outside the loop.
     not_dones = 1.0 - dones
     real_next_values = not_dones * torch.cat([values[1:], next_value[None]]) + bootstrap_values

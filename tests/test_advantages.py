@@ -1,6 +1,6 @@
 """GAE and final-value bootstrapping against an independent reference written with plain loops: ppo.py's
-compute_advantages, bootstrap_mask, RunningMeanStd and RewardNormalizer, and ippo.py's own compute_advantages and
-RunningMeanStd. The siblings' `# Copied from ppo.py` copies of them are checked equal to ppo.py's by
+compute_advantages, bootstrap_mask, RunningMeanStd and RewardNormalizer, and ippo.py's own RunningMeanStd. The
+siblings' `# Copied from ppo.py` copies of them are checked equal to ppo.py's by
 scripts/check_copies.py (tests/test_check_copies.py), so they are tested here once, on their source."""
 
 import numpy as np
@@ -65,16 +65,15 @@ def random_rollout(seed, T=12, N=6):
 @pytest.mark.parametrize("finite_horizon", [False, True])
 @pytest.mark.parametrize("rule", ["always", "truncated", "never"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("trainer", [ppo, ippo], ids=["ppo", "ippo"])
-def test_advantages_match_reference(trainer, rule, finite_horizon, seed):
+def test_advantages_match_reference(rule, finite_horizon, seed):
     r = random_rollout(seed)
     assert r["terminated"].any() and r["truncated"].any() and (r["terminated"] & r["truncated"]).any()
     t = {k: torch.as_tensor(v) for k, v in r.items()}
     dones = (t["terminated"] | t["truncated"]).double()
-    mask = trainer.bootstrap_mask(rule, t["terminated"], t["truncated"])
+    mask = ppo.bootstrap_mask(rule, t["terminated"], t["truncated"])
     bootstrap_values = torch.where(mask, t["final_values"], 0.0)
-    got = trainer.compute_advantages(t["rewards"], t["values"], dones, bootstrap_values, t["next_value"],
-                                 GAMMA, LAM, finite_horizon)
+    got = ppo.compute_advantages(t["rewards"], t["values"], dones, bootstrap_values, t["next_value"], GAMMA, LAM,
+                                 finite_horizon)
     want = reference(r["rewards"], r["values"], r["terminated"], r["truncated"], r["final_values"], r["next_value"],
                      rule, finite_horizon)
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-10, atol=1e-10)
