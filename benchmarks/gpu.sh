@@ -16,7 +16,7 @@
 # (c) torchrun with one process on the GPU; ppo.py on PushCube-v1 with ManiSkill's CPU workers, as many as the
 #     machine's cores, beside its learner on CUDA;
 # (d) the CUDA benchmarks: rnn_replay.py (in stretches and packed), seeds_update.py at 1-64 seeds
-#     (seeds_update_gpu.py), and ppo.py --num_seeds 8 against one seed on CartPole-v1.
+#     (seeds_update.py --device=cuda), and ppo.py --num_seeds 8 against one seed on CartPole-v1.
 # The runs go to ./runs/gpu_* (refused where an earlier run left some); the results to
 # benchmarks/results/gpu/DATE/ (OUT=... elsewhere): table.md (the set-up check; each part's time, exit and last
 # line; the runs' final SPS, evaluation and wall time; ppo_eval.py's evaluations; the benchmarks' tables), each
@@ -156,7 +156,7 @@ part ppo_CartPole 15 "$PYTHON" "$repo/ppo.py" "${cartpole[@]}" --exp_name=gpu_pp
 part ppo_CartPole_seeds8 20 "$PYTHON" "$repo/ppo.py" "${cartpole[@]}" --num_seeds=8 --exp_name=gpu_ppo_CartPole_seeds8
 part rnn_replay 8 "$PYTHON" "$repo/benchmarks/rnn_replay.py" --device=cuda
 part rnn_replay_packed 8 "$PYTHON" "$repo/benchmarks/rnn_replay.py" --device=cuda --packed
-part seeds_update 32 "$PYTHON" "$repo/benchmarks/seeds_update_gpu.py" --seeds 1 2 4 8 16 32 64 --steps=16
+part seeds_update 32 "$PYTHON" "$repo/benchmarks/seeds_update.py" --device=cuda --seeds 1 2 4 8 16 32 64 --steps=16
 
 wanted=0
 for seconds in "${wanted_seconds[@]}"; do wanted=$((wanted + seconds)); done

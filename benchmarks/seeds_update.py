@@ -17,6 +17,7 @@ MuJoCo settings (HalfCheetah's 17-dim observation, 6-dim action, 2x64 tanh netwo
 
     python benchmarks/seeds_update.py                       # N = 1, 2, 4, 8, 16; 320 minibatch steps each
     python benchmarks/seeds_update.py --seeds 1 8 --steps 64
+    python benchmarks/seeds_update.py --device cuda --seeds 1 2 4 8 16 32 64 --steps 16   # benchmarks/gpu.sh
 
 Prints a markdown table: milliseconds a minibatch step for all N seeds, and the cost of N seeds relative to one
 seed's loop; then the rollout's policy call for N seeds of one env each, the same four ways. Also whether each
@@ -87,9 +88,10 @@ class StackedAgent(nn.Module):
 
 
 def minibatches(num_seeds: int, steps: int):
+    """Drawn on the CPU whatever the device, so that every device steps on the same numbers."""
     generator = torch.Generator().manual_seed(0)
-    return [tuple(torch.randn((num_seeds, MINIBATCH) + shape, generator=generator) for shape in
-                  ((OBS,), (ACT,), (), (), ())) for _ in range(steps)]
+    return [tuple(torch.randn((num_seeds, MINIBATCH) + shape, generator=generator, device="cpu")
+                  .to(torch.get_default_device()) for shape in ((OBS,), (ACT,), (), (), ())) for _ in range(steps)]
 
 
 def stacked_mlp(mlps: list[nn.Sequential], x: torch.Tensor) -> torch.Tensor:
@@ -244,6 +246,8 @@ def timed(fn, repeats: int = 3) -> float:
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
+        if torch.get_default_device().type == "cuda":  # the time of the work, not of its launch
+            torch.cuda.synchronize()
         best = min(best, time.perf_counter() - start)
     return best
 
@@ -252,8 +256,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--steps", type=int, default=320, help="minibatch steps (ppo.py at CleanRL's settings: 320)")
+    parser.add_argument("--device", default="cpu", help="where the networks, optimizers and minibatches live")
     options = parser.parse_args()
+    if options.device.startswith("cuda") and not torch.cuda.is_available():
+        sys.exit(f"error: --device {options.device}, but torch sees no GPU here (torch.cuda.is_available() is False)")
     torch.set_num_threads(1)
+    torch.set_default_device(options.device)
+    print(f"device: {options.device}\n")
     x = torch.randn(MINIBATCH, OBS)
     linear = ppo.layer_init(nn.Linear(OBS, 64))
     stacked = ippo.AgentLinear(1, OBS, 64)

@@ -216,15 +216,19 @@ def test_rnn_replay_benchmark_prints_its_row(tmp_path):
 
 
 def test_seeds_update_benchmark_agrees_with_the_loop(tmp_path):
-    result = run([sys.executable, str(REPO / "benchmarks/seeds_update.py"), "--seeds", "1", "3", "--steps", "4"],
-                 tmp_path)
+    """Every way agrees with the loop; --device (gpu.sh's cuda) puts everything there, checked here on the CPU."""
+    result = run([sys.executable, str(REPO / "benchmarks/seeds_update.py"), "--device", "cpu", "--seeds", "1", "3",
+                  "--steps", "4"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
-    assert lines[0].endswith("bit for bit: True")
+    assert lines[0] == "device: cpu" and lines[2].endswith("bit for bit: True")
     rows = [line.split(" | ") for line in lines if line.count(" | ") == 14 and line[2].isdigit()]  # the update's
     assert [row[0] for row in rows] == ["| 1", "| 3"] and all(row[-4:] == ["True"] * 3 + ["True |"] for row in rows)
     policy_rows = [line.split(" | ") for line in lines if line.count(" | ") == 4 and line[2].isdigit()]
     assert [row[0] for row in policy_rows] == ["| 1", "| 3"] and all(float(row[1]) > 0 for row in policy_rows)
+    if not torch.cuda.is_available():
+        refused = run([sys.executable, str(REPO / "benchmarks/seeds_update.py"), "--device", "cuda"], tmp_path)
+        assert refused.returncode == 1 and refused.stderr.startswith("error: --device cuda, but torch sees no GPU")
 
 
 def test_stacked_weights_with_a_group_per_seed_keep_a_stopped_seed_still():
@@ -490,21 +494,6 @@ def test_gpu_tests_of_the_gpu_simulation_skip_without_physx_gpu_library(tmp_path
     assert reasons and all("needs ManiSkill's GPU simulation: PhysX's GPU library is not in " in line
                            for line in reasons), reasons
     assert not (missing / ".sapien").exists()
-
-
-def test_seeds_update_benchmark_on_a_device_agrees_with_the_loop(tmp_path):
-    """benchmarks/seeds_update_gpu.py, gpu.sh's seeds_update.py on CUDA, checked on the CPU: seeds_update.py's tables
-    with every way agreeing with the loop, after the device."""
-    result = run([sys.executable, str(REPO / "benchmarks/seeds_update_gpu.py"), "--device", "cpu", "--seeds", "1", "2",
-                  "--steps", "2"], tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    lines = result.stdout.strip().splitlines()
-    assert lines[0] == "device: cpu" and lines[2].endswith("bit for bit: True")
-    rows = [line.split(" | ") for line in lines if line.count(" | ") == 14 and line[2].isdigit()]
-    assert [row[0] for row in rows] == ["| 1", "| 2"] and all(row[-4:] == ["True"] * 3 + ["True |"] for row in rows)
-    if not torch.cuda.is_available():
-        refused = run([sys.executable, str(REPO / "benchmarks/seeds_update_gpu.py"), "--device", "cuda"], tmp_path)
-        assert refused.returncode == 1 and refused.stderr.startswith("error: --device cuda, but torch sees no GPU")
 
 
 def test_mpe_spread_benchmark_writes_its_table_and_plot(ahead):
