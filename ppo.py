@@ -2575,6 +2575,11 @@ def cli(argv: Optional[list[str]] = None) -> int:
         rank, _, num_ranks, _ = torchrun_ranks()
         print(f"error: {e}" if num_ranks == 1 else f"error (rank {rank}): {e}", file=sys.stderr)
         return 2 if isinstance(e, UserError) else 1
+    except (MemoryError, torch.OutOfMemoryError) as e:  # the checkpoints written before it stay as they were
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"error: out of memory ({reason}): run fewer or smaller envs, or a smaller batch or network",
+              file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -398,6 +398,20 @@ def test_a_full_disk_stops_the_run_in_one_line_and_keeps_the_last_checkpoint(tmp
     assert load(run / "ckpt_1.pt")["iteration"] == 1
 
 
+@pytest.mark.parametrize("error", [MemoryError(), torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB\n"
+                                                                      "(advice over several lines)")])
+def test_running_out_of_memory_is_one_line(tmp_path, monkeypatch, capfd, error):
+    """The learner or the envs exhaust the memory (the host's, or a GPU's): one error line, no traceback."""
+    def exhausted(*_, **__):
+        raise error
+
+    monkeypatch.setattr(ppo, "make_run_envs", exhausted)
+    monkeypatch.chdir(tmp_path)
+    assert ppo.cli(fast_args(POINT_MASS, "oom")) == 1
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: out of memory ("), lines
+
+
 BAD_INPUTS = [
     (["--env_id", "NoSuchEnv-v0"], "NoSuchEnv-v0"),
     (["--env_id", "no_such_module:Env-v0"], "no_such_module"),
