@@ -142,7 +142,7 @@ def traced(path: Path, lines: dict[int, str], comment: str) -> list[Command]:
     with tempfile.TemporaryDirectory() as directory:
         script, trace, programs = Path(directory) / "block.sh", Path(directory) / "trace", Path(directory) / "bin"
         programs.mkdir()
-        for program in SAFE_PROGRAMS:
+        for program in filter(shutil.which, SAFE_PROGRAMS):
             (programs / program).symlink_to(shutil.which(program))
         body = [re.sub(r"(^|[\s;])\.venv/bin/python\b", r"\1python", line) for line in lines.values()]
         script.write_text(TRACE_STUBS + "\n".join(body) + "\n")
