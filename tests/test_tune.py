@@ -1,0 +1,125 @@
+"""scripts/tune.py: an Optuna search whose trials train many seeds in one process, scored by their IQM. Most tests
+tune tests/tune_trainer.py, a stand-in that takes the trainers' flags and logs eval/return = -(x - 3)^2 + seed/100 at
+steps 1 to --steps; one tunes ppo.py on CartPole."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.util import REPO
+
+optuna = pytest.importorskip("optuna")
+sys.path.insert(0, str(REPO / "scripts"))
+import tune  # noqa: E402
+
+STAND_IN = str(REPO / "tests/tune_trainer.py")
+
+
+def study_of(directory):
+    return optuna.load_study(study_name="tune", storage=f"sqlite:///{directory / 'study.db'}")
+
+
+def states(study) -> list[str]:
+    return [trial.state.name for trial in study.trials]
+
+
+@pytest.fixture
+def fast_polls(monkeypatch, tmp_path):
+    monkeypatch.setattr(tune, "POLL_SECONDS", 0.1)
+    monkeypatch.chdir(tmp_path)
+
+
+def test_a_tiny_search_on_cartpole(tmp_path, fast_polls, capsys):
+    argv = ["--env_id", "CartPole-v1", "--trials", "2", "--seeds", "2", "--dir", "tuned", "--space",
+            "learning_rate=1e-4:1e-2:log", "num_minibatches=1,2", "--", "--num_envs", "2", "--num_steps", "32",
+            "--total_timesteps", "128", "--eval_freq", "2", "--num_eval_envs", "2"]
+    assert tune.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| trial | learning_rate | num_minibatches | IQM | seeds | wall time (min) |" in out
+    assert out == (tmp_path / "tuned/results.md").read_text()
+    assert sum(state == "COMPLETE" for state in states(study_of(tmp_path / "tuned"))) >= 2
+    for trial in study_of(tmp_path / "tuned").trials:  # each trial's seeds, in the tuning's directory
+        assert {p.name for p in (tmp_path / f"tuned/runs/trial_{trial.number}").glob("trial_*__seed*")} == {
+            f"trial_{trial.number}__seed1", f"trial_{trial.number}__seed2"}
+    assert (tmp_path / "tuned/history.png").stat().st_size > 0
+    best = out.split("The best trial's command:\n\n    ")[1].splitlines()[0]
+    assert best.startswith("python ") and "--num_seeds=2" in best and "--learning_rate=" in best
+
+
+def test_a_trial_worse_than_the_median_is_pruned_and_stopped(tmp_path, fast_polls):
+    argv = ["--trainer", STAND_IN, "--env_id", "Tune-v0", "--trials", "6", "--seeds", "2", "--jobs", "1",
+            "--prune_after", "1", "--dir", "tuned", "--space", "x=0.0:6.0", "--", "--steps", "8",
+            "--step_seconds", "0.3"]
+    assert tune.main(argv) == 0
+    study = study_of(tmp_path / "tuned")
+    pruned = [trial for trial in study.trials if trial.state.name == "PRUNED"]
+    assert pruned and len([t for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")]) == 6
+    for trial in pruned:  # stopped by SIGTERM before its last step
+        reported = sorted(trial.intermediate_values)
+        assert reported and reported[-1] < 8, reported
+    assert "pruned" in (tmp_path / "tuned/results.md").read_text()
+
+
+def test_a_killed_tuning_continues_with_no_trial_counted_twice(tmp_path):
+    argv = [sys.executable, str(REPO / "scripts/tune.py"), "--trainer", STAND_IN, "--env_id", "Tune-v0", "--trials",
+            "3", "--seeds", "2", "--jobs", "1", "--prune_after", "0", "--dir", "tuned", "--space", "x=0.0:6.0", "--",
+            "--steps", "6", "--step_seconds", "0.5"]
+    first = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "tuned/runs/trial_1").exists():  # trial 0 done, trial 1 running
+        assert first.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    cut = study_of(tmp_path / "tuned").trials[1]
+    assert cut.state.name == "RUNNING"
+    again = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    trials = study_of(tmp_path / "tuned").trials
+    assert trials[1].state.name == "FAIL" and [t.state.name for t in trials].count("COMPLETE") == 3
+    rerun = [t for t in trials if t.user_attrs.get("rerun_of") == 1]
+    assert len(rerun) == 1 and rerun[0].params == cut.params and rerun[0].state.name == "COMPLETE"
+    with pytest.raises(ProcessLookupError):  # the trainer the killed tune.py left behind was stopped
+        os.kill(cut.user_attrs["child"], 0)
+
+
+def test_confirm_runs_the_best_and_the_defaults_on_seeds_no_trial_used(tmp_path, fast_polls):
+    argv = ["--trainer", STAND_IN, "--env_id", "Tune-v0", "--trials", "2", "--seeds", "2", "--dir", "tuned",
+            "--confirm", "3", "--space", "x=0.0:6.0"]
+    assert tune.main(argv) == 0
+    runs = tmp_path / "tuned/runs"
+    tuned = {p.name.rpartition("__seed")[2] for p in runs.glob("trial_*/*__seed*")}
+    confirmed = {p.name.rpartition("__seed")[2] for p in runs.glob("confirm_*/*__seed*")}
+    assert tuned == {"1", "2"} and confirmed == {"3", "4", "5"}
+    assert {p.name for p in runs.glob("confirm_*")} == {"confirm_best", "confirm_defaults"}
+    results = (tmp_path / "tuned/results.md").read_text()
+    assert "Confirmed on seeds 3-5 (no trial used them)" in results and "P(best > defaults) = " in results
+
+
+@pytest.mark.parametrize("given, refusal", [
+    (["--space", "y=0:1"], "--space 'y=0:1': the trainer has no flag --y"),
+    (["--space", "x=1:0"], "--space 'x=1:0' does not parse: LOW must be below HIGH"),
+    (["--space", "x=a:b"], "--space 'x=a:b' does not parse"),
+    (["--space", "x=0:6", "--", "--nope", "1"], "--nope: the trainer has no such flag"),
+    (["--space", "x=0:6", "--metric", "eval/never"], "logged no eval/never"),
+    (["--space", "x=0:6", "--", "--fail"], "failed (exit 2): error: told to fail"),
+])
+def test_bad_input_is_one_line_and_the_study_stays_usable(tmp_path, fast_polls, capsys, given, refusal):
+    argv = ["--trainer", STAND_IN, "--env_id", "Tune-v0", "--trials", "1", "--seeds", "2", "--jobs", "1",
+            "--dir", "tuned"]
+    assert tune.main(argv + given) == 2
+    err = capsys.readouterr().err  # beside the progress bar's lines
+    lines = [line for line in err.splitlines() if line.startswith("error") or "Traceback" in line]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and refusal in lines[0], err
+    assert tune.main(argv + ["--space", "x=0:6"]) == 0  # the same directory, the input corrected
+    assert [state for state in states(study_of(tmp_path / "tuned")) if state != "FAIL"] == ["COMPLETE"]
+
+
+def test_without_optuna_it_says_what_to_install(tmp_path, fast_polls, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "optuna", None)
+    assert tune.main(["--trainer", STAND_IN, "--env_id", "Tune-v0", "--space", "x=0:6"]) == 2
+    assert capsys.readouterr().err.strip().endswith("pip install optuna")
