@@ -156,7 +156,8 @@ class Tuning:
         self.trainer = options.trainer.resolve()
 
     def command(self, params: dict, seed: int, num_seeds: int, exp_name: str) -> list[str]:
-        video = [] if any("capture_video" in given for given in self.options.flags) else ["--no_capture_video"]
+        chosen = "capture_video" in params or any("capture_video" in given for given in self.options.flags)
+        video = [] if chosen else ["--no_capture_video"]  # videos cost a trial time and the tuning disk
         return [sys.executable, str(self.trainer), f"--env_id={self.options.env_id}", *video,
                 *(part for name, value in params.items() for part in flag(name, value)), *self.options.flags,
                 f"--num_seeds={num_seeds}", f"--seed={seed}", "--torch_threads=1", f"--exp_name={exp_name}"]

@@ -123,3 +123,14 @@ def test_without_optuna_it_says_what_to_install(tmp_path, fast_polls, monkeypatc
     monkeypatch.setitem(sys.modules, "optuna", None)
     assert tune.main(["--trainer", STAND_IN, "--env_id", "Tune-v0", "--space", "x=0:6"]) == 2
     assert capsys.readouterr().err.strip().endswith("pip install optuna")
+
+
+def test_a_space_file_is_read_as_the_flags_are(tmp_path, fast_polls):
+    (tmp_path / "space.toml").write_text('x = "0.5:6.0:log"\ncapture_video = "true,false"\n')
+    argv = ["--trainer", STAND_IN, "--env_id", "Tune-v0", "--trials", "2", "--seeds", "1", "--dir", "tuned",
+            "--space_file", "space.toml"]
+    assert tune.main(argv) == 0
+    trials = study_of(tmp_path / "tuned").trials
+    assert all(0.5 <= t.params["x"] <= 6.0 and isinstance(t.params["capture_video"], bool) for t in trials)
+    (tmp_path / "space.toml").write_text("x = [0, 6\n")
+    assert tune.main(argv[:-4] + ["--dir", "other", "--space_file", "space.toml"]) == 2
