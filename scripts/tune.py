@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import time
+import threading
 import tomllib
 import warnings
 from pathlib import Path
@@ -39,8 +40,11 @@ from plot import UserError, interval_estimates, read_scalars, report_user_errors
 
 REPO = Path(__file__).resolve().parent.parent
 POLL_SECONDS = 5.0
+BOX = re.compile(r"[\u2500-\u257f]+")  # the box tyro draws around its refusals
 TOP = 5  # trials in results.md's table
 REPS = 2000  # bootstrap resamples of the intervals
+MAX_FAILURES = 5  # trials failed in a row that stop a tuning
+TUNE_SETS = ("env_id", "seed", "num_seeds", "exp_name", "torch_threads")  # each trial's, from tune.py's own flags
 
 
 def counted_states(optuna) -> tuple:
@@ -68,15 +72,17 @@ def number(text: str) -> float | int:
     return int(text) if re.fullmatch(r"[+-]?\d+", text) else float(text)
 
 
-def parse_dimension(text: str, fields: dict) -> Dimension:
+def parse_dimension(text: str, fields: dict, source: str = "--space") -> Dimension:
     name, equals, spec = text.partition("=")
     if not equals or not spec:
-        raise UserError(f"--space {text!r}: write NAME=LOW:HIGH, NAME=LOW:HIGH:log or NAME=A,B,C")
+        raise UserError(f"{source} {text!r}: write NAME=LOW:HIGH, NAME=LOW:HIGH:log or NAME=A,B,C")
     if name not in fields:
-        raise UserError(f"--space {text!r}: the trainer has no flag --{name}")
+        raise UserError(f"{source} {text!r}: the trainer has no flag --{name}")
+    if "," not in spec and ":" not in spec and not isinstance(fields[name], bool):
+        raise UserError(f"{source} {text!r} is one value, not a range or choices: give it after -- (every trial's)")
     try:
         if "," in spec or isinstance(fields[name], bool):
-            values = spec.split(",")
+            values = [value.strip() for value in spec.split(",")]
             if isinstance(fields[name], bool):
                 if any(value.lower() not in ("true", "false") for value in values):
                     raise ValueError(f"--{name} is a switch: true,false")
@@ -96,7 +102,7 @@ def parse_dimension(text: str, fields: dict) -> Dimension:
             raise ValueError("LOW must be below HIGH (and above 0 on a log scale)")
         return Dimension(name, low, high, bool(scale))
     except ValueError as e:
-        raise UserError(f"--space {text!r} does not parse: {e}") from None
+        raise UserError(f"{source} {text!r} does not parse: {e}") from None
 
 
 def trainer_fields(trainer: Path) -> dict:
@@ -113,12 +119,17 @@ def trainer_fields(trainer: Path) -> dict:
     return {field.name: field.default for field in dataclasses.fields(module.Args)}
 
 
-def check_flags(flags: list[str], fields: dict):
-    for flag in flags:
-        if flag.startswith("--"):
-            name = flag[2:].partition("=")[0].replace("-", "_")
-            if name not in fields and name.removeprefix("no_") not in fields:
-                raise UserError(f"{flag}: the trainer has no such flag")
+def check_flags(flags: list[str], fields: dict, searched: list[str]):
+    """The flags after --: the trainer's, and neither a searched one nor one tune.py sets for each trial."""
+    for given in flags:
+        if given.startswith("--"):
+            name = given[2:].partition("=")[0].replace("-", "_")
+            name = name if name in fields else name.removeprefix("no_")
+            if name not in fields:
+                raise UserError(f"{given}: the trainer has no such flag (tune.py's own flags go before --)")
+            if name in searched or name in TUNE_SETS:
+                why = "it is searched" if name in searched else "from its own flags"
+                raise UserError(f"{given}: tune.py sets --{name} for each trial ({why}); drop it after --")
 
 
 def flag(name: str, value) -> list[str]:
@@ -154,41 +165,48 @@ class Tuning:
         self.options, self.fields, self.space = options, fields, space
         self.dir = options.dir.resolve()
         self.trainer = options.trainer.resolve()
+        self.children = set()  # the trainers running now, stopped with tune.py
 
     def command(self, params: dict, seed: int, num_seeds: int, exp_name: str) -> list[str]:
         chosen = "capture_video" in params or any("capture_video" in given for given in self.options.flags)
         video = [] if chosen else ["--no_capture_video"]  # videos cost a trial time and the tuning disk
-        return [sys.executable, str(self.trainer), f"--env_id={self.options.env_id}", *video,
-                *(part for name, value in params.items() for part in flag(name, value)), *self.options.flags,
-                f"--num_seeds={num_seeds}", f"--seed={seed}", "--torch_threads=1", f"--exp_name={exp_name}"]
+        seeds = [f"--num_seeds={num_seeds}"] if "num_seeds" in self.fields else []
+        return [sys.executable, str(self.trainer), f"--env_id={self.options.env_id}", *video, *self.options.flags,
+                *(part for name, value in params.items() for part in flag(name, value)), *seeds, f"--seed={seed}",
+                "--torch_threads=1", f"--exp_name={exp_name}"]
 
     def train(self, params: dict, seed: int, num_seeds: int, name: str, trial=None) -> tuple[list[float], str]:
         """Run the trainer in the tuning's directory; (each seed's final metric, how it ended). With a trial, its
         intermediate IQMs go to the pruner, which may stop it."""
         run_dir, log = self.dir / "runs" / name, self.dir / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+        paths = [os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])]  # where module:Env-v0 ids are found
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
         with open(log, "w") as output:
             process = subprocess.Popen(self.command(params, seed, num_seeds, name), cwd=self.dir, env=env,
                                        stdout=output, stderr=subprocess.STDOUT)
+            self.children.add(process)
             if trial is not None:
                 trial.set_user_attr("child", process.pid)
-            reported, pruned = set(), False
+            evaluations, pruned = 0, False
             while process.poll() is None:
                 time.sleep(POLL_SECONDS)
-                for step, value in progress(run_dir, self.options.metric) if trial is not None else []:
-                    if step not in reported:
-                        reported.add(step)
-                        trial.report(value, step)
-                if trial is not None and reported and not pruned and trial.should_prune():
+                # the pruner compares trials at their k-th evaluation: steps differ where --num_envs is searched
+                for k, (_, value) in enumerate(progress(run_dir, self.options.metric) if trial is not None else []):
+                    if k >= evaluations:
+                        evaluations = k + 1
+                        trial.report(value, k)
+                if trial is not None and evaluations and not pruned and trial.should_prune():
                     pruned = True
                     process.send_signal(signal.SIGTERM)  # the trainer saves a checkpoint and stops
             process.wait()
+            self.children.discard(process)
         if pruned:
             return [], "pruned"
         if process.returncode != 0:
-            lines = [line for line in log.read_text().splitlines() if line.strip()]
-            last = next((line for line in reversed(lines) if line.startswith("error")), lines[-1] if lines else "")
+            lines = [text for line in log.read_text().splitlines() if (text := BOX.sub("", line).strip())]
+            last = next((line for line in reversed(lines) if line.lower().startswith("error") or
+                         "unrecognized" in line.lower()), lines[-1] if lines else "")
             return [], f"failed (exit {process.returncode}): {last} (whole output: {log})"
         values = finals(run_dir, self.options.metric)
         if not values:
@@ -207,16 +225,29 @@ def optuna_module():
 
 
 def alive(trial) -> bool:
-    """Whether the process that runs a trial still does (a trial of another machine is taken to)."""
-    if trial.user_attrs.get("host") != socket.gethostname():
+    """Whether the tune.py that runs a trial still does (one of another machine is taken to); a trial is marked
+    RUNNING before its process says which it is, so one that names none is taken to run too."""
+    pid = trial.user_attrs.get("pid")
+    if pid is None or trial.user_attrs.get("host") != socket.gethostname():
         return True
-    try:
-        os.kill(trial.user_attrs["pid"], 0)
-    except (ProcessLookupError, KeyError):
+    if pid == os.getpid():  # this process runs no trial yet: an earlier one of its pid (a restarted container)
         return False
-    except PermissionError:
-        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
     return True
+
+
+def stop_left_behind(trial):
+    """SIGTERM the trainer of a cut trial if it still runs (it saves a checkpoint): found by its own command line,
+    so that a pid since taken by another process is left alone."""
+    pid = trial.user_attrs.get("child")
+    try:
+        if pid and f"--exp_name=trial_{trial.number}" in Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0"):
+            os.kill(pid, signal.SIGTERM)
+    except (OSError, UnicodeDecodeError):
+        pass
 
 
 def open_study(optuna, tuning: Tuning):
@@ -227,84 +258,133 @@ def open_study(optuna, tuning: Tuning):
     what = json.loads(json.dumps(what))  # as the storage gives it back (tuples as lists)
     study = optuna.create_study(
         study_name="tune", storage=f"sqlite:///{tuning.dir / 'study.db'}", load_if_exists=True, direction="maximize",
-        sampler=optuna.samplers.TPESampler(seed=tuning.options.sampler_seed),
         pruner=(optuna.pruners.MedianPruner(n_startup_trials=tuning.options.prune_after) if tuning.options.prune_after
                 else optuna.pruners.NopPruner()))
+    # seeded by how far the study is, so that a continued or joining process draws on rather than again
+    study.sampler = optuna.samplers.TPESampler(seed=tuning.options.sampler_seed + len(study.trials))
     saved = study.user_attrs.get("tuning")
     counted = study.get_trials(deepcopy=False, states=counted_states(optuna))
     if saved is None or not counted:  # settings whose trials all failed (a bad flag, a metric never logged) may change
         study.set_user_attr("tuning", what)
     elif saved != what:
-        changed = ", ".join(key for key in what if saved.get(key) != what[key])
-        raise UserError(f"{tuning.dir} holds a tuning of other settings ({changed} differ): continue it with its own "
+        changed = "; ".join(f"{key}: {saved.get(key)} there, {what[key]} here" for key in what
+                            if saved.get(key) != what[key])
+        raise UserError(f"{tuning.dir} holds a tuning of other settings ({changed}): continue it with its own "
                         "command, or give another --dir")
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         if not alive(trial):  # cut short: counted as failed, and its settings run again
-            if "child" in trial.user_attrs:  # a trainer its tune.py left behind stops, saving its checkpoint
-                try:
-                    os.kill(trial.user_attrs["child"], signal.SIGTERM)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
-            study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number})
+            stop_left_behind(trial)
+            rerun_later(optuna, study, trial)
     return study
+
+
+def rerun_later(optuna, study, trial):
+    """A trial cut short fails, so that it counts nowhere, and its settings wait to run again."""
+    if study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True).state.name == "FAIL":
+        study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number})
 
 
 def tune(options):
     optuna = optuna_module()
-    from tqdm import tqdm
-
     fields = trainer_fields(options.trainer)
-    dimensions = list(options.space)
+    dimensions = [(text, "--space") for text in options.space]
     if options.space_file is not None:
+        source = f"--space_file {options.space_file}"
         try:
-            dimensions += [f"{name}={spec}" for name, spec in tomllib.loads(options.space_file.read_text()).items()]
+            space = tomllib.loads(options.space_file.read_text())
         except (OSError, tomllib.TOMLDecodeError) as e:
-            raise UserError(f"--space_file {options.space_file}: {e}") from e
+            raise UserError(f"{source}: {e}") from e
+        for name, spec in space.items():  # a TOML array is a list of choices
+            if not isinstance(spec, (str, list)):
+                raise UserError(f"{source}: {name} = {spec!r}: give a string \"LOW:HIGH[:log]\" or a list of choices")
+            dimensions.append((f"{name}={','.join(map(str, spec)) if isinstance(spec, list) else spec}", source))
     if not dimensions:
         raise UserError("nothing to search: give --space NAME=LOW:HIGH ... or --space_file")
     if options.seeds > 1 and "num_seeds" not in fields:
         raise UserError(f"{options.trainer.name} trains one seed a process (it has no --num_seeds): give --seeds 1")
-    check_flags(options.flags, fields)
-    tuning = Tuning(options, fields, [parse_dimension(text, fields) for text in dimensions])
+    check_flags(options.flags, fields, [text.partition("=")[0] for text, _ in dimensions])
+    tuning = Tuning(options, fields, [parse_dimension(text, fields, source) for text, source in dimensions])
     study = open_study(optuna, tuning)
-    done_states = counted_states(optuna)
-
-    def objective(trial):
-        trial.set_user_attr("pid", os.getpid())
-        trial.set_user_attr("host", socket.gethostname())
-        params = {dimension.name: dimension.suggest(trial) for dimension in tuning.space}
-        values, ended = tuning.train(params, options.seed, options.seeds, f"trial_{trial.number}", trial)
-        if ended == "pruned":
-            raise optuna.TrialPruned()
-        if ended != "complete":
-            if not study.get_trials(deepcopy=False, states=done_states):
-                raise UserError(f"trial {trial.number} {ended}")  # the first: a bad flag or metric, likely
-            tqdm.write(f"warning: trial {trial.number} {ended}", file=sys.stderr)
-            raise TrialFailed()
-        trial.set_user_attr("finals", values)
-        return iqm(values)
-
-    done = len(study.get_trials(deepcopy=False, states=done_states))
-    bar = tqdm(total=options.trials, initial=min(done, options.trials), desc="trials", dynamic_ncols=True)
-
-    def advanced(study, trial):
-        bar.n = min(len(study.get_trials(deepcopy=False, states=done_states)), options.trials)
-        best = [t.value for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))]
-        bar.set_postfix(best_iqm=f"{max(best):.4g}" if best else "-")
-        bar.refresh()
-
-    try:
-        if done < options.trials:
-            study.optimize(objective, n_jobs=options.jobs, catch=(TrialFailed,),
-                           callbacks=[optuna.study.MaxTrialsCallback(options.trials, states=done_states), advanced])
-    finally:
-        bar.close()
+    run_trials(optuna, study, tuning)
     report(optuna, study, tuning)
 
 
-class TrialFailed(Exception):
-    pass
+def run_trials(optuna, study, tuning: Tuning):
+    """--jobs workers, each asking for a trial (one at a time: a waiting rerun goes to one of them) while fewer than
+    --trials are counted or running, in any process. Ctrl-C or SIGTERM stops the trainers (each saves a checkpoint);
+    their trials wait to run again."""
+    from tqdm import tqdm
+
+    options, states = tuning.options, optuna.trial.TrialState
+    lock, stop, errors, failures = threading.Lock(), threading.Event(), [], []
+    counted = lambda: len(study.get_trials(deepcopy=False, states=counted_states(optuna)))  # noqa: E731
+    bar = tqdm(total=options.trials, initial=min(counted(), options.trials), desc="trials", dynamic_ncols=True)
+
+    def worker():
+        try:
+            work()
+        except Exception as e:  # a thread's error would otherwise end it unseen, its trial left running
+            errors.append(f"{type(e).__name__}: {e}")
+            stop.set()
+
+    def work():
+        while not stop.is_set():
+            with lock:
+                if counted() + len(study.get_trials(deepcopy=False, states=(states.RUNNING,))) >= options.trials:
+                    return
+                trial = study.ask()
+                trial.set_user_attr("pid", os.getpid())
+                trial.set_user_attr("host", socket.gethostname())
+            params = {dimension.name: dimension.suggest(trial) for dimension in tuning.space}
+            values, ended = tuning.train(params, options.seed, options.seeds, f"trial_{trial.number}", trial)
+            with lock:
+                if stop.is_set() and ended not in ("complete", "pruned"):
+                    rerun_later(optuna, study, trial)
+                elif ended in ("complete", "pruned"):
+                    failures.clear()
+                    if ended == "complete":
+                        trial.set_user_attr("finals", values)
+                    study.tell(trial, iqm(values) if values else None,
+                               state=states.COMPLETE if values else states.PRUNED)
+                else:
+                    study.tell(trial, state=states.FAIL)
+                    failures.append(f"trial {trial.number} {ended}")
+                    # the first trial failing for its input (exit 2: a trainer's refusal), or a metric never logged
+                    if not counted() and ("exit 2)" in ended or "logged no" in ended) or len(failures) >= MAX_FAILURES:
+                        errors.append(failures[-1] if len(failures) == 1 else
+                                      f"{len(failures)} trials failed in a row; the last: {failures[-1]}")
+                        stop.set()
+                    else:
+                        tqdm.write(f"warning: trial {trial.number} {ended}", file=sys.stderr)
+                bar.n = min(counted(), options.trials)
+                best = [t.value for t in study.get_trials(deepcopy=False, states=(states.COMPLETE,))]
+                bar.set_postfix(best_iqm=f"{max(best):.4g}" if best else "-")
+                bar.refresh()
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(options.jobs)]
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        for thread in threads:
+            thread.start()
+        while any(thread.is_alive() for thread in threads):
+            for thread in threads:
+                thread.join(timeout=0.2)
+    except KeyboardInterrupt:
+        stop.set()
+        for process in list(tuning.children):
+            process.send_signal(signal.SIGTERM)
+        for thread in threads:
+            thread.join()
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        bar.close()
+    if errors:
+        raise UserError(errors[0])
+
+
+def interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def with_interval(values: list[float]) -> str:
@@ -340,22 +420,27 @@ def report(optuna, study, tuning: Tuning):
     best = complete[0]
     command = tuning.command(best.params, tuning.options.seed, tuning.options.seeds, f"best_of_{tuning.dir.name}")
     lines += ["", "The best trial's command:", "", f"    {shlex.join(['python', *command[1:]])}"]
+    (tuning.dir / "results.md").write_text("\n".join(lines) + "\n")  # kept if the confirmation fails
     if tuning.options.confirm:
-        lines += ["", *confirm(tuning, best.params, tuning.options.confirm)]
+        lines += ["", *confirm(tuning, best, tuning.options.confirm)]
     text = "\n".join(lines) + "\n"
     (tuning.dir / "results.md").write_text(text)
     print(text, end="")
     plots(optuna, study, tuning.dir, names)
 
 
-def confirm(tuning: Tuning, params: dict, seeds: int) -> list[str]:
-    """The best settings and the defaults, each on seeds that no trial used (those after the tuning's)."""
+def confirm(tuning: Tuning, best, seeds: int) -> list[str]:
+    """The best trial's settings and the defaults (with the flags after --), each on seeds that no trial used (those
+    after the tuning's); a run of an earlier confirmation of the same trial and seeds is read, not run again."""
     first = tuning.options.seed + tuning.options.seeds
     results = {}
-    for name, settings in (("best", params), ("defaults", {})):
-        values, ended = tuning.train(settings, first, seeds, f"confirm_{name}")
-        if ended != "complete":
-            raise UserError(f"--confirm: the {name} run {ended}")
+    for name, settings in (("best", best.params), ("defaults", {})):
+        run = f"confirm{seeds}_{'trial' + str(best.number) if settings else 'defaults'}"
+        values = finals(tuning.dir / "runs" / run, tuning.options.metric)
+        if len(values) != seeds:
+            values, ended = tuning.train(settings, first, seeds, run)
+            if ended != "complete":
+                raise UserError(f"--confirm: the {name} run {ended}")
         results[name] = values
     lines = [f"Confirmed on seeds {first}-{first + seeds - 1} (no trial used them), {tuning.options.metric} IQM "
              "[95% interval]:", "", "| settings | IQM | seeds |", "|---|---|---:|"]
@@ -428,9 +513,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, help="the tuning's directory (default: tunes/{env}__{trainer})")
     options = parser.parse_args(own)
     options.flags = flags
-    for name in ("trials", "seeds", "jobs"):
-        if getattr(options, name) < 1:
-            parser.error(f"--{name} must be positive")
+    for name, least in (("trials", 1), ("seeds", 1), ("jobs", 1), ("prune_after", 0), ("confirm", 0)):
+        if getattr(options, name) < least:
+            parser.error(f"--{name} must be at least {least}")
     if not options.trainer.is_file():
         parser.error(f"--trainer {options.trainer}: no such file")
     options.dir = options.dir or Path("tunes") / f"{re.sub('[:/]', '_', options.env_id)}__{options.trainer.stem}"

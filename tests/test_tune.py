@@ -2,11 +2,11 @@
 tune tests/tune_trainer.py, a stand-in that takes the trainers' flags and logs eval/return = -(x - 3)^2 + seed/100 at
 steps 1 to --steps; one tunes ppo.py on CartPole."""
 
-import os
 import signal
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
@@ -41,7 +41,7 @@ def test_a_tiny_search_on_cartpole(tmp_path, fast_polls, capsys):
     out = capsys.readouterr().out
     assert "| trial | learning_rate | num_minibatches | IQM | seeds | wall time (min) |" in out
     assert out == (tmp_path / "tuned/results.md").read_text()
-    assert sum(state == "COMPLETE" for state in states(study_of(tmp_path / "tuned"))) >= 2
+    assert states(study_of(tmp_path / "tuned")) == ["COMPLETE", "COMPLETE"]  # two jobs, and no third trial
     for trial in study_of(tmp_path / "tuned").trials:  # each trial's seeds, in the tuning's directory
         assert {p.name for p in (tmp_path / f"tuned/runs/trial_{trial.number}").glob("trial_*__seed*")} == {
             f"trial_{trial.number}__seed1", f"trial_{trial.number}__seed2"}
@@ -83,8 +83,22 @@ def test_a_killed_tuning_continues_with_no_trial_counted_twice(tmp_path):
     assert trials[1].state.name == "FAIL" and [t.state.name for t in trials].count("COMPLETE") == 3
     rerun = [t for t in trials if t.user_attrs.get("rerun_of") == 1]
     assert len(rerun) == 1 and rerun[0].params == cut.params and rerun[0].state.name == "COMPLETE"
-    with pytest.raises(ProcessLookupError):  # the trainer the killed tune.py left behind was stopped
-        os.kill(cut.user_attrs["child"], 0)
+
+
+
+def test_a_trainer_left_behind_is_stopped_and_no_other_process(tmp_path):
+    """A cut trial's trainer, found by its pid and its own command line; a pid since taken by another is spared."""
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    trainer = subprocess.Popen(sleeper + ["--exp_name=trial_7"])
+    other = subprocess.Popen(sleeper + ["--exp_name=trial_70"])
+    try:
+        tune.stop_left_behind(types.SimpleNamespace(number=7, user_attrs={"child": trainer.pid}))
+        tune.stop_left_behind(types.SimpleNamespace(number=7, user_attrs={"child": other.pid}))
+        assert trainer.wait(timeout=10) == -signal.SIGTERM
+        assert other.poll() is None
+    finally:
+        trainer.kill()
+        other.kill()
 
 
 def test_confirm_runs_the_best_and_the_defaults_on_seeds_no_trial_used(tmp_path, fast_polls):
@@ -93,11 +107,13 @@ def test_confirm_runs_the_best_and_the_defaults_on_seeds_no_trial_used(tmp_path,
     assert tune.main(argv) == 0
     runs = tmp_path / "tuned/runs"
     tuned = {p.name.rpartition("__seed")[2] for p in runs.glob("trial_*/*__seed*")}
-    confirmed = {p.name.rpartition("__seed")[2] for p in runs.glob("confirm_*/*__seed*")}
+    confirmed = {p.name.rpartition("__seed")[2] for p in runs.glob("confirm*/*__seed*")}
     assert tuned == {"1", "2"} and confirmed == {"3", "4", "5"}
-    assert {p.name for p in runs.glob("confirm_*")} == {"confirm_best", "confirm_defaults"}
+    best = max(study_of(tmp_path / "tuned").best_trials, key=lambda t: t.number).number
+    assert {p.name for p in runs.glob("confirm*")} == {f"confirm3_trial{best}", "confirm3_defaults"}
     results = (tmp_path / "tuned/results.md").read_text()
     assert "Confirmed on seeds 3-5 (no trial used them)" in results and "P(best > defaults) = " in results
+    assert tune.main(argv) == 0 and (tmp_path / "tuned/results.md").read_text() == results  # read, not rerun
 
 
 @pytest.mark.parametrize("given, refusal", [
@@ -105,6 +121,9 @@ def test_confirm_runs_the_best_and_the_defaults_on_seeds_no_trial_used(tmp_path,
     (["--space", "x=1:0"], "--space 'x=1:0' does not parse: LOW must be below HIGH"),
     (["--space", "x=a:b"], "--space 'x=a:b' does not parse"),
     (["--space", "x=0:6", "--", "--nope", "1"], "--nope: the trainer has no such flag"),
+    (["--space", "x=0:6", "--", "--x", "1"], "--x: tune.py sets --x for each trial (it is searched)"),
+    (["--space", "x=0:6", "--", "--seed", "1"], "--seed: tune.py sets --seed for each trial (from its own flags)"),
+    (["--space", "x=2"], "is one value, not a range or choices: give it after --"),
     (["--space", "x=0:6", "--metric", "eval/never"], "logged no eval/never"),
     (["--space", "x=0:6", "--", "--fail"], "failed (exit 2): error: told to fail"),
 ])
