@@ -371,8 +371,11 @@ def run_trials(optuna, study, tuning: Tuning):
                 thread.join(timeout=0.2)
     except KeyboardInterrupt:
         stop.set()
-        for process in list(tuning.children):
+        stopping = list(tuning.children)
+        for process in stopping:
             process.send_signal(signal.SIGTERM)
+        for process in stopping:  # reaped here: tune.py may end before a worker wakes to
+            process.wait()
         for thread in threads:
             thread.join()
         raise

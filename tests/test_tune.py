@@ -2,6 +2,7 @@
 tune tests/tune_trainer.py, a stand-in that takes the trainers' flags and logs eval/return = -(x - 3)^2 + seed/100 at
 steps 1 to --steps; one tunes ppo.py on CartPole."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -153,3 +154,24 @@ def test_a_space_file_is_read_as_the_flags_are(tmp_path, fast_polls):
     assert all(0.5 <= t.params["x"] <= 6.0 and isinstance(t.params["capture_video"], bool) for t in trials)
     (tmp_path / "space.toml").write_text("x = [0, 6\n")
     assert tune.main(argv[:-4] + ["--dir", "other", "--space_file", "space.toml"]) == 2
+
+
+def test_a_stopped_tuning_stops_its_trainers_and_runs_their_trials_again(tmp_path):
+    argv = [sys.executable, str(REPO / "scripts/tune.py"), "--trainer", STAND_IN, "--env_id", "Tune-v0", "--trials",
+            "2", "--seeds", "2", "--jobs", "1", "--prune_after", "0", "--dir", "tuned", "--space", "x=0.0:6.0", "--",
+            "--steps", "8", "--step_seconds", "0.3"]
+    tuning = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "tuned/runs/trial_0").glob("*__seed2/events*")):  # training
+        assert tuning.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    child = study_of(tmp_path / "tuned").trials[0].user_attrs["child"]
+    tuning.send_signal(signal.SIGTERM)
+    assert tuning.wait(timeout=60) == 130 and "the same command continues" in tuning.stderr.read()
+    with pytest.raises(ProcessLookupError):  # its trainer stopped, and was waited for, with it
+        os.kill(child, 0)
+    again = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    trials = study_of(tmp_path / "tuned").trials
+    assert trials[0].state.name == "FAIL" and [t.state.name for t in trials].count("COMPLETE") == 2
+    assert [t.params for t in trials if t.user_attrs.get("rerun_of") == 0] == [trials[0].params]
