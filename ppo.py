@@ -646,9 +646,7 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
           resume_state: Optional[dict], init_state: Optional[dict]) -> int:
     """Rank 0 alone logs, evaluates (eval_envs is None on the others) and writes checkpoints."""
     device, rank, num_ranks, num_iterations = setup.device, setup.rank, world_size(), setup.num_iterations
-    if args.num_seeds > 1:  # each seed's part of what the run continues, or of the weights it starts from
-        resume_state = with_seeds(resume_state, setup.run_dir)
-        init_state = for_every_seed(init_state, args.num_seeds)
+    resume_state, init_state = seeds_parts(args, setup.run_dir, resume_state, init_state)
     agent = make_agents(args, envs, device, resume_state)  # --num_seeds: each seed's network, stacked
     optimizer = make_optimizer(agent, args)
     reward_normalizer = (stack_seeds([RewardNormalizer(args.num_envs, args.gamma) for _ in range(args.num_seeds)])
@@ -1476,12 +1474,13 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     seeds_per_run = (num_iterations + 1) * num_ranks * (args.num_envs + args.num_eval_envs)
     if seeds_per_run >= 2**32:
         raise UserError(f"--total_timesteps={args.total_timesteps} would need more env seeds than numpy has (2**32)")
-    if args.num_seeds > 2**32 - seeds_per_run - max(args.seed, 0):
-        raise UserError(f"--num_seeds must be at most {2**32 - seeds_per_run - max(args.seed, 0)} for this run's "
-                        f"length and --seed (numpy's env seeds end at 2**32), got {args.num_seeds}")
-    if not 0 <= args.seed <= 2**32 - seeds_per_run - args.num_seeds:
-        raise UserError(f"--seed must be in [0, {2**32 - seeds_per_run - args.num_seeds}] for this run's length and "
-                        f"--num_seeds, got {args.seed}")
+    room = 2**32 - seeds_per_run  # the first seeds of runs this long that numpy's env seeds can follow
+    if args.num_seeds > room - max(args.seed, 0):
+        raise UserError(f"--num_seeds must be at most {room - max(args.seed, 0)} for this run's length and --seed "
+                        f"(numpy's env seeds end at 2**32), got {args.num_seeds}")
+    if not 0 <= args.seed <= room - args.num_seeds:
+        raise UserError(f"--seed must be in [0, {room - args.num_seeds}] for this run's length and --num_seeds, got "
+                        f"{args.seed}")
     if derived["num_eval_steps"] is None:
         raise UserError(f"{args.env_id} has no time limit; give --max_episode_steps or --num_eval_steps")
     sim_backend = resolve_sim_backend(args.sim_backend) if maniskill else None
@@ -2097,6 +2096,15 @@ def seed_checkpoint(state: dict, i: int, seed_args: Args, seed_dir: Path) -> dic
             "reward_normalizer": (None if state["reward_normalizer"] is None
                                   else seed_state(state["reward_normalizer"], i)),
             "rng": rng, "seed_rngs": []}
+
+
+def seeds_parts(args: Args, run_dir: Path, resume_state: Optional[dict],
+                init_state: Optional[dict]) -> tuple[Optional[dict], Optional[dict]]:
+    """What the run continues (--resume) and starts from (--checkpoint), each seed's part in place under --num_seeds:
+    read back from the seeds' own checkpoints (with_seeds), or the same for every seed (for_every_seed)."""
+    if args.num_seeds == 1:
+        return resume_state, init_state
+    return with_seeds(resume_state, run_dir), for_every_seed(init_state, args.num_seeds)
 
 
 def with_seeds(state: Optional[dict], run_dir: Path) -> Optional[dict]:

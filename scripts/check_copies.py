@@ -57,7 +57,6 @@ class Definition:
     end: int  # line index past its last line
     indent: str
     marker: "re.Match | None" = None
-    marker_line: int = -1
 
 
 def indent_of(line: str) -> str:
@@ -138,7 +137,7 @@ def definitions(text: str, filename: str) -> tuple[list[str], dict[str, Definiti
         if spans[owner.name] is not owner:
             raise CopyError(f"{where}: {filename} defines {owner.name} more than once, so a mark cannot say which; "
                             "give the copy a name of its own")
-        owner.marker, owner.marker_line = match, index
+        owner.marker = match
     return lines, spans
 
 

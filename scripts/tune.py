@@ -317,7 +317,10 @@ def run_trials(optuna, study, tuning: Tuning):
 
     options, states = tuning.options, optuna.trial.TrialState
     lock, stop, errors, failures = threading.Lock(), threading.Event(), [], []
-    counted = lambda: len(study.get_trials(deepcopy=False, states=counted_states(optuna)))  # noqa: E731
+
+    def counted() -> int:
+        return len(study.get_trials(deepcopy=False, states=counted_states(optuna)))
+
     bar = tqdm(total=options.trials, initial=min(counted(), options.trials), desc="trials", dynamic_ncols=True)
 
     def worker():
