@@ -8,16 +8,19 @@
 
 A dimension is NAME=LOW:HIGH (floats, or ints where both are), NAME=LOW:HIGH:log, or NAME=A,B,C (choices; true,false
 for a switch); --space_file reads them from a TOML file (NAME = "LOW:HIGH:log" lines). Flags after -- go to every
-trial. The tuning's directory (--dir) holds study.db (Optuna's SQLite storage), each trial's run (runs/trial_N, its
-seeds' runs inside) and log (logs/trial_N.log), and at the end results.md and the plots. The same command continues
-an interrupted tuning: a trial whose process is gone is marked failed and run again, so none counts twice; a second
-tune.py on the same directory joins the study. A trial's intermediate IQM (read from its TensorBoard logs as it runs)
-goes to Optuna's median pruner, which stops the trial with SIGTERM (its checkpoint stays).
---confirm K trains the best trial's settings and the defaults on K seeds that no trial used, and compares them.
+trial and are the defaults --confirm compares with (a searched one there is the defaults' value). The tuning's
+directory (--dir) holds study.db (Optuna's SQLite storage), each trial's run (runs/trial_N, its seeds' runs inside)
+and log (logs/trial_N.log), and at the end results.md and the plots. The same command continues an interrupted
+tuning: a trial whose process is gone is marked failed and run again, so none counts twice; a second tune.py on the
+same directory joins the study. A trial's intermediate IQM (read from its TensorBoard logs as it runs) goes to
+Optuna's median pruner, which stops the trial with SIGTERM (its checkpoint stays).
+--confirm K trains the best trial's settings and the defaults on K seeds that no trial used, and compares them;
+--confirm_flags='--total_timesteps N' gives those two runs the full budget where trials were shorter.
 """
 
 import argparse
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import os
@@ -31,6 +34,7 @@ import time
 import threading
 import tomllib
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -119,23 +123,34 @@ def trainer_fields(trainer: Path) -> dict:
     return {field.name: field.default for field in dataclasses.fields(module.Args)}
 
 
-def check_flags(flags: list[str], fields: dict, searched: list[str]):
-    """The flags after --: the trainer's, and neither a searched one nor one tune.py sets for each trial."""
+def check_flags(flags: list[str], fields: dict, source: str = "after --"):
+    """Flags given to the trainer: its own, and none that tune.py sets for each run."""
     for given in flags:
         if given.startswith("--"):
             name = given[2:].partition("=")[0].replace("-", "_")
             name = name if name in fields else name.removeprefix("no_")
             if name not in fields:
-                raise UserError(f"{given}: the trainer has no such flag (tune.py's own flags go before --)")
-            if name in searched or name in TUNE_SETS:
-                why = "it is searched" if name in searched else "from its own flags"
-                raise UserError(f"{given}: tune.py sets --{name} for each trial ({why}); drop it after --")
+                raise UserError(f"{given} ({source}): the trainer has no such flag (tune.py's own flags go before --)")
+            if name in TUNE_SETS:
+                raise UserError(f"{given} ({source}): tune.py sets --{name} for each run from its own flags; drop it")
 
 
 def flag(name: str, value) -> list[str]:
     if isinstance(value, bool):
         return [f"--{name}" if value else f"--no_{name}"]
     return [f"--{name}={value}"]
+
+
+def without(flags: list[str], names) -> list[str]:
+    """flags less those of names, with their values: a trial's own value replaces the defaults'."""
+    kept, dropping = [], False
+    for given in flags:
+        if given.startswith("--"):
+            name = given[2:].partition("=")[0].replace("-", "_")
+            dropping = name in names or name.removeprefix("no_") in names
+        if not dropping:
+            kept.append(given)
+    return kept
 
 
 def iqm(values) -> float:
@@ -167,15 +182,17 @@ class Tuning:
         self.trainer = options.trainer.resolve()
         self.children = set()  # the trainers running now, stopped with tune.py
 
-    def command(self, params: dict, seed: int, num_seeds: int, exp_name: str) -> list[str]:
-        chosen = "capture_video" in params or any("capture_video" in given for given in self.options.flags)
+    def command(self, params: dict, seed: int, num_seeds: int, exp_name: str, extra: list[str] = ()) -> list[str]:
+        given = without([*self.options.flags, *extra], params)
+        chosen = "capture_video" in params or any("capture_video" in text for text in given)
         video = [] if chosen else ["--no_capture_video"]  # videos cost a trial time and the tuning disk
         seeds = [f"--num_seeds={num_seeds}"] if "num_seeds" in self.fields else []
-        return [sys.executable, str(self.trainer), f"--env_id={self.options.env_id}", *video, *self.options.flags,
+        return [sys.executable, str(self.trainer), f"--env_id={self.options.env_id}", *video, *given,
                 *(part for name, value in params.items() for part in flag(name, value)), *seeds, f"--seed={seed}",
                 "--torch_threads=1", f"--exp_name={exp_name}"]
 
-    def train(self, params: dict, seed: int, num_seeds: int, name: str, trial=None) -> tuple[list[float], str]:
+    def train(self, params: dict, seed: int, num_seeds: int, name: str, trial=None,
+              extra: list[str] = ()) -> tuple[list[float], str]:
         """Run the trainer in the tuning's directory; (each seed's final metric, how it ended). With a trial, its
         intermediate IQMs go to the pruner, which may stop it."""
         run_dir, log = self.dir / "runs" / name, self.dir / "logs" / f"{name}.log"
@@ -183,7 +200,7 @@ class Tuning:
         paths = [os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])]  # where module:Env-v0 ids are found
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
         with open(log, "w") as output:
-            process = subprocess.Popen(self.command(params, seed, num_seeds, name), cwd=self.dir, env=env,
+            process = subprocess.Popen(self.command(params, seed, num_seeds, name, extra), cwd=self.dir, env=env,
                                        stdout=output, stderr=subprocess.STDOUT)
             self.children.add(process)
             if trial is not None:
@@ -302,7 +319,8 @@ def tune(options):
         raise UserError("nothing to search: give --space NAME=LOW:HIGH ... or --space_file")
     if options.seeds > 1 and "num_seeds" not in fields:
         raise UserError(f"{options.trainer.name} trains one seed a process (it has no --num_seeds): give --seeds 1")
-    check_flags(options.flags, fields, [text.partition("=")[0] for text, _ in dimensions])
+    check_flags(options.flags, fields)
+    check_flags(shlex.split(options.confirm_flags), fields, "--confirm_flags")
     tuning = Tuning(options, fields, [parse_dimension(text, fields, source) for text, source in dimensions])
     study = open_study(optuna, tuning)
     run_trials(optuna, study, tuning)
@@ -411,18 +429,17 @@ def report(optuna, study, tuning: Tuning):
                       key=lambda t: -t.value)
     if not complete:
         raise UserError(f"no trial of {tuning.dir} completed (see {tuning.dir / 'logs'})")
-    pruned = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,)))
+    pruned = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,))
     names = [dimension.name for dimension in tuning.space]
-    lines = [f"{len(complete)} trials completed, {pruned} pruned; {tuning.options.metric}, IQM of "
-             f"{tuning.options.seeds} seeds [95% interval]\n",
+    lines = [f"{len(complete)} trials completed, {len(pruned)} pruned; {tuning.options.metric}, IQM of "
+             f"{tuning.options.seeds} seeds [95% interval]\n", *savings(complete, pruned),
              f"| trial | {' | '.join(names)} | IQM | seeds | wall time (min) |",
              f"|---:|{'---|' * len(names)}---|---:|---:|"]
     for trial in complete[:TOP]:
-        minutes = (trial.datetime_complete - trial.datetime_start).total_seconds() / 60
         shown = (f"{value:.4g}" if isinstance(value, float) else str(value) for value in map(trial.params.get, names))
         lines.append(f"| {trial.number} | {' | '.join(shown)} | "
                      f"{with_interval(trial.user_attrs['finals'])} | {len(trial.user_attrs['finals'])} | "
-                     f"{minutes:.1f} |")
+                     f"{minutes(trial):.1f} |")
     best = complete[0]
     command = tuning.command(best.params, tuning.options.seed, tuning.options.seeds, f"best_of_{tuning.dir.name}")
     lines += ["", "The best trial's command:", "", f"    {shlex.join(['python', *command[1:]])}"]
@@ -435,21 +452,48 @@ def report(optuna, study, tuning: Tuning):
     plots(optuna, study, tuning.dir, names)
 
 
+def minutes(trial) -> float:
+    return (trial.datetime_complete - trial.datetime_start).total_seconds() / 60
+
+
+def savings(complete: list, pruned: list) -> list[str]:
+    """What pruning saved: the pruned trials' time against what they would have taken at the completed trials' mean
+    (an estimate: a trial's time depends on its settings and on what runs beside it)."""
+    if not pruned:
+        return []
+    ran, mean = sum(map(minutes, pruned)), np.mean(list(map(minutes, complete)))
+    saved = len(pruned) * mean - ran
+    whole = sum(map(minutes, complete)) + ran + saved
+    return [f"Pruning: the {len(pruned)} pruned trials ran {ran:.1f} min; run to their end at the completed trials' "
+            f"mean of {mean:.1f} min they would have taken about {len(pruned) * mean:.1f}: {saved:.1f} min saved, "
+            f"{saved / whole:.0%} of the {whole:.1f} min the trials would have taken unpruned (trainer time, the "
+            "trials side by side counted each).\n"]
+
+
 def confirm(tuning: Tuning, best, seeds: int) -> list[str]:
-    """The best trial's settings and the defaults (with the flags after --), each on seeds that no trial used (those
-    after the tuning's); a run of an earlier confirmation of the same trial and seeds is read, not run again."""
+    """The best trial's settings and the defaults (the trainer's, with the flags after --, then --confirm_flags),
+    side by side where --jobs allows, each on seeds that no trial used (those after the tuning's); a run of an earlier
+    confirmation of the same trial, seeds and --confirm_flags is read, not run again."""
     first = tuning.options.seed + tuning.options.seeds
-    results = {}
-    for name, settings in (("best", best.params), ("defaults", {})):
-        run = f"confirm{seeds}_{'trial' + str(best.number) if settings else 'defaults'}"
-        values = finals(tuning.dir / "runs" / run, tuning.options.metric)
+    extra = shlex.split(tuning.options.confirm_flags)
+    tag = f"_{hashlib.sha1(shlex.join(extra).encode()).hexdigest()[:8]}" if extra else ""
+
+    def run(name: str, settings: dict) -> list[float]:
+        run_name = f"confirm{seeds}_{'trial' + str(best.number) if settings else 'defaults'}{tag}"
+        values = finals(tuning.dir / "runs" / run_name, tuning.options.metric)
         if len(values) != seeds:
-            values, ended = tuning.train(settings, first, seeds, run)
+            values, ended = tuning.train(settings, first, seeds, run_name, extra=extra)
             if ended != "complete":
                 raise UserError(f"--confirm: the {name} run {ended}")
-        results[name] = values
-    lines = [f"Confirmed on seeds {first}-{first + seeds - 1} (no trial used them), {tuning.options.metric} IQM "
-             "[95% interval]:", "", "| settings | IQM | seeds |", "|---|---|---:|"]
+        return values
+
+    with ThreadPoolExecutor(min(2, tuning.options.jobs)) as pool:
+        futures = {name: pool.submit(run, name, settings) for name, settings in (("best", best.params),
+                                                                                  ("defaults", {}))}
+        results = {name: future.result() for name, future in futures.items()}
+    lines = [f"Confirmed on seeds {first}-{first + seeds - 1} (no trial used them){', with ' * bool(extra)}"
+             f"{shlex.join(extra)}, {tuning.options.metric} IQM [95% interval]:", "", "| settings | IQM | seeds |",
+             "|---|---|---:|"]
     lines += [f"| {name} | {with_interval(values)} | {len(values)} |" for name, values in results.items()]
     try:
         _, metrics = rliable()
@@ -516,6 +560,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sampler_seed", type=int, default=0, help="TPE's seed")
     parser.add_argument("--confirm", type=int, default=0, metavar="K", help="rerun the best and the defaults on K "
                                                                            "fresh seeds")
+    parser.add_argument("--confirm_flags", default="", metavar="'FLAGS'", help="trainer flags of --confirm's runs "
+                        "alone, such as the full budget: --confirm_flags='--total_timesteps 1000000'")
     parser.add_argument("--dir", type=Path, help="the tuning's directory (default: tunes/{env}__{trainer})")
     options = parser.parse_args(own)
     options.flags = flags

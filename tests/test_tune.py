@@ -62,7 +62,7 @@ def test_a_trial_worse_than_the_median_is_pruned_and_stopped(tmp_path, fast_poll
     for trial in pruned:  # stopped by SIGTERM before its last step
         reported = sorted(trial.intermediate_values)
         assert reported and reported[-1] < 8, reported
-    assert "pruned" in (tmp_path / "tuned/results.md").read_text()
+    assert f"Pruning: the {len(pruned)} pruned trials ran " in (tmp_path / "tuned/results.md").read_text()
 
 
 def test_a_killed_tuning_continues_with_no_trial_counted_twice(tmp_path):
@@ -103,17 +103,31 @@ def test_a_trainer_left_behind_is_stopped_and_no_other_process(tmp_path):
 
 
 def test_confirm_runs_the_best_and_the_defaults_on_seeds_no_trial_used(tmp_path, fast_polls):
+    """The flags after -- are every run's, a searched one among them the defaults' value; --confirm_flags are the
+    confirmation's alone."""
     argv = ["--trainer", STAND_IN, "--env_id", "Tune-v0", "--trials", "2", "--seeds", "2", "--dir", "tuned",
-            "--confirm", "3", "--space", "x=0.0:6.0"]
+            "--confirm", "3", "--confirm_flags=--steps 6", "--space", "x=0.0:6.0", "--", "--x", "5"]
     assert tune.main(argv) == 0
     runs = tmp_path / "tuned/runs"
     tuned = {p.name.rpartition("__seed")[2] for p in runs.glob("trial_*/*__seed*")}
     confirmed = {p.name.rpartition("__seed")[2] for p in runs.glob("confirm*/*__seed*")}
     assert tuned == {"1", "2"} and confirmed == {"3", "4", "5"}
-    best = max(study_of(tmp_path / "tuned").best_trials, key=lambda t: t.number).number
-    assert {p.name for p in runs.glob("confirm*")} == {f"confirm3_trial{best}", "confirm3_defaults"}
+    study = study_of(tmp_path / "tuned")
+    best = max(study.best_trials, key=lambda t: t.number)
+    named = {p.name.rpartition("_")[0] for p in runs.glob("confirm*")}
+    assert named == {f"confirm3_trial{best.number}", "confirm3_defaults"}
+    defaults, = runs.glob("confirm3_defaults*")
+    steps, _, values = zip(*(tune.read_scalars(seed, "eval/return") for seed in tune.seed_runs(defaults)))
+    assert [list(s) for s in steps] == [list(range(1, 7))] * 3  # --confirm_flags: 6 steps where trials took 4
+    assert [v[-1] for v in values] == pytest.approx([-(5 - 3) ** 2 + seed / 100 for seed in (3, 4, 5)], abs=1e-5)
+    for trial in study.trials:  # the trial's x, not the defaults'
+        x = trial.params["x"]
+        assert trial.user_attrs["finals"] == pytest.approx([-(x - 3) ** 2 + seed / 100 for seed in (1, 2)], abs=1e-5)
     results = (tmp_path / "tuned/results.md").read_text()
-    assert "Confirmed on seeds 3-5 (no trial used them)" in results and "P(best > defaults) = " in results
+    assert "Confirmed on seeds 3-5 (no trial used them), with --steps 6" in results
+    assert "P(best > defaults) = " in results
+    command = results.split("The best trial's command:\n\n    ")[1].splitlines()[0].split()
+    assert [given for given in command if given.startswith("--x")] == [f"--x={best.params['x']}"]
     assert tune.main(argv) == 0 and (tmp_path / "tuned/results.md").read_text() == results  # read, not rerun
 
 
@@ -121,9 +135,9 @@ def test_confirm_runs_the_best_and_the_defaults_on_seeds_no_trial_used(tmp_path,
     (["--space", "y=0:1"], "--space 'y=0:1': the trainer has no flag --y"),
     (["--space", "x=1:0"], "--space 'x=1:0' does not parse: LOW must be below HIGH"),
     (["--space", "x=a:b"], "--space 'x=a:b' does not parse"),
-    (["--space", "x=0:6", "--", "--nope", "1"], "--nope: the trainer has no such flag"),
-    (["--space", "x=0:6", "--", "--x", "1"], "--x: tune.py sets --x for each trial (it is searched)"),
-    (["--space", "x=0:6", "--", "--seed", "1"], "--seed: tune.py sets --seed for each trial (from its own flags)"),
+    (["--space", "x=0:6", "--", "--nope", "1"], "--nope (after --): the trainer has no such flag"),
+    (["--space", "x=0:6", "--", "--seed", "1"], "--seed (after --): tune.py sets --seed for each run"),
+    (["--space", "x=0:6", "--confirm_flags=--nope 1"], "--nope (--confirm_flags): the trainer has no such flag"),
     (["--space", "x=2"], "is one value, not a range or choices: give it after --"),
     (["--space", "x=0:6", "--metric", "eval/never"], "logged no eval/never"),
     (["--space", "x=0:6", "--", "--fail"], "failed (exit 2): error: told to fail"),
