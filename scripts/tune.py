@@ -2,18 +2,22 @@
 (the trainer's --num_seeds) and are scored by the interquartile mean (IQM) of the seeds' final evaluation.
 
     python scripts/tune.py --trainer ppo.py --env_id Pendulum-v1 --trials 40 --seeds 4 \\
-        --space learning_rate=1e-4:3e-3:log ent_coef=0:0.01 num_minibatches=4,8,16 -- --total_timesteps 100000
-    python scripts/tune.py --env_id Pendulum-v1 --space learning_rate=1e-4:3e-3:log --confirm 10   # then the best
-                                                                     # and the defaults on 10 fresh seeds
+        --space learning_rate=1e-4:3e-3:log ent_coef=0:0.01 num_minibatches=4,8,16 -- --total_timesteps 50000
+    # the same tuning (its trials done are read, not rerun), then the best and the defaults on 10 fresh seeds at
+    # twice the trials' steps
+    python scripts/tune.py --trainer ppo.py --env_id Pendulum-v1 --trials 40 --seeds 4 \\
+        --space learning_rate=1e-4:3e-3:log ent_coef=0:0.01 num_minibatches=4,8,16 --confirm 10 \\
+        --confirm_flags='--total_timesteps 100000' -- --total_timesteps 50000
 
-A dimension is NAME=LOW:HIGH (floats, or ints where both are), NAME=LOW:HIGH:log, or NAME=A,B,C (choices; true,false
-for a switch); --space_file reads them from a TOML file (NAME = "LOW:HIGH:log" lines). Flags after -- go to every
-trial and are the defaults --confirm compares with (a searched one there is the defaults' value). The tuning's
-directory (--dir) holds study.db (Optuna's SQLite storage), each trial's run (runs/trial_N, its seeds' runs inside)
-and log (logs/trial_N.log), and at the end results.md and the plots. The same command continues an interrupted
-tuning: a trial whose process is gone is marked failed and run again, so none counts twice; a second tune.py on the
-same directory joins the study. A trial's intermediate IQM (read from its TensorBoard logs as it runs) goes to
-Optuna's median pruner, which stops the trial with SIGTERM (its checkpoint stays).
+A dimension is NAME=LOW:HIGH (of the flag's type; of a flag without a default, ints where both ends are),
+NAME=LOW:HIGH:log, or NAME=A,B,C (choices; true,false for a switch); --space_file reads them from a TOML file (NAME
+= "LOW:HIGH:log" lines). Flags after -- go to every trial and are the defaults --confirm compares with (a searched
+one there is the defaults' value). The tuning's directory (--dir) holds study.db (Optuna's SQLite storage), each
+trial's run (runs/trial_N, its seeds' runs inside) and log (logs/trial_N.log), and at the end results.md and the
+plots. The same command continues an interrupted tuning: a trial whose process is gone is marked failed and run
+again, so none counts twice; a second tune.py on the same directory joins the study. A trial's intermediate IQM
+(read from its TensorBoard logs as it runs) goes to Optuna's median pruner, which stops the trial with SIGTERM (its
+checkpoint stays).
 --confirm K trains the best trial's settings and the defaults on K seeds that no trial used, and compares them;
 --confirm_flags='--total_timesteps N' gives those two runs the full budget where trials were shorter.
 """
@@ -34,7 +38,6 @@ import time
 import threading
 import tomllib
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +85,9 @@ def parse_dimension(text: str, fields: dict, source: str = "--space") -> Dimensi
         raise UserError(f"{source} {text!r}: write NAME=LOW:HIGH, NAME=LOW:HIGH:log or NAME=A,B,C")
     if name not in fields:
         raise UserError(f"{source} {text!r}: the trainer has no flag --{name}")
+    if isinstance(fields[name], (tuple, list)):
+        raise UserError(f"{source} {text!r}: --{name} takes several values, which tune.py cannot search; give it "
+                        "after -- (every trial's), or tune a copy of the trainer with a flag of one value")
     if "," not in spec and ":" not in spec and not isinstance(fields[name], bool):
         raise UserError(f"{source} {text!r} is one value, not a range or choices: give it after -- (every trial's)")
     try:
@@ -102,6 +108,8 @@ def parse_dimension(text: str, fields: dict, source: str = "--space") -> Dimensi
         if scale not in ([], ["log"]):
             raise ValueError("the third part may only be log")
         low, high = number(low), number(high)
+        if isinstance(fields[name], float):  # 0:1 of a float flag is floats
+            low, high = float(low), float(high)
         if not low < high or (scale and low <= 0):
             raise ValueError("LOW must be below HIGH (and above 0 on a log scale)")
         return Dimension(name, low, high, bool(scale))
@@ -126,8 +134,7 @@ def trainer_fields(trainer: Path) -> dict:
 def check_flags(flags: list[str], fields: dict, source: str = "after --"):
     """Flags given to the trainer: its own, and none that tune.py sets for each run."""
     for given in flags:
-        if given.startswith("--"):
-            name = given[2:].partition("=")[0].replace("-", "_")
+        if (name := flag_name(given)) is not None:
             name = name if name in fields else name.removeprefix("no_")
             if name not in fields:
                 raise UserError(f"{given} ({source}): the trainer has no such flag (tune.py's own flags go before --)")
@@ -141,13 +148,25 @@ def flag(name: str, value) -> list[str]:
     return [f"--{name}={value}"]
 
 
-def without(flags: list[str], names) -> list[str]:
-    """flags less those of names, with their values: a trial's own value replaces the defaults'."""
+def flag_name(given: str) -> str | None:
+    """--name, --name=value or --no_name: name (a value, a negative number too, gives None)."""
+    if not given.startswith("--"):
+        return None
+    return given[2:].partition("=")[0].replace("-", "_")
+
+
+def names(flags: list[str]) -> set[str]:
+    """The names flags set, a switch's either way (--no_name: name)."""
+    given = set(filter(None, map(flag_name, flags)))
+    return given | {name.removeprefix("no_") for name in given}
+
+
+def without(flags: list[str], dropped) -> list[str]:
+    """flags less those named in dropped, with their values (a switch's --no_name too)."""
     kept, dropping = [], False
     for given in flags:
-        if given.startswith("--"):
-            name = given[2:].partition("=")[0].replace("-", "_")
-            dropping = name in names or name.removeprefix("no_") in names
+        if (name := flag_name(given)) is not None:
+            dropping = name in dropped or name.removeprefix("no_") in dropped
         if not dropping:
             kept.append(given)
     return kept
@@ -180,11 +199,12 @@ class Tuning:
         self.options, self.fields, self.space = options, fields, space
         self.dir = options.dir.resolve()
         self.trainer = options.trainer.resolve()
-        self.children = set()  # the trainers running now, stopped with tune.py
-        self.evaluations = 0  # of a completed trial
+        self.children = set()  # the trainers running now
+        self.stop = threading.Event()  # set by Ctrl-C, SIGTERM or errors: every train() stops its trainer
 
     def command(self, params: dict, seed: int, num_seeds: int, exp_name: str, extra: list[str] = ()) -> list[str]:
-        given = without([*self.options.flags, *extra], params)
+        # the last of a flag's values counts: the confirmation's flags replace those after --, a trial's both
+        given = without([*without(self.options.flags, names(extra)), *extra], params)
         chosen = "capture_video" in params or any("capture_video" in text for text in given)
         video = [] if chosen else ["--no_capture_video"]  # videos cost a trial time and the tuning disk
         seeds = [f"--num_seeds={num_seeds}"] if "num_seeds" in self.fields else []
@@ -192,47 +212,55 @@ class Tuning:
                 *(part for name, value in params.items() for part in flag(name, value)), *seeds, f"--seed={seed}",
                 "--torch_threads=1", f"--exp_name={exp_name}"]
 
-    def warmup(self, study) -> int:
-        """Evaluations a trial runs before it may be pruned: a third of a completed trial's, as rl-baselines3-zoo's
-        tuner waits (an early evaluation is noise: without, 16 of 24 trials on Pendulum-v1 were pruned at their first,
-        benchmarks/results/tune_Pendulum-v1/pruned_at_the_first_evaluation.md)."""
-        if not self.evaluations:
-            from optuna.trial import TrialState
-            complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            self.evaluations = max((len(trial.intermediate_values) for trial in complete), default=0)
-        return self.evaluations // 3
+    @staticmethod
+    def warmup(study) -> int:
+        """Evaluations a trial runs before it may be pruned: a third of the most a completed trial ran, as
+        rl-baselines3-zoo's tuner waits (an early evaluation is noise: without, 16 of 24 trials on Pendulum-v1 were
+        pruned at their first, benchmarks/results/tune_Pendulum-v1/pruned_at_the_first_evaluation.md)."""
+        from optuna.trial import TrialState
+        complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        return max((len(trial.intermediate_values) for trial in complete), default=0) // 3
 
     def train(self, params: dict, seed: int, num_seeds: int, name: str, trial=None,
               extra: list[str] = ()) -> tuple[list[float], str]:
-        """Run the trainer in the tuning's directory; (each seed's final metric, how it ended). With a trial, its
-        intermediate IQMs go to the pruner, which may stop it."""
+        """Run the trainer in the tuning's directory; (each seed's final metric, how it ended: complete, pruned,
+        stopped or failed). With a trial, its intermediate IQMs go to the pruner, which may stop it."""
         run_dir, log = self.dir / "runs" / name, self.dir / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         paths = [os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])]  # where module:Env-v0 ids are found
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
         with open(log, "w") as output:
+            # a session of its own: Ctrl-C reaches tune.py alone, whose one SIGTERM lets the trainer save a checkpoint
             process = subprocess.Popen(self.command(params, seed, num_seeds, name, extra), cwd=self.dir, env=env,
-                                       stdout=output, stderr=subprocess.STDOUT)
+                                       stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
             self.children.add(process)
             if trial is not None:
                 trial.set_user_attr("child", process.pid)
-            evaluations, pruned = 0, False
-            while process.poll() is None:
-                time.sleep(POLL_SECONDS)
-                # the pruner compares trials at their k-th evaluation: steps differ where --num_envs is searched
-                for k, (_, value) in enumerate(progress(run_dir, self.options.metric) if trial is not None else []):
-                    if k >= evaluations:
-                        evaluations = k + 1
-                        trial.report(value, k)
-                warm = trial is not None and evaluations > self.warmup(trial.study)
-                if warm and not pruned and trial.should_prune():
-                    pruned = True
-                    trial.set_user_attr("pruned_at", evaluations)
+            evaluations, pruned, stopped, ended = 0, False, False, False
+            while not ended:
+                ended = process.poll() is not None  # then its last evaluations are read once more
+                if self.stop.is_set() and not (stopped or ended):  # also where the stop came before it started
+                    stopped = True
                     process.send_signal(signal.SIGTERM)  # the trainer saves a checkpoint and stops
+                # the pruner compares trials at their k-th evaluation (steps differ where --num_envs is searched),
+                # each evaluation however many one poll finds
+                for k, (_, value) in enumerate(progress(run_dir, self.options.metric) if trial is not None else []):
+                    if k < evaluations or pruned or stopped:
+                        continue
+                    evaluations = k + 1
+                    trial.report(value, k)
+                    if not ended and evaluations > self.warmup(trial.study) and trial.should_prune():
+                        pruned = True
+                        trial.set_user_attr("pruned_at", evaluations)
+                        process.send_signal(signal.SIGTERM)
+                if not ended:
+                    time.sleep(POLL_SECONDS)
             process.wait()
             self.children.discard(process)
         if pruned:
             return [], "pruned"
+        if stopped or self.stop.is_set():  # a trainer that stopped early may exit 0: its finals are not final
+            return [], "stopped"
         if process.returncode != 0:
             lines = [text for line in log.read_text().splitlines() if (text := BOX.sub("", line).strip())]
             last = next((line for line in reversed(lines) if line.lower().startswith("error") or
@@ -309,8 +337,11 @@ def open_study(optuna, tuning: Tuning):
 
 
 def rerun_later(optuna, study, trial):
-    """A trial cut short fails, so that it counts nowhere, and its settings wait to run again."""
-    if study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True).state.name == "FAIL":
+    """A trial cut short fails, so that it counts nowhere, and its settings wait to run again (once, where two
+    processes open the study together)."""
+    if study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True).state.name != "FAIL":
+        return
+    if not any(other.user_attrs.get("rerun_of") == trial.number for other in study.get_trials(deepcopy=False)):
         study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number})
 
 
@@ -330,24 +361,29 @@ def tune(options):
             dimensions.append((f"{name}={','.join(map(str, spec)) if isinstance(spec, list) else spec}", source))
     if not dimensions:
         raise UserError("nothing to search: give --space NAME=LOW:HIGH ... or --space_file")
-    if options.seeds > 1 and "num_seeds" not in fields:
-        raise UserError(f"{options.trainer.name} trains one seed a process (it has no --num_seeds): give --seeds 1")
+    if (options.seeds > 1 or options.confirm > 1) and "num_seeds" not in fields:
+        raise UserError(f"{options.trainer.name} trains one seed a process (it has no --num_seeds): give --seeds 1, "
+                        "and confirm on more seeds with scripts/sweep.sh")
     check_flags(options.flags, fields)
     check_flags(shlex.split(options.confirm_flags), fields, "--confirm_flags")
     tuning = Tuning(options, fields, [parse_dimension(text, fields, source) for text, source in dimensions])
     study = open_study(optuna, tuning)
-    run_trials(optuna, study, tuning)
-    report(optuna, study, tuning)
+    previous = signal.signal(signal.SIGTERM, interrupt)  # as Ctrl-C: the trainers stop, their trials run again later
+    try:
+        run_trials(optuna, study, tuning)
+        report(optuna, study, tuning)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_trials(optuna, study, tuning: Tuning):
     """--jobs workers, each asking for a trial (one at a time: a waiting rerun goes to one of them) while fewer than
-    --trials are counted or running, in any process. Ctrl-C or SIGTERM stops the trainers (each saves a checkpoint);
-    their trials wait to run again."""
+    --trials are counted or running, in any process. A stop (Ctrl-C, SIGTERM, errors) stops the trainers; their
+    trials wait to run again."""
     from tqdm import tqdm
 
-    options, states = tuning.options, optuna.trial.TrialState
-    lock, stop, errors, failures = threading.Lock(), threading.Event(), [], []
+    options, states, stop = tuning.options, optuna.trial.TrialState, tuning.stop
+    lock, errors, failures = threading.Lock(), [], []
 
     def counted() -> int:
         return len(study.get_trials(deepcopy=False, states=counted_states(optuna)))
@@ -372,7 +408,7 @@ def run_trials(optuna, study, tuning: Tuning):
             params = {dimension.name: dimension.suggest(trial) for dimension in tuning.space}
             values, ended = tuning.train(params, options.seed, options.seeds, f"trial_{trial.number}", trial)
             with lock:
-                if stop.is_set() and ended not in ("complete", "pruned"):
+                if ended == "stopped" or stop.is_set() and ended != "pruned" and ended != "complete":
                     rerun_later(optuna, study, trial)
                 elif ended in ("complete", "pruned"):
                     failures.clear()
@@ -396,28 +432,31 @@ def run_trials(optuna, study, tuning: Tuning):
                 bar.refresh()
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(options.jobs)]
-    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         for thread in threads:
             thread.start()
-        while any(thread.is_alive() for thread in threads):
-            for thread in threads:
-                thread.join(timeout=0.2)
-    except KeyboardInterrupt:
-        stop.set()
-        stopping = list(tuning.children)
-        for process in stopping:
-            process.send_signal(signal.SIGTERM)
-        for process in stopping:  # reaped here: tune.py may end before a worker wakes to
-            process.wait()
-        for thread in threads:
-            thread.join()
-        raise
+        wait_for(threads, tuning)
     finally:
-        signal.signal(signal.SIGTERM, previous)
         bar.close()
     if errors:
         raise UserError(errors[0])
+
+
+def wait_for(threads: list[threading.Thread], tuning: Tuning):
+    """Join threads that run trainers; on Ctrl-C or SIGTERM, stop the trainers and wait for the threads to see
+    them end (a thread's trial is then marked to run again)."""
+    try:
+        while any(thread.is_alive() for thread in threads):
+            # not join(timeout): on Python 3.11, a KeyboardInterrupt inside it marks a running thread stopped
+            # (CPython gh-90882), and tune.py would end before its trainers
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        tuning.stop.set()
+        for process in list(tuning.children):  # at once; each train() would within a poll
+            process.send_signal(signal.SIGTERM)
+        for thread in threads:
+            thread.join()
+        raise
 
 
 def interrupt(signum, frame):
@@ -461,7 +500,7 @@ def report(optuna, study, tuning: Tuning):
     lines += ["", "The best trial's command:", "", f"    {shlex.join(['python', str(shown), *command[2:]])}"]
     (tuning.dir / "results.md").write_text("\n".join(lines) + "\n")  # kept if the confirmation fails
     if tuning.options.confirm:
-        lines += ["", *confirm(tuning, best, tuning.options.confirm)]
+        lines += ["", *confirm(study, tuning, best, tuning.options.confirm)]
     text = "\n".join(lines) + "\n"
     (tuning.dir / "results.md").write_text(text)
     print(text, end="")
@@ -486,31 +525,43 @@ def savings(complete: list, pruned: list) -> list[str]:
             "trials side by side counted each).\n"]
 
 
-def confirm(tuning: Tuning, best, seeds: int) -> list[str]:
+def confirm(study, tuning: Tuning, best, seeds: int) -> list[str]:
     """The best trial's settings and the defaults (the trainer's, with the flags after --, then --confirm_flags),
-    side by side where --jobs allows, each on seeds that no trial used (those after the tuning's); a run of an earlier
-    confirmation of the same trial, seeds and --confirm_flags is read, not run again."""
+    side by side where --jobs allows, each on seeds that no trial used (those after the tuning's); a run that an
+    earlier confirmation of the same trial, seeds and --confirm_flags completed is read from the study, not rerun."""
     first = tuning.options.seed + tuning.options.seeds
     extra = shlex.split(tuning.options.confirm_flags)
     tag = f"_{hashlib.sha1(shlex.join(extra).encode()).hexdigest()[:8]}" if extra else ""
+    results, errors = {}, []
 
-    def run(name: str, settings: dict) -> list[float]:
+    def run(name: str, settings: dict):
         run_name = f"confirm{seeds}_{'trial' + str(best.number) if settings else 'defaults'}{tag}"
-        values = finals(tuning.dir / "runs" / run_name, tuning.options.metric)
-        if len(values) != seeds:
-            values, ended = tuning.train(settings, first, seeds, run_name, extra=extra)
-            if ended != "complete":
-                raise UserError(f"--confirm: the {name} run {ended}")
-        return values
+        try:
+            values, run_dir = study.user_attrs.get(run_name), tuning.dir / "runs" / run_name
+            if values is None:
+                if run_dir.exists():  # a confirmation cut short: set aside, so that no seed's curve reads on into it
+                    run_dir.rename(run_dir.with_name(f"{run_name}_cut_{time.strftime('%Y%m%d-%H%M%S')}"))
+                values, ended = tuning.train(settings, first, seeds, run_name, extra=extra)
+                if ended != "complete":
+                    raise UserError(f"--confirm: the {name} run {ended}")
+                study.set_user_attr(run_name, values)
+            results[name] = values
+        except Exception as e:  # the other run stops too
+            errors.append(e if isinstance(e, UserError) else UserError(f"--confirm: {type(e).__name__}: {e}"))
+            tuning.stop.set()
 
-    with ThreadPoolExecutor(min(2, tuning.options.jobs)) as pool:
-        futures = {name: pool.submit(run, name, settings) for name, settings in (("best", best.params),
-                                                                                  ("defaults", {}))}
-        results = {name: future.result() for name, future in futures.items()}
+    threads = [threading.Thread(target=run, args=(name, settings), daemon=True)
+               for name, settings in (("best", best.params), ("defaults", {}))]
+    for batch in [threads] if tuning.options.jobs > 1 else [[thread] for thread in threads]:
+        for thread in batch:
+            thread.start()
+        wait_for(batch, tuning)
+    if errors:
+        raise errors[0]
     lines = [f"Confirmed on seeds {first}-{first + seeds - 1} (no trial used them){', with ' * bool(extra)}"
              f"{shlex.join(extra)}, {tuning.options.metric} IQM [95% interval]:", "", "| settings | IQM | seeds |",
              "|---|---|---:|"]
-    lines += [f"| {name} | {with_interval(values)} | {len(values)} |" for name, values in results.items()]
+    lines += [f"| {name} | {with_interval(results[name])} | {len(results[name])} |" for name in ("best", "defaults")]
     try:
         _, metrics = rliable()
         point, interval = interval_estimates({"pair": (np.array(results["best"])[:, None],
@@ -561,6 +612,9 @@ def plots(optuna, study, directory: Path, names: list[str]):
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     own, flags = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    if "--confirm_flags" in own[:-1]:  # argparse takes a value that starts with -- only after =
+        at = own.index("--confirm_flags")
+        own[at:at + 2] = [f"--confirm_flags={own[at + 1]}"]
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trainer", type=Path, default=REPO / "ppo.py", help="a trainer, or a copy of one")
     parser.add_argument("--env_id", required=True)

@@ -3,6 +3,8 @@ tune tests/tune_trainer.py, a stand-in that takes the trainers' flags and logs e
 steps 1 to --steps; one tunes ppo.py on CartPole."""
 
 import os
+import datetime
+import hashlib
 import signal
 import subprocess
 import sys
@@ -106,17 +108,23 @@ def test_confirm_runs_the_best_and_the_defaults_on_seeds_no_trial_used(tmp_path,
     """The flags after -- are every run's, a searched one among them the defaults' value; --confirm_flags are the
     confirmation's alone."""
     argv = ["--trainer", STAND_IN, "--env_id", "Tune-v0", "--trials", "2", "--seeds", "2", "--dir", "tuned",
-            "--confirm", "3", "--confirm_flags=--steps 6", "--space", "x=0.0:6.0", "--", "--x", "5"]
-    assert tune.main(argv) == 0
+            "--confirm", "3", "--confirm_flags", "--steps 6", "--space", "x=0.0:6.0", "--", "--x", "5"]
+    # a confirmation cut short before (one step logged) is not taken for one that completed
+    cut = f"confirm3_defaults_{hashlib.sha1(b'--steps 6').hexdigest()[:8]}"
+    (tmp_path / "tuned").mkdir()
+    subprocess.run([sys.executable, STAND_IN, "--num_seeds", "3", "--seed", "3", "--steps", "1", "--exp_name", cut],
+                   cwd=tmp_path / "tuned", check=True)
+    assert tune.main(list(argv)) == 0
     runs = tmp_path / "tuned/runs"
     tuned = {p.name.rpartition("__seed")[2] for p in runs.glob("trial_*/*__seed*")}
     confirmed = {p.name.rpartition("__seed")[2] for p in runs.glob("confirm*/*__seed*")}
     assert tuned == {"1", "2"} and confirmed == {"3", "4", "5"}
     study = study_of(tmp_path / "tuned")
     best = max(study.best_trials, key=lambda t: t.number)
-    named = {p.name.rpartition("_")[0] for p in runs.glob("confirm*")}
+    named = {p.name.rpartition("_")[0] for p in runs.glob("confirm*") if "_cut_" not in p.name}
     assert named == {f"confirm3_trial{best.number}", "confirm3_defaults"}
-    defaults, = runs.glob("confirm3_defaults*")
+    defaults = runs / cut
+    assert len(list(runs.glob(f"{cut}_cut_*/*__seed*"))) == 3  # the cut one kept aside
     steps, _, values = zip(*(tune.read_scalars(seed, "eval/return") for seed in tune.seed_runs(defaults)))
     assert [list(s) for s in steps] == [list(range(1, 7))] * 3  # --confirm_flags: 6 steps where trials took 4
     assert [v[-1] for v in values] == pytest.approx([-(5 - 3) ** 2 + seed / 100 for seed in (3, 4, 5)], abs=1e-5)
@@ -128,7 +136,9 @@ def test_confirm_runs_the_best_and_the_defaults_on_seeds_no_trial_used(tmp_path,
     assert "P(best > defaults) = " in results
     command = results.split("The best trial's command:\n\n    ")[1].splitlines()[0].split()
     assert [given for given in command if given.startswith("--x")] == [f"--x={best.params['x']}"]
-    assert tune.main(argv) == 0 and (tmp_path / "tuned/results.md").read_text() == results  # read, not rerun
+    written = sorted(path.stat().st_mtime_ns for path in runs.rglob("events*"))
+    assert tune.main(list(argv)) == 0 and (tmp_path / "tuned/results.md").read_text() == results
+    assert sorted(path.stat().st_mtime_ns for path in runs.rglob("events*")) == written  # read, not rerun
 
 
 @pytest.mark.parametrize("given, refusal", [
@@ -189,3 +199,39 @@ def test_a_stopped_tuning_stops_its_trainers_and_runs_their_trials_again(tmp_pat
     trials = study_of(tmp_path / "tuned").trials
     assert trials[0].state.name == "FAIL" and [t.state.name for t in trials].count("COMPLETE") == 2
     assert [t.params for t in trials if t.user_attrs.get("rerun_of") == 0] == [trials[0].params]
+
+
+def test_what_pruning_saved_is_the_pruned_trials_time_against_the_completed_trials_mean():
+    start = datetime.datetime(2026, 1, 1)
+
+    def trial(minutes: float):
+        end = start + datetime.timedelta(minutes=minutes)
+        return types.SimpleNamespace(datetime_start=start, datetime_complete=end)
+
+    # completed 10 and 20 min (mean 15); pruned 3 min: 12 min saved of the 45 the three would have taken
+    line, = tune.savings([trial(10), trial(20)], [trial(3)])
+    assert "the 1 pruned trials ran 3.0 min" in line and "12.0 min saved, 27% of the 45.0 min" in line
+    assert tune.savings([trial(10)], []) == []
+
+
+def test_a_trials_values_replace_the_defaults_flags_with_their_values():
+    flags = ["--hidden_sizes", "64", "64", "--log_std_init", "-0.5", "--no_norm_obs", "--x=1", "--gae-lambda", "0.9"]
+    assert tune.without(flags, {"hidden_sizes", "norm_obs", "x"}) == ["--log_std_init", "-0.5", "--gae-lambda", "0.9"]
+    kept = ["--hidden_sizes", "64", "64", "--no_norm_obs", "--x=1"]
+    assert tune.without(flags, {"log_std_init", "gae_lambda"}) == kept
+    assert tune.names(["--total_timesteps", "9", "--no_norm_obs"]) >= {"total_timesteps", "norm_obs"}
+    fields = {"hidden_sizes": (64, 64), "log_std_init": -0.5, "norm_obs": False, "x": 0.0, "gae_lambda": 0.95,
+              "seed": 1}
+    tune.check_flags(flags, fields)  # the trainer's own, values such as -0.5 not taken for flags
+    with pytest.raises(tune.UserError, match="--seed=2 .after --.: tune.py sets --seed"):
+        tune.check_flags(["--seed=2"], fields)
+
+
+def test_a_range_takes_the_flags_type_and_a_flag_of_several_values_is_refused():
+    fields = {"ent_coef": 0.0, "update_epochs": 4, "target_kl": None, "hidden_sizes": (64, 64)}
+    assert tune.parse_dimension("ent_coef=0:1", fields) == tune.Dimension("ent_coef", 0.0, 1.0)
+    assert isinstance(tune.parse_dimension("ent_coef=0:1", fields).low, float)
+    assert tune.parse_dimension("update_epochs=4:20", fields) == tune.Dimension("update_epochs", 4, 20)
+    assert isinstance(tune.parse_dimension("target_kl=0.01:0.1", fields).low, float)
+    with pytest.raises(tune.UserError, match="--hidden_sizes takes several values"):
+        tune.parse_dimension("hidden_sizes=64,128", fields)
