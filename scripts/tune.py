@@ -213,13 +213,15 @@ class Tuning:
                 "--torch_threads=1", f"--exp_name={exp_name}"]
 
     @staticmethod
-    def warmup(study) -> int:
-        """Evaluations a trial runs before it may be pruned: a third of the most a completed trial ran, as
-        rl-baselines3-zoo's tuner waits (an early evaluation is noise: without, 16 of 24 trials on Pendulum-v1 were
-        pruned at their first, benchmarks/results/tune_Pendulum-v1/pruned_at_the_first_evaluation.md)."""
+    def may_prune(study, evaluations: int) -> bool:
+        """Whether a trial that has run this many evaluations may be pruned: past a third of the most a completed
+        trial ran, as rl-baselines3-zoo's tuner waits (an early evaluation is noise: without, 16 of 24 trials on
+        Pendulum-v1 were pruned at their first, benchmarks/results/tune_Pendulum-v1/pruned_at_the_first_evaluation.md),
+        and before the last, where pruning would save nothing."""
         from optuna.trial import TrialState
         complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        return max((len(trial.intermediate_values) for trial in complete), default=0) // 3
+        longest = max((len(trial.intermediate_values) for trial in complete), default=0)
+        return longest // 3 < evaluations < longest
 
     def train(self, params: dict, seed: int, num_seeds: int, name: str, trial=None,
               extra: list[str] = ()) -> tuple[list[float], str]:
@@ -249,7 +251,7 @@ class Tuning:
                         continue
                     evaluations = k + 1
                     trial.report(value, k)
-                    if not ended and evaluations > self.warmup(trial.study) and trial.should_prune():
+                    if not ended and self.may_prune(trial.study, evaluations) and trial.should_prune():
                         pruned = True
                         trial.set_user_attr("pruned_at", evaluations)
                         process.send_signal(signal.SIGTERM)
