@@ -295,3 +295,51 @@ class LoudPendulum(PendulumEnv):
 
 
 gym.register("LoudPendulum-v0", entry_point=LoudPendulum, max_episode_steps=200)
+
+
+class PointMassVector(gym.vector.VectorEnv):
+    """PointMass as a torch-native vector env: a batch stepped as tensors on its device, in Gymnasium's convention
+    for native vector envs (registered with vector_entry_point, same-step autoreset, the final observations in
+    info["final_obs"] with the mask info["_final_obs"], every step, so that nothing waits for the device). Its
+    episodes are those of PointMass's SyncVectorEnv bit for bit (x in float64, observations cast to float32)."""
+
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+
+    def __init__(self, num_envs: int = 1, max_episode_steps: int = EPISODE_STEPS, device: str = "cpu",
+                 terminate_odd_episodes: bool = False):
+        self.num_envs, self.max_episode_steps, self.device = num_envs, max_episode_steps, torch.device(device)
+        self.terminate_odd_episodes = terminate_odd_episodes
+        self.single_observation_space, self.single_action_space = PointMass.observation_space, PointMass.action_space
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+        self.x = torch.ones(num_envs, dtype=torch.float64, device=self.device)
+        self.t = torch.zeros(num_envs, dtype=torch.long, device=self.device)
+        self.episodes = torch.zeros(num_envs, dtype=torch.long, device=self.device)
+
+    def _obs(self) -> torch.Tensor:
+        return torch.stack([self.x, self.t / EPISODE_STEPS], dim=1).float()
+
+    def reset(self, *, seed=None, options=None):
+        self.x.fill_(1.0)
+        self.t.zero_()
+        self.episodes += 1
+        return self._obs(), {}
+
+    def step(self, action: torch.Tensor):
+        self.x += 0.1 * action.reshape(self.num_envs, -1)[:, 0].clamp(-1.0, 1.0).double()
+        self.t += 1
+        reward = -self.x**2
+        odd = self.episodes % 2 == 1
+        terminated = odd & (self.t == EPISODE_STEPS // 2) if self.terminate_odd_episodes else torch.zeros_like(odd)
+        truncated = self.t >= self.max_episode_steps
+        done = terminated | truncated
+        final_obs = self._obs()
+        self.x = torch.where(done, 1.0, self.x)
+        self.t = torch.where(done, 0, self.t)
+        self.episodes += done
+        return self._obs(), reward, terminated, truncated, {"final_obs": final_obs, "_final_obs": done}
+
+
+gym.register("PointMassTorch-v0", vector_entry_point=PointMassVector, max_episode_steps=EPISODE_STEPS)
+gym.register("PointMassEndsTorch-v0", vector_entry_point=PointMassVector, max_episode_steps=EPISODE_STEPS,
+             kwargs={"terminate_odd_episodes": True})
