@@ -2,12 +2,14 @@
 (the trainer's --num_seeds) and are scored by the interquartile mean (IQM) of the seeds' final evaluation.
 
     python scripts/tune.py --trainer ppo.py --env_id Pendulum-v1 --trials 40 --seeds 4 \\
-        --space learning_rate=1e-4:3e-3:log ent_coef=0:0.01 num_minibatches=4,8,16 -- --total_timesteps 50000
-    # the same tuning (its trials done are read, not rerun), then the best and the defaults on 10 fresh seeds at
-    # twice the trials' steps
+        --space learning_rate=1e-4:3e-3:log ent_coef=0.0:0.01 num_minibatches=4,8,16 \\
+        -- --num_envs 8 --num_steps 256 --norm_obs --reward_scale 0.1 --eval_freq 2 --total_timesteps 40960
+    # the same tuning (its trials done are read, not rerun), then the best and the defaults (ppo.py's with the
+    # flags after --) on 10 fresh seeds at 102,400 steps
     python scripts/tune.py --trainer ppo.py --env_id Pendulum-v1 --trials 40 --seeds 4 \\
-        --space learning_rate=1e-4:3e-3:log ent_coef=0:0.01 num_minibatches=4,8,16 --confirm 10 \\
-        --confirm_flags='--total_timesteps 100000' -- --total_timesteps 50000
+        --space learning_rate=1e-4:3e-3:log ent_coef=0.0:0.01 num_minibatches=4,8,16 \\
+        --confirm 10 --confirm_flags '--total_timesteps 102400' \\
+        -- --num_envs 8 --num_steps 256 --norm_obs --reward_scale 0.1 --eval_freq 2 --total_timesteps 40960
 
 A dimension is NAME=LOW:HIGH (of the flag's type; of a flag without a default, ints where both ends are),
 NAME=LOW:HIGH:log, or NAME=A,B,C (choices; true,false for a switch); --space_file reads them from a TOML file (NAME
@@ -24,8 +26,10 @@ checkpoint stays).
 
 import argparse
 import dataclasses
+import difflib
 import hashlib
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -84,7 +88,7 @@ def parse_dimension(text: str, fields: dict, source: str = "--space") -> Dimensi
     if not equals or not spec:
         raise UserError(f"{source} {text!r}: write NAME=LOW:HIGH, NAME=LOW:HIGH:log or NAME=A,B,C")
     if name not in fields:
-        raise UserError(f"{source} {text!r}: the trainer has no flag --{name}")
+        raise UserError(f"{source} {text!r}: the trainer has no flag --{name}{did_you_mean(name, fields)}")
     if isinstance(fields[name], (tuple, list)):
         raise UserError(f"{source} {text!r}: --{name} takes several values, which tune.py cannot search; give it "
                         "after -- (every trial's), or tune a copy of the trainer with a flag of one value")
@@ -137,9 +141,15 @@ def check_flags(flags: list[str], fields: dict, source: str = "after --"):
         if (name := flag_name(given)) is not None:
             name = name if name in fields else name.removeprefix("no_")
             if name not in fields:
-                raise UserError(f"{given} ({source}): the trainer has no such flag (tune.py's own flags go before --)")
+                raise UserError(f"{given} ({source}): the trainer has no such flag{did_you_mean(name, fields)} "
+                                "(tune.py's own flags go before --)")
             if name in TUNE_SETS:
                 raise UserError(f"{given} ({source}): tune.py sets --{name} for each run from its own flags; drop it")
+
+
+def did_you_mean(name: str, names) -> str:
+    close = difflib.get_close_matches(name, list(names), n=1)
+    return f" (did you mean --{close[0]}?)" if close else ""
 
 
 def flag(name: str, value) -> list[str]:
@@ -183,6 +193,17 @@ def finals(run_dir: Path, metric: str) -> list[float]:
     """Each seed's last logged value of metric; empty where a seed logged none."""
     values = [read_scalars(seed, metric)[2] for seed in seed_runs(run_dir)] if run_dir.is_dir() else []
     return [float(v[-1]) for v in values] if values and all(len(v) for v in values) else []
+
+
+def logged_metrics(run_dir: Path) -> list[str]:
+    """The scalars a run's first seed logged."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    if not run_dir.is_dir():
+        return []
+    accumulator = EventAccumulator(str(seed_runs(run_dir)[0]), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    return sorted(accumulator.Tags()["scalars"])
 
 
 def progress(run_dir: Path, metric: str) -> list[tuple[int, float]]:
@@ -270,7 +291,8 @@ class Tuning:
             return [], f"failed (exit {process.returncode}): {last} (whole output: {log})"
         values = finals(run_dir, self.options.metric)
         if not values:
-            return [], f"logged no {self.options.metric} (give --metric one the trainer logs; {log})"
+            logged = ", ".join(logged_metrics(run_dir)) or "none"
+            return [], f"logged no {self.options.metric} (give --metric one it logs: {logged}; {log})"
         return values, "complete"
 
 
@@ -327,15 +349,23 @@ def open_study(optuna, tuning: Tuning):
     if saved is None or not counted:  # settings whose trials all failed (a bad flag, a metric never logged) may change
         study.set_user_attr("tuning", what)
     elif saved != what:
-        changed = "; ".join(f"{key}: {saved.get(key)} there, {what[key]} here" for key in what
+        changed = "; ".join(f"{key} {shown(key, saved.get(key))} there, {shown(key, what[key])} here" for key in what
                             if saved.get(key) != what[key])
         raise UserError(f"{tuning.dir} holds a tuning of other settings ({changed}): continue it with its own "
-                        "command, or give another --dir")
+                        "command (logs/ holds its trials' commands), or give another --dir")
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         if not alive(trial):  # cut short: counted as failed, and its settings run again
             stop_left_behind(trial)
             rerun_later(optuna, study, trial)
     return study
+
+
+def shown(key: str, value) -> str:
+    """A setting as the command gives it: the space as NAME=LOW:HIGH[:log] or NAME=A,B; flags as a command line."""
+    if key == "space" and isinstance(value, list):
+        return " ".join(f"{d['name']}=" + (",".join(map(str, d["choices"])) if d["choices"] is not None else
+                                           f"{d['low']}:{d['high']}{':log' * d['log']}") for d in value)
+    return shlex.join(value) if key == "flags" and isinstance(value, list) else str(value)
 
 
 def rerun_later(optuna, study, trial):
@@ -485,21 +515,24 @@ def report(optuna, study, tuning: Tuning):
         raise UserError(f"no trial of {tuning.dir} completed (see {tuning.dir / 'logs'})")
     pruned = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,))
     names = [dimension.name for dimension in tuning.space]
-    lines = [f"{len(complete)} trials completed, {len(pruned)} pruned; {tuning.options.metric}, IQM of "
-             f"{tuning.options.seeds} seeds [95% interval]\n", *savings(complete, pruned),
+    failed = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)))
+    lines = [f"{len(complete)} trials completed, {len(pruned)} pruned, {failed} failed (cut trials among them, run "
+             f"again); {tuning.options.metric}, IQM of {tuning.options.seeds} seeds [95% interval]\n",
+             *savings(complete, pruned), f"The best {min(TOP, len(complete))} of the {len(complete)} completed:\n",
              f"| trial | {' | '.join(names)} | IQM | seeds | wall time (min) |",
              f"|---:|{'---|' * len(names)}---|---:|---:|"]
     for trial in complete[:TOP]:
-        shown = (f"{value:.4g}" if isinstance(value, float) else str(value) for value in map(trial.params.get, names))
-        lines.append(f"| {trial.number} | {' | '.join(shown)} | "
+        cells = map(value_text, map(trial.params.get, names))
+        lines.append(f"| {trial.number} | {' | '.join(cells)} | "
                      f"{with_interval(trial.user_attrs['finals'])} | {len(trial.user_attrs['finals'])} | "
                      f"{minutes(trial):.1f} |")
     best = complete[0]
     command = tuning.command(best.params, tuning.options.seed, tuning.options.seeds, f"best_of_{tuning.dir.name}")
     trainer = Path(command[1])
     # a path that runs from where tune.py ran, and reads as the user gave it
-    shown = trainer.relative_to(Path.cwd()) if trainer.is_relative_to(Path.cwd()) else trainer
-    lines += ["", "The best trial's command:", "", f"    {shlex.join(['python', str(shown), *command[2:]])}"]
+    trainer = trainer.relative_to(Path.cwd()) if trainer.is_relative_to(Path.cwd()) else trainer
+    lines += ["", "The best trial's command (from the directory tune.py ran in):", "",
+              f"    {shlex.join(['python', str(trainer), *command[2:]])}"]
     (tuning.dir / "results.md").write_text("\n".join(lines) + "\n")  # kept if the confirmation fails
     if tuning.options.confirm:
         lines += ["", *confirm(study, tuning, best, tuning.options.confirm)]
@@ -507,6 +540,23 @@ def report(optuna, study, tuning: Tuning):
     (tuning.dir / "results.md").write_text(text)
     print(text, end="")
     plots(optuna, study, tuning.dir, names)
+
+
+def value_text(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def given_value(flags: list[str], name: str, default):
+    """The value flags give --name (the last one counts), else default."""
+    value = default
+    for i, given in enumerate(flags):
+        flag_given = flag_name(given)
+        if flag_given == f"no_{name}":
+            value = False
+        elif flag_given == name:
+            values = list(itertools.takewhile(lambda token: flag_name(token) is None, flags[i + 1:]))
+            value = given.partition("=")[2] if "=" in given else " ".join(values) if values else True
+    return value
 
 
 def minutes(trial) -> float:
@@ -561,9 +611,13 @@ def confirm(study, tuning: Tuning, best, seeds: int) -> list[str]:
     if errors:
         raise errors[0]
     lines = [f"Confirmed on seeds {first}-{first + seeds - 1} (no trial used them){', with ' * bool(extra)}"
-             f"{shlex.join(extra)}, {tuning.options.metric} IQM [95% interval]:", "", "| settings | IQM | seeds |",
-             "|---|---|---:|"]
-    lines += [f"| {name} | {with_interval(results[name])} | {len(results[name])} |" for name in ("best", "defaults")]
+             f"{shlex.join(extra)}, {tuning.options.metric} IQM [95% interval]:", "",
+             f"| settings | {' | '.join(best.params)} | IQM | seeds |", f"|---|{'---|' * len(best.params)}---|---:|"]
+    flags = [*tuning.options.flags, *extra]
+    defaults = {name: given_value(flags, name, tuning.fields[name]) for name in best.params}
+    for name, values in (("best", best.params), ("defaults", defaults)):
+        lines.append(f"| {name} | {' | '.join(map(value_text, values.values()))} | {with_interval(results[name])} | "
+                     f"{len(results[name])} |")
     try:
         _, metrics = rliable()
         point, interval = interval_estimates({"pair": (np.array(results["best"])[:, None],

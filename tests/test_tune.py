@@ -20,6 +20,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 import tune  # noqa: E402
 
 STAND_IN = str(REPO / "tests/tune_trainer.py")
+BEST_COMMAND = "The best trial's command (from the directory tune.py ran in):\n\n    "
 
 
 def study_of(directory):
@@ -49,7 +50,7 @@ def test_a_tiny_search_on_cartpole(tmp_path, fast_polls, capsys):
         assert {p.name for p in (tmp_path / f"tuned/runs/trial_{trial.number}").glob("trial_*__seed*")} == {
             f"trial_{trial.number}__seed1", f"trial_{trial.number}__seed2"}
     assert (tmp_path / "tuned/history.png").stat().st_size > 0
-    best = out.split("The best trial's command:\n\n    ")[1].splitlines()[0]
+    best = out.split(BEST_COMMAND)[1].splitlines()[0]
     assert best.startswith("python ") and "--num_seeds=2" in best and "--learning_rate=" in best
 
 
@@ -133,8 +134,8 @@ def test_confirm_runs_the_best_and_the_defaults_on_seeds_no_trial_used(tmp_path,
         assert trial.user_attrs["finals"] == pytest.approx([-(x - 3) ** 2 + seed / 100 for seed in (1, 2)], abs=1e-5)
     results = (tmp_path / "tuned/results.md").read_text()
     assert "Confirmed on seeds 3-5 (no trial used them), with --steps 6" in results
-    assert "P(best > defaults) = " in results
-    command = results.split("The best trial's command:\n\n    ")[1].splitlines()[0].split()
+    assert "P(best > defaults) = " in results and "| defaults | 5 | -3.96 [" in results  # the defaults' x
+    command = results.split(BEST_COMMAND)[1].splitlines()[0].split()
     assert [given for given in command if given.startswith("--x")] == [f"--x={best.params['x']}"]
     written = sorted(path.stat().st_mtime_ns for path in runs.rglob("events*"))
     assert tune.main(list(argv)) == 0 and (tmp_path / "tuned/results.md").read_text() == results
@@ -146,6 +147,7 @@ def test_confirm_runs_the_best_and_the_defaults_on_seeds_no_trial_used(tmp_path,
     (["--space", "x=1:0"], "--space 'x=1:0' does not parse: LOW must be below HIGH"),
     (["--space", "x=a:b"], "--space 'x=a:b' does not parse"),
     (["--space", "x=0:6", "--", "--nope", "1"], "--nope (after --): the trainer has no such flag"),
+    (["--space", "x=0:6", "--", "--stpes", "2"], "no such flag (did you mean --steps?)"),
     (["--space", "x=0:6", "--", "--seed", "1"], "--seed (after --): tune.py sets --seed for each run"),
     (["--space", "x=0:6", "--confirm_flags=--nope 1"], "--nope (--confirm_flags): the trainer has no such flag"),
     (["--space", "x=2"], "is one value, not a range or choices: give it after --"),
@@ -220,6 +222,10 @@ def test_a_trials_values_replace_the_defaults_flags_with_their_values():
     kept = ["--hidden_sizes", "64", "64", "--no_norm_obs", "--x=1"]
     assert tune.without(flags, {"log_std_init", "gae_lambda"}) == kept
     assert tune.names(["--total_timesteps", "9", "--no_norm_obs"]) >= {"total_timesteps", "norm_obs"}
+    given = [*flags, "--x", "2", "--norm_obs", "--hidden_sizes=32"]
+    values = {name: tune.given_value(given, name, None) for name in ("hidden_sizes", "log_std_init", "norm_obs", "x")}
+    assert values == {"hidden_sizes": "32", "log_std_init": "-0.5", "norm_obs": True, "x": "2"}  # the last counts
+    assert tune.given_value(flags, "norm_obs", True) is False and tune.given_value(flags, "seed", 7) == 7
     fields = {"hidden_sizes": (64, 64), "log_std_init": -0.5, "norm_obs": False, "x": 0.0, "gae_lambda": 0.95,
               "seed": 1}
     tune.check_flags(flags, fields)  # the trainer's own, values such as -0.5 not taken for flags
