@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-import tests.envs  # noqa: F401  (registers the envs)
+import tests.envs
+from tests.util import HostSyncs
 
 
 @pytest.mark.parametrize("torch_id, gym_id", [("PointMassTorch-v0", "PointMass-v0"),
@@ -34,3 +35,21 @@ def test_a_torch_env_steps_the_episodes_of_its_gymnasium_version(torch_id, gym_i
         terminations += int(gym_out[2].sum())
         truncations += int(gym_out[3].sum())
     assert truncations > 0 and (terminations > 0) == ("Ends" in gym_id)  # each kind of end was compared
+
+
+def test_host_syncs_are_counted_and_a_torch_env_step_makes_none():
+    x, mask = torch.randn(5), torch.tensor([True, False, True, False, True])
+    with HostSyncs() as syncs:  # each of these would wait for a CUDA device
+        x[0].item(), x.tolist(), x.cpu(), x.to("cpu"), bool(mask.any()), x[mask], torch.nonzero(mask), torch.where(mask)
+        x[mask] = 0.0
+    assert syncs.calls == ["item", "tolist", "cpu", "to", "__bool__", "__getitem__", "nonzero", "where",
+                           "__setitem__"]
+    with HostSyncs() as syncs:  # and these would not
+        torch.where(mask, x, 0.0), x[1:], x[torch.tensor([0, 2])], mask.any(), (x * 2).sum()
+    assert syncs.calls == []
+    envs = gym.make_vec("tests.envs:PointMassEndsTorch-v0", num_envs=4, vectorization_mode="vector_entry_point")
+    envs.reset(seed=1)
+    with HostSyncs() as syncs:
+        for _ in range(3 * tests.envs.EPISODE_STEPS):  # terminations, truncations and resets among them
+            envs.step(torch.ones(4, 1))
+    assert syncs.calls == []

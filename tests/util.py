@@ -347,3 +347,27 @@ def video_frames(path: Path) -> tuple[int, tuple[int, int]]:
         return reader.count_frames(), tuple(reader.get_meta_data()["size"])
     finally:
         reader.close()
+
+
+class HostSyncs(torch.overrides.TorchFunctionMode):
+    """The torch calls made inside it that would wait for a CUDA device if the tensors lived there: a value or a
+    copy read on the host, or a result whose shape depends on values (boolean-mask indexing, nonzero). Counted on the
+    CPU, where nothing waits, so that a rollout step's host synchronizations are tested without a GPU."""
+
+    READS = {"item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__", "__index__", "__repr__",
+             "__format__", "nonzero", "masked_select", "unique", "argwhere"}
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", str(func))
+        masked = name in ("__getitem__", "__setitem__", "index_put_") and any(
+            isinstance(index, torch.Tensor) and index.dtype == torch.bool
+            for index in (args[1] if isinstance(args[1], tuple) else (args[1],)))
+        moved = name == "to" and any(str(arg).startswith("cpu") for arg in (*args[1:], *kwargs.values()))
+        if name in self.READS or masked or moved or (name == "where" and len(args) + len(kwargs) == 1):
+            self.calls.append(name)
+        return func(*args, **kwargs)
