@@ -78,6 +78,13 @@ def mpe_spread(directory):
                 "1", "--frames", "6400", "--out", str(directory / "out")], directory)
 
 
+def tuning(directory):
+    """benchmarks/tune.sh's Pendulum-v1 tuning with 2 trials of one iteration, confirmed on 2 seeds of two."""
+    return run(["bash", str(REPO / "benchmarks/tune.sh"), "pendulum"], directory,
+               {"OUT": str(directory / "out"), "PYTHON": sys.executable, "TRIALS": "2", "STEPS": "2048",
+                "FINAL": "4096", "CONFIRM": "2"})
+
+
 def throughput(directory):
     return run([sys.executable, str(REPO / "benchmarks/throughput.py"), "--runs", "PushCube-v1:1", "Pendulum-v1:2",
                 "--steps", "20", "--iterations", "2"], directory)
@@ -95,6 +102,7 @@ ahead = runs_ahead({job.__name__: ((test,), job) for job, test in [
     (atari_speed, "test_atari_speed_benchmark_prints_its_table"),
     (recurrent, "test_recurrent_benchmark_writes_its_table_and_plots"),
     (mpe_spread, "test_mpe_spread_benchmark_writes_its_table_and_plot"),
+    (tuning, "test_tuning_benchmark_writes_its_results_and_plots"),
 ]})
 
 
@@ -113,6 +121,17 @@ def test_mujoco_benchmark_writes_its_table_and_plots(ahead):
         assert (directory / "out" / task / "eval_return.png").stat().st_size > 10_000
         ckpt = load(directory / "runs" / f"mujoco_{task}__seed1" / "final_ckpt.pt")  # one seed: a plain run
         assert ckpt["args"]["activation"] == ("relu" if task == "HalfCheetah-v5" else "tanh")
+
+
+def test_tuning_benchmark_writes_its_results_and_plots(ahead):
+    directory, result = ahead["tuning"]
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = (directory / "out/results.md").read_text()
+    assert results.startswith("2 trials completed, 0 pruned, 0 failed")
+    assert "Confirmed on seeds 5-6 (no trial used them), with --total_timesteps 4096" in results
+    assert "| defaults | 1e-3 | 0.95 | 0.95 | 8 | 10 | 0.2 | 0 | " in results  # the baseline's, as given
+    assert (directory / "out/history.png").stat().st_size > 0
+    assert (directory / "tunes/bench_Pendulum-v1/study.db").is_file()
 
 
 def test_speed_benchmark_prints_its_table(ahead):
