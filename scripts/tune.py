@@ -226,7 +226,7 @@ class Tuning:
     def command(self, params: dict, seed: int, num_seeds: int, exp_name: str, extra: list[str] = ()) -> list[str]:
         # the last of a flag's values counts: the confirmation's flags replace those after --, a trial's both
         given = without([*without(self.options.flags, names(extra)), *extra], params)
-        chosen = "capture_video" in params or any("capture_video" in text for text in given)
+        chosen = "capture_video" in params or "capture_video" in names(given)
         video = [] if chosen else ["--no_capture_video"]  # videos cost a trial time and the tuning disk
         seeds = [f"--num_seeds={num_seeds}"] if "num_seeds" in self.fields else []
         return [sys.executable, str(self.trainer), f"--env_id={self.options.env_id}", *video, *given,
@@ -440,7 +440,7 @@ def run_trials(optuna, study, tuning: Tuning):
             params = {dimension.name: dimension.suggest(trial) for dimension in tuning.space}
             values, ended = tuning.train(params, options.seed, options.seeds, f"trial_{trial.number}", trial)
             with lock:
-                if ended == "stopped" or stop.is_set() and ended != "pruned" and ended != "complete":
+                if ended == "stopped":  # train() says so of any trial that ran while tune.py was stopping
                     rerun_later(optuna, study, trial)
                 elif ended in ("complete", "pruned"):
                     failures.clear()
