@@ -438,7 +438,7 @@ def rollout(agent: Agent, envs: TorchVecEnv, buf: RolloutBuffer, next_obs: torch
     """Step the envs num_steps times with the policy (policy_step: get_action_and_value, compiled under
     --compile), filling buf. Returns the observation after the last step and the finished episodes' metrics (key
     -> one value per episode)."""
-    episodes = defaultdict(list)
+    episodes, ended = defaultdict(list), []
     buf.bootstrap_values.zero_()
     for step in range(args.num_steps):
         # inference_mode, not no_grad: it skips autograd's version and view tracking, a large share of the cost of a
@@ -462,9 +462,11 @@ def rollout(agent: Agent, envs: TorchVecEnv, buf: RolloutBuffer, next_obs: torch
                     final_values = agent.get_value(agent.normalize_obs(final_obs))
                 bootstrap = bootstrap_mask(bootstrap_rule, terminated, truncated)
                 buf.bootstrap_values[step] = torch.where(bootstrap, final_values, 0.0)
+            ended.append(done)
             for key, values in finished.items():
                 episodes[key].append(values)
-    return next_obs, {key: torch.cat(values) for key, values in episodes.items()}
+    # selected once a rollout, not each step: selecting waits for the device
+    return next_obs, {key: torch.stack(values)[torch.stack(ended)] for key, values in episodes.items()}
 
 
 def bootstrap_mask(rule: str, terminated: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
@@ -772,10 +774,10 @@ def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Op
         obs, _, terminated, truncated, _, finished = eval_envs.step(action)
         done = terminated | truncated
         if finished is not None:
-            wanted = counted < quota
+            wanted = done & (counted < quota)
             for key, value in finished.items():
-                finished_metrics[key].append(value[wanted[done]])
-            counted += done & wanted
+                finished_metrics[key].append(value[wanted])
+            counted += wanted
             if (counted == quota).all():
                 break
     eval_envs.flush_video()
@@ -1194,7 +1196,9 @@ class SeedBlocks:
         stepped = self.watched(self.envs.step, action.flatten(0, 1))
         next_obs, reward, terminated, truncated, final_obs, finished = stepped
         if finished is not None:
-            finished["seed_index"] = torch.nonzero(terminated | truncated)[:, 0] // self.block
+            finished = {key: self.blocks(values) for key, values in finished.items()}
+            seed_index = torch.arange(self.num_seeds, device=reward.device)
+            finished["seed_index"] = seed_index[:, None].expand(self.batch_shape)
         return (*(self.blocks(x) for x in (next_obs, reward, terminated, truncated, final_obs)), finished)
 
     def watched(self, call, *args, **kwargs):
@@ -1456,6 +1460,14 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     if args.critic_obs and maniskill:
         raise UserError(f"--critic_obs gives the critic a ManiSkill task's state, which {TRAINER}.py's actor already "
                         "sees; for a camera actor with a state critic use ppo_rgb.py --critic_obs")
+    if not maniskill and torch_native_id(args.env_id):
+        for given, flag, why in (
+                (args.capture_video, "--capture_video", "videos are recorded from envs stepped one by one; pass "
+                                                        "--no_capture_video"),
+                (args.critic_obs, "--critic_obs", "the critic's vector is read from envs stepped one by one"),
+                (args.async_envs, "--async_envs", "it steps its whole batch in one call")):
+            if given:
+                raise UserError(f"{flag} does not apply to {args.env_id}, a torch-native vector env: {why}")
     if args.checkpoint is not None and args.resume is not None:
         raise UserError("--checkpoint starts a new run from saved weights and --resume continues a run; give one")
     batch_size = args.num_envs * args.num_steps
@@ -1666,8 +1678,10 @@ class TorchVecEnv:
     step(action) returns (next_obs, reward, terminated, truncated, final_obs, finished):
     next_obs is already reset where an episode ended; final_obs is the true last observation of those
     episodes (next_obs elsewhere); finished maps metric names (return, episode_len, and ManiSkill's
-    success_once, success_at_end, fail_once, fail_at_end) to one value per episode that ended in this
-    step, or is None when none ended. Under --critic_obs the last critic_dim dims of an observation are the critic's.
+    success_once, success_at_end, fail_once, fail_at_end) to one value per env, that of the episode it ended in this
+    step where terminated | truncated, or is None when the env says that none ended (a torch-native env need not:
+    reading whether any ended would wait for its device). Under --critic_obs the last critic_dim dims of an
+    observation are the critic's.
     """
 
     EPISODE_KEYS = ("success_once", "success_at_end", "fail_once", "fail_at_end")
@@ -1733,19 +1747,22 @@ class TorchVecEnv:
         self.episode_length += 1
 
         final_obs, finished = next_obs, None
-        if "final_info" in info:  # present only when some episode ended
+        # Gymnasium's vector envs give final observations where an episode ended (a torch-native one may every step,
+        # as a tensor with its mask), ManiSkill's in "final_observation" and "final_info" when any ended.
+        if "final_obs" in info or "final_info" in info:
             done = terminated | truncated
             if self.torch_native:
-                final_obs = torch.where(done[:, None], self._obs(info["final_observation"]), next_obs)
+                ended_obs = info["final_obs"] if "final_obs" in info else info["final_observation"]
+                final_obs = torch.where(done[:, None], self._obs(ended_obs), next_obs)
             else:
                 ended = info["_final_obs"]
                 final_obs = next_obs.clone()
                 final_obs[torch.as_tensor(ended, device=self.device)] = self._obs(np.stack(info["final_obs"][ended]))
-            finished = {"return": self.episode_return[done].float(), "episode_len": self.episode_length[done].float()}
-            episode = info["final_info"].get("episode", {})
+            finished = {"return": self.episode_return.float(), "episode_len": self.episode_length.float()}
+            episode = info.get("final_info", {}).get("episode", {})
             for key in self.EPISODE_KEYS:
                 if key in episode:
-                    finished[key] = self._to_device(episode[key], torch.float32)[done]
+                    finished[key] = self._to_device(episode[key], torch.float32)
             self.episode_return = torch.where(done, 0.0, self.episode_return)
             self.episode_length = torch.where(done, 0, self.episode_length)
         return next_obs, reward, terminated, truncated, final_obs, finished
@@ -1801,6 +1818,8 @@ def make_run_envs(args: Args, maniskill: bool, device: torch.device, *, evaluati
         if maniskill:
             return make_maniskill_envs(args, num_envs, device, evaluation, video_dir, video_trigger,
                                        max_steps_per_video, trajectory_path)
+        if torch_native_id(args.env_id):
+            return make_torch_native_envs(args, num_envs, device)
         prefix = "eval" if evaluation else "train"
         if evaluation and video_dir is not None:
             video_trigger = ResetEpisodeTrigger()
@@ -1820,6 +1839,63 @@ def make_run_envs(args: Args, maniskill: bool, device: torch.device, *, evaluati
         raise UserError(f"{args.env_id} needs an optional dependency: {e}{hint}") from e
     except (gym.error.Error, ImportError) as e:
         raise UserError(f"cannot make env {args.env_id!r}: {e}") from e
+
+
+def torch_native_id(env_id: str) -> bool:
+    """Whether env_id is registered with Gymnasium's vector_entry_point alone: a batch of envs stepped as torch tensors
+    (docs/ppo.md, "A torch-native env"). One with an entry_point too, such as CartPole-v1, steps its envs one by one."""
+    spec = gym.spec(env_id.rpartition(":")[2])
+    return spec.vector_entry_point is not None and spec.entry_point is None
+
+
+def make_torch_native_envs(args: Args, num_envs: int, device: torch.device) -> TorchVecEnv:
+    """The env built on the learner's device; under --num_seeds one env for each seed's block (EnvBlocks)."""
+    kwargs = {} if args.max_episode_steps is None else {"max_episode_steps": args.max_episode_steps}
+
+    def make(n: int) -> gym.vector.VectorEnv:
+        try:
+            env = gym.make_vec(args.env_id, n, vectorization_mode="vector_entry_point", device=device, **kwargs)
+        except TypeError as e:
+            raise UserError(f"cannot make torch-native env {args.env_id!r} ({e}): its constructor takes num_envs, "
+                            "device and, for --max_episode_steps, max_episode_steps (docs/ppo.md)") from e
+        if env.metadata.get("autoreset_mode") != gym.vector.AutoresetMode.SAME_STEP:
+            raise UserError(f"{args.env_id} resets its episodes {env.metadata.get('autoreset_mode')}; {TRAINER}.py "
+                            "bootstraps from final observations, which need metadata['autoreset_mode'] = "
+                            "AutoresetMode.SAME_STEP (docs/ppo.md)")
+        return env
+
+    env = make(num_envs) if args.num_seeds == 1 else EnvBlocks([make(num_envs // args.num_seeds)
+                                                                for _ in range(args.num_seeds)])
+    return TorchVecEnv(env, device, torch_native=True)
+
+
+class EnvBlocks:
+    """--num_seeds on a torch-native env: each seed's block of envs is an env of its own, as a run of that seed alone
+    builds it (a torch-native env takes one seed for its whole batch); tensors in and out are concatenated."""
+
+    def __init__(self, blocks: list[gym.vector.VectorEnv]):
+        self.blocks, first = blocks, blocks[0]
+        self.num_envs = sum(block.num_envs for block in blocks)
+        self.device, self.metadata = first.device, first.metadata
+        self.single_observation_space, self.single_action_space = (first.single_observation_space,
+                                                                   first.single_action_space)
+
+    def reset(self, *, seed: Optional[list[int]] = None, options=None):
+        # SeedBlocks gives each env's seed, and a block's first is the seed its run alone resets with
+        seeds = [None] * len(self.blocks) if seed is None else seed[::self.blocks[0].num_envs]
+        return torch.cat([block.reset(seed=block_seed)[0] for block, block_seed in zip(self.blocks, seeds)]), {}
+
+    def step(self, action: torch.Tensor):
+        steps = [block.step(block_action) for block, block_action in zip(self.blocks, action.chunk(len(self.blocks)))]
+        obs, reward, terminated, truncated = (torch.cat(x) for x in zip(*(step[:4] for step in steps)))
+        info = {}
+        if any("final_obs" in step[4] for step in steps):  # a block that gives none has no episode that ended
+            info["final_obs"] = torch.cat([step[4].get("final_obs", step[0]) for step in steps])
+        return obs, reward, terminated, truncated, info
+
+    def close(self):
+        for block in self.blocks:
+            block.close()
 
 
 def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluation: bool, video_dir: Optional[str],

@@ -7,7 +7,7 @@
 #
 #   bash benchmarks/tune.sh pendulum   # 40 trials of 4 seeds x 40,960 steps, 10 evaluations each; the best and the
 #                                      # baseline on 10 fresh seeds at 102,400 steps
-#   bash benchmarks/tune.sh ant        # 30 trials of 4 seeds x 204,800 steps, 5 evaluations each; on 5 fresh seeds
+#   bash benchmarks/tune.sh ant        # 24 trials of 4 seeds x 204,800 steps, 5 evaluations each; on 5 fresh seeds
 #                                      # at 1M steps
 #   TRIALS=2 STEPS=2048 FINAL=4096 CONFIRM=2 bash benchmarks/tune.sh pendulum   # a quick check of the script
 #
@@ -27,7 +27,7 @@ case "$task" in
     space=(learning_rate=1e-4:3e-3:log gamma=0.9:0.99 gae_lambda=0.8:0.99 num_minibatches=4,8,16,32
            update_epochs=4:20 clip_coef=0.1:0.3 ent_coef=0.0:0.01) ;;
   ant)
-    env_id=Ant-v5 trials=${TRIALS:-30} steps=${STEPS:-204800} final=${FINAL:-1000000} confirm=${CONFIRM:-5}
+    env_id=Ant-v5 trials=${TRIALS:-24} steps=${STEPS:-204800} final=${FINAL:-1000000} confirm=${CONFIRM:-5}
     # benchmarks/mujoco.sh's Ant settings (CleanRL's ppo_continuous_action.py's, log-std from -0.5)
     baseline=(--num_envs 1 --norm_obs --norm_reward --target_kl None --num_eval_envs 4 --hidden_sizes 64 64
               --num_steps 2048 --num_minibatches 32 --update_epochs 10 --gamma 0.99 --gae_lambda 0.95

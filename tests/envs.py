@@ -343,3 +343,60 @@ class PointMassVector(gym.vector.VectorEnv):
 gym.register("PointMassTorch-v0", vector_entry_point=PointMassVector, max_episode_steps=EPISODE_STEPS)
 gym.register("PointMassEndsTorch-v0", vector_entry_point=PointMassVector, max_episode_steps=EPISODE_STEPS,
              kwargs={"terminate_odd_episodes": True})
+
+
+class CartPoleVector(gym.vector.VectorEnv):
+    """Gymnasium's CartPole-v1 as a torch-native vector env: its dynamics, terminations and 500-step time limit on a
+    batch of float64 states (equal to CartPoleEnv's to float rounding: torch's sin and cos are not numpy's). Starts
+    are drawn from a torch generator of its own, which reset(seed=s) seeds."""
+
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+    gravity, masscart, masspole, length, force_mag, tau = 9.8, 1.0, 0.1, 0.5, 10.0, 0.02
+    theta_threshold, x_threshold = 12 * 2 * np.pi / 360, 2.4
+
+    def __init__(self, num_envs: int = 1, max_episode_steps: int = 500, device: str = "cpu"):
+        self.num_envs, self.max_episode_steps, self.device = num_envs, max_episode_steps, torch.device(device)
+        reference = gym.make("CartPole-v1")
+        self.single_observation_space, self.single_action_space = reference.observation_space, reference.action_space
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+        self.generator = torch.Generator(self.device)
+        self.state = torch.zeros(num_envs, 4, dtype=torch.float64, device=self.device)
+        self.t = torch.zeros(num_envs, dtype=torch.long, device=self.device)
+
+    def starts(self) -> torch.Tensor:
+        uniform = torch.rand(self.num_envs, 4, generator=self.generator, dtype=torch.float64, device=self.device)
+        return uniform * 0.1 - 0.05
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self.generator.manual_seed(seed)
+        self.state, self.t = self.starts(), torch.zeros_like(self.t)
+        return self.state.float(), {}
+
+    def dynamics(self, state: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        x, x_dot, theta, theta_dot = state.unbind(1)
+        force = torch.where(action == 1, self.force_mag, -self.force_mag)
+        total_mass, polemass_length = self.masspole + self.masscart, self.masspole * self.length
+        costheta, sintheta = torch.cos(theta), torch.sin(theta)
+        temp = (force + polemass_length * theta_dot**2 * sintheta) / total_mass
+        thetaacc = (self.gravity * sintheta - costheta * temp) / (
+            self.length * (4.0 / 3.0 - self.masspole * costheta**2 / total_mass))
+        xacc = temp - polemass_length * thetaacc * costheta / total_mass
+        return torch.stack([x + self.tau * x_dot, x_dot + self.tau * xacc, theta + self.tau * theta_dot,
+                            theta_dot + self.tau * thetaacc], dim=1)
+
+    def step(self, action: torch.Tensor):
+        self.state, self.t = self.dynamics(self.state, action.reshape(self.num_envs)), self.t + 1
+        x, theta = self.state[:, 0], self.state[:, 2]
+        terminated = (x.abs() > self.x_threshold) | (theta.abs() > self.theta_threshold)
+        truncated = self.t >= self.max_episode_steps
+        done = terminated | truncated
+        final_obs = self.state.float()
+        self.state = torch.where(done[:, None], self.starts(), self.state)
+        self.t = torch.where(done, 0, self.t)
+        reward = torch.ones(self.num_envs, device=self.device)
+        return self.state.float(), reward, terminated, truncated, {"final_obs": final_obs, "_final_obs": done}
+
+
+gym.register("CartPoleTorch-v1", vector_entry_point=CartPoleVector, max_episode_steps=500)

@@ -1,13 +1,18 @@
 """Torch-native vector envs (Gymnasium's vector_entry_point convention): tests/envs.py's reference versions step
 the same episodes as their Gymnasium versions, bit for bit."""
 
+import dataclasses
+import json
+
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
 import tests.envs
-from tests.util import HostSyncs
+import ppo
+import ppo_eval
+from tests.util import HostSyncs, assert_same_numbers, fast_args, load, scalars, spy_on_advantages
 
 
 @pytest.mark.parametrize("torch_id, gym_id", [("PointMassTorch-v0", "PointMass-v0"),
@@ -53,3 +58,117 @@ def test_host_syncs_are_counted_and_a_torch_env_step_makes_none():
         for _ in range(3 * tests.envs.EPISODE_STEPS):  # terminations, truncations and resets among them
             envs.step(torch.ones(4, 1))
     assert syncs.calls == []
+
+
+def test_cartpole_torch_has_gymnasiums_dynamics_terminations_and_time_limit():
+    """From 2,000 states on both sides of the bounds, with both actions: CartPoleEnv's next state and termination."""
+    rng = np.random.default_rng(0)
+    states = rng.uniform([-2.6, -2, -0.25, -2], [2.6, 2, 0.25, 2], size=(2000, 4))
+    actions = rng.integers(0, 2, size=2000)
+    torch_envs = tests.envs.CartPoleVector(num_envs=2000)
+    torch_envs.reset(seed=0)
+    torch_envs.state = torch.as_tensor(states)
+    _, reward, terminated, truncated, info = torch_envs.step(torch.as_tensor(actions))
+    reference = gym.make("CartPole-v1").unwrapped
+    reference.reset(seed=0)
+    expected_state, expected_terminated = [], []
+    for state, action in zip(states, actions):
+        reference.state, reference.steps_beyond_terminated = state.copy(), None
+        _, _, ended, _, _ = reference.step(int(action))
+        expected_state.append(reference.state)
+        expected_terminated.append(ended)
+    np.testing.assert_allclose(info["final_obs"].numpy(), np.float32(expected_state), rtol=1e-6, atol=1e-7)
+    assert np.array_equal(terminated.numpy(), expected_terminated) and 0.2 < terminated.float().mean() < 0.8
+    assert torch.equal(reward, torch.ones(2000)) and not truncated.any()
+    # the time limit: every episode that survives 500 steps is truncated at its 500th, and restarts
+    envs = gym.make_vec("tests.envs:CartPoleTorch-v1", num_envs=2, vectorization_mode="vector_entry_point")
+    envs.reset(seed=1)
+    envs.unwrapped.state, envs.unwrapped.t = torch.zeros(2, 4, dtype=torch.float64), torch.tensor([0, 499])
+    obs, _, terminated, truncated, info = envs.step(torch.tensor([0, 1]))
+    assert truncated.tolist() == [False, True] and not terminated.any() and info["_final_obs"].tolist() == [False, True]
+    assert obs[1].abs().max() <= 0.05 and not torch.equal(obs[1], info["final_obs"][1])
+
+
+def test_ppo_on_a_torch_env_computes_what_it_computes_on_the_gymnasium_version(tmp_path, monkeypatch):
+    """PointMass with terminations and truncations, through the torch-native path and through SyncVectorEnv and
+    numpy: every rollout's rewards, values, dones, bootstrap values and advantages, the logged numbers and the
+    weights, bit for bit."""
+    flags = dict(num_envs=3, num_steps=24, total_timesteps=3 * 24 * 6, norm_obs=True, norm_reward=True,
+                 num_minibatches=4)
+    captured = spy_on_advantages(monkeypatch, ppo)
+    monkeypatch.chdir(tmp_path)
+    assert ppo.cli(fast_args("tests.envs:PointMassEndsTorch-v0", "torch", **flags)) == 0
+    torch_rollouts, captured[:] = captured[:], []
+    assert ppo.cli(fast_args("tests.envs:PointMassEnds-v0", "gym", **flags)) == 0
+    assert len(torch_rollouts) == len(captured) == 6
+    for torch_rollout, gym_rollout in zip(torch_rollouts, captured):
+        for key, value in gym_rollout.items():
+            assert torch.equal(torch_rollout[key], value), key
+    ends = torch.stack([rollout["dones"] for rollout in captured])
+    bootstrapped = torch.stack([rollout["bootstrap_values"] for rollout in captured]) != 0
+    assert bootstrapped.any() and (ends.bool() & ~bootstrapped).any()  # truncations and terminations among them
+    assert_same_numbers(tmp_path / "runs/torch", tmp_path / "runs/gym", tags={"train/return", "eval/return"})
+
+
+@pytest.mark.parametrize("num_seeds", [1, 2])
+def test_a_rollout_on_a_torch_env_waits_for_the_device_only_after_its_last_step(num_seeds):
+    """Observation and reward normalization, a discrete policy, terminations and truncations: a rollout's steps make
+    no host synchronization; its finished episodes are selected once, after the last step (one boolean-mask read
+    per metric: return, episode length, and under --num_seeds the seed index)."""
+    args = ppo.parse_args(fast_args("tests.envs:CartPoleTorch-v1", "syncs", num_envs=4, num_steps=64, norm_obs=True,
+                                    norm_reward=True, num_seeds=num_seeds, max_episode_steps=20))
+    device = torch.device("cpu")
+    envs = ppo.make_torch_native_envs(dataclasses.replace(args, num_envs=4 * num_seeds), 4 * num_seeds, device)
+    if num_seeds > 1:
+        envs = ppo.SeedBlocks(envs, num_seeds, args.env_id)
+    agent = ppo.make_agents(args, envs, device, None)
+    reward_normalizer = ppo.stack_seeds([ppo.RewardNormalizer(args.num_envs, args.gamma) for _ in range(num_seeds)])
+    buf = ppo.RolloutBuffer(args.num_steps, envs, device)
+    next_obs = envs.reset(seed=1)
+    with HostSyncs() as syncs:
+        _, episodes = ppo.rollout(agent, envs, buf, next_obs, ppo.policy_step_of(agent), reward_normalizer, args,
+                                  "truncated")
+    assert syncs.calls == ["__getitem__"] * (2 if num_seeds == 1 else 3)
+    assert len(episodes["return"]) == int(buf.dones.sum()) > 4 * num_seeds * 64 // 20  # terminations too
+    assert buf.bootstrap_values.count_nonzero() > 0
+
+
+def test_each_seed_of_a_torch_env_trains_as_a_run_of_that_seed_alone(tmp_path, monkeypatch):
+    """--num_seeds 2 on CartPole's torch version, whose starts each seed draws from its own generator: each seed's
+    episodes, returns and weights are those of a run of it alone (weights to float rounding: the seeds' layers
+    multiply in one batched matmul)."""
+    flags = dict(num_envs=4, num_steps=32, total_timesteps=4 * 32 * 4, max_episode_steps=20, norm_obs=True)
+    monkeypatch.chdir(tmp_path)
+    assert ppo.cli(fast_args("tests.envs:CartPoleTorch-v1", "batch", seed=5, num_seeds=2, **flags)) == 0
+    for seed in (5, 6):
+        assert ppo.cli(fast_args("tests.envs:CartPoleTorch-v1", f"alone{seed}", seed=seed, **flags)) == 0
+        batch_run, alone_run = tmp_path / f"runs/batch/batch__seed{seed}", tmp_path / f"runs/alone{seed}"
+        in_batch, alone = load(batch_run / "final_ckpt.pt"), load(alone_run / "final_ckpt.pt")
+        for key in alone["model"]:
+            torch.testing.assert_close(in_batch["model"][key], alone["model"][key], rtol=1e-4, atol=1e-5, msg=key)
+        logged_in_batch, logged_alone = scalars(batch_run), scalars(alone_run)
+        for tag in ("train/return", "train/episode_len", "eval/return"):
+            torch.testing.assert_close(torch.tensor([value for _, value in logged_in_batch[tag]]),
+                                       torch.tensor([value for _, value in logged_alone[tag]]), rtol=1e-3, atol=1e-5)
+    returns = [[value for _, value in scalars(tmp_path / f"runs/alone{seed}")["train/return"]] for seed in (5, 6)]
+    assert returns[0] != returns[1]  # the seeds' episodes differ, so a mixed-up block would show
+
+
+def test_ppo_eval_evaluates_and_exports_a_torch_env_run(tmp_path, monkeypatch):
+    """ppo_eval.py evaluates a torch-native env's run on the episodes asked for, and exports a policy that acts as the
+    trained agent."""
+    monkeypatch.chdir(tmp_path)
+    assert ppo.cli(fast_args("tests.envs:CartPoleTorch-v1", "run", max_episode_steps=20, num_eval_envs=3)) == 0
+    assert ppo_eval.cli(["runs/run", "--num_episodes", "3", "--output", "results.json"]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["evaluation"]["num_episodes"] == 3 and 1 <= results["metrics"]["return"]["mean"] <= 20
+    assert ppo_eval.cli(["runs/run", "--export", "policy.pt2"]) == 0
+    exported = torch.export.load("policy.pt2").module()
+    ckpt = load(tmp_path / "runs/run/final_ckpt.pt")
+    args = ppo_eval.run_args(ppo, ckpt, ppo_eval.EvalArgs(checkpoint="unused"))
+    envs = ppo.make_envs(args, False, torch.device("cpu"), evaluation=True, run_dir=tmp_path, num_eval_steps=20)
+    agent = ppo.make_agent(args, envs)
+    ppo.load_weights(agent, ckpt, args, envs)
+    obs = torch.randn(50, 4) * 0.1
+    with torch.no_grad():
+        assert torch.equal(exported(obs), agent.get_action(agent.normalize_obs(obs), deterministic=True))

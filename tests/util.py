@@ -367,7 +367,10 @@ class HostSyncs(torch.overrides.TorchFunctionMode):
         masked = name in ("__getitem__", "__setitem__", "index_put_") and any(
             isinstance(index, torch.Tensor) and index.dtype == torch.bool
             for index in (args[1] if isinstance(args[1], tuple) else (args[1],)))
-        moved = name == "to" and any(str(arg).startswith("cpu") for arg in (*args[1:], *kwargs.values()))
+        # On the CPU a move to the learner's device (a torch.device, CUDA's in a GPU run) is no move; one to "cpu"
+        # by name is, in any run.
+        moved = name == "to" and any(isinstance(arg, str) and arg.startswith("cpu") for arg in (*args[1:],
+                                                                                               *kwargs.values()))
         if name in self.READS or masked or moved or (name == "where" and len(args) + len(kwargs) == 1):
             self.calls.append(name)
         return func(*args, **kwargs)
