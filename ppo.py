@@ -1461,13 +1461,7 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
         raise UserError(f"--critic_obs gives the critic a ManiSkill task's state, which {TRAINER}.py's actor already "
                         "sees; for a camera actor with a state critic use ppo_rgb.py --critic_obs")
     if not maniskill and torch_native_id(args.env_id):
-        for given, flag, why in (
-                (args.capture_video, "--capture_video", "videos are recorded from envs stepped one by one; pass "
-                                                        "--no_capture_video"),
-                (args.critic_obs, "--critic_obs", "the critic's vector is read from envs stepped one by one"),
-                (args.async_envs, "--async_envs", "it steps its whole batch in one call")):
-            if given:
-                raise UserError(f"{flag} does not apply to {args.env_id}, a torch-native vector env: {why}")
+        refuse_torch_native_flags(args)
     if args.checkpoint is not None and args.resume is not None:
         raise UserError("--checkpoint starts a new run from saved weights and --resume continues a run; give one")
     batch_size = args.num_envs * args.num_steps
@@ -1841,6 +1835,16 @@ def make_run_envs(args: Args, maniskill: bool, device: torch.device, *, evaluati
         raise UserError(f"cannot make env {args.env_id!r}: {e}") from e
 
 
+def refuse_torch_native_flags(args: Args):
+    for given, flag, why in (
+            (args.capture_video, "--capture_video", "videos are recorded from envs stepped one by one; pass "
+                                                    "--no_capture_video"),
+            (args.critic_obs, "--critic_obs", "the critic's vector is read from envs stepped one by one"),
+            (args.async_envs, "--async_envs", "it steps its whole batch in one call")):
+        if given:
+            raise UserError(f"{flag} does not apply to {args.env_id}, a torch-native vector env: {why}")
+
+
 def torch_native_id(env_id: str) -> bool:
     """Whether env_id is registered with Gymnasium's vector_entry_point alone: a batch of envs stepped as torch tensors
     (docs/ppo.md, "A torch-native env"). One with an entry_point too, such as CartPole-v1, steps its envs one by one."""
@@ -1849,24 +1853,26 @@ def torch_native_id(env_id: str) -> bool:
 
 
 def make_torch_native_envs(args: Args, num_envs: int, device: torch.device) -> TorchVecEnv:
-    """The env built on the learner's device; under --num_seeds one env for each seed's block (EnvBlocks)."""
+    """Under --num_seeds, one env for each seed's block (EnvBlocks)."""
+    if args.num_seeds == 1:
+        return TorchVecEnv(make_torch_native_env(args, num_envs, device), device, torch_native=True)
+    blocks = [make_torch_native_env(args, num_envs // args.num_seeds, device) for _ in range(args.num_seeds)]
+    return TorchVecEnv(EnvBlocks(blocks), device, torch_native=True)
+
+
+def make_torch_native_env(args: Args, num_envs: int, device: torch.device) -> gym.vector.VectorEnv:
+    """The env built on the learner's device, as docs/ppo.md's "A torch-native env" says one is."""
     kwargs = {} if args.max_episode_steps is None else {"max_episode_steps": args.max_episode_steps}
-
-    def make(n: int) -> gym.vector.VectorEnv:
-        try:
-            env = gym.make_vec(args.env_id, n, vectorization_mode="vector_entry_point", device=device, **kwargs)
-        except TypeError as e:
-            raise UserError(f"cannot make torch-native env {args.env_id!r} ({e}): its constructor takes num_envs, "
-                            "device and, for --max_episode_steps, max_episode_steps (docs/ppo.md)") from e
-        if env.metadata.get("autoreset_mode") != gym.vector.AutoresetMode.SAME_STEP:
-            raise UserError(f"{args.env_id} resets its episodes {env.metadata.get('autoreset_mode')}; {TRAINER}.py "
-                            "bootstraps from final observations, which need metadata['autoreset_mode'] = "
-                            "AutoresetMode.SAME_STEP (docs/ppo.md)")
-        return env
-
-    env = make(num_envs) if args.num_seeds == 1 else EnvBlocks([make(num_envs // args.num_seeds)
-                                                                for _ in range(args.num_seeds)])
-    return TorchVecEnv(env, device, torch_native=True)
+    try:
+        env = gym.make_vec(args.env_id, num_envs, vectorization_mode="vector_entry_point", device=device, **kwargs)
+    except TypeError as e:
+        raise UserError(f"cannot make torch-native env {args.env_id!r} ({e}): its constructor takes num_envs, "
+                        "device and, for --max_episode_steps, max_episode_steps (docs/ppo.md)") from e
+    if env.metadata.get("autoreset_mode") != gym.vector.AutoresetMode.SAME_STEP:
+        raise UserError(f"{args.env_id} resets its episodes {env.metadata.get('autoreset_mode')}; {TRAINER}.py "
+                        "bootstraps from final observations, which need metadata['autoreset_mode'] = "
+                        "AutoresetMode.SAME_STEP (docs/ppo.md)")
+    return env
 
 
 class EnvBlocks:

@@ -486,7 +486,7 @@ def rollout(agent: Agent, envs: TorchVecEnv, buf: RolloutBuffer, next_obs: dict[
     """Step the envs num_steps times with the policy (policy_step: get_action_and_value, compiled under
     --compile), filling buf. Returns the observation after the last step and the finished episodes' metrics (key
     -> one value per episode)."""
-    episodes = defaultdict(list)
+    episodes, ended = defaultdict(list), []
     buf.bootstrap_values.zero_()
     for step in range(args.num_steps):
         # inference_mode, not no_grad: it skips autograd's version and view tracking, a large share of the cost of a
@@ -515,9 +515,11 @@ def rollout(agent: Agent, envs: TorchVecEnv, buf: RolloutBuffer, next_obs: dict[
                     final_values = agent.get_value(agent.normalize_obs(final_obs))
                 bootstrap = bootstrap_mask(bootstrap_rule, terminated, truncated)
                 buf.bootstrap_values[step] = torch.where(bootstrap, final_values, 0.0)
+            ended.append(done)
             for key, values in finished.items():
                 episodes[key].append(values)
-    return next_obs, {key: torch.cat(values) for key, values in episodes.items()}
+    # selected once a rollout, not each step: selecting waits for the device
+    return next_obs, {key: torch.stack(values)[torch.stack(ended)] for key, values in episodes.items()}
 
 
 # Copied from ppo.py
@@ -835,10 +837,10 @@ def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Op
         obs, _, terminated, truncated, _, finished = eval_envs.step(action)
         done = terminated | truncated
         if finished is not None:
-            wanted = counted < quota
+            wanted = done & (counted < quota)
             for key, value in finished.items():
-                finished_metrics[key].append(value[wanted[done]])
-            counted += done & wanted
+                finished_metrics[key].append(value[wanted])
+            counted += wanted
             if (counted == quota).all():
                 break
     eval_envs.flush_video()
@@ -1272,6 +1274,8 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     derived = settings(args, maniskill, time_limit, num_ranks)
     if args.track and importlib.util.find_spec("wandb") is None:
         raise UserError("--track logs to Weights and Biases, which is not installed: pip install wandb")
+    if not maniskill and torch_native_id(args.env_id):
+        refuse_torch_native_flags(args)
     if args.checkpoint is not None and args.resume is not None:
         raise UserError("--checkpoint starts a new run from saved weights and --resume continues a run; give one")
     batch_size = args.num_envs * args.num_steps
@@ -1499,8 +1503,9 @@ class TorchVecEnv:
     step(action) returns (next_obs, reward, terminated, truncated, final_obs, finished):
     next_obs is already reset where an episode ended; final_obs is the true last observation of those
     episodes (next_obs elsewhere); finished maps metric names (return, episode_len, and ManiSkill's
-    success_once, success_at_end, fail_once, fail_at_end) to one value per episode that ended in this
-    step, or is None when none ended.
+    success_once, success_at_end, fail_once, fail_at_end) to one value per env, that of the episode it ended in this
+    step where terminated | truncated, or is None when the env says that none ended (a torch-native env need not:
+    reading whether any ended would wait for its device).
     """
 
     EPISODE_KEYS = ("success_once", "success_at_end", "fail_once", "fail_at_end")
@@ -1569,10 +1574,12 @@ class TorchVecEnv:
         self.episode_length += 1
 
         final_obs, finished = next_obs, None
-        if "final_info" in info:  # present only when some episode ended
+        # Gymnasium's vector envs give final observations where an episode ended (a torch-native one may every step,
+        # as a tensor with its mask), ManiSkill's in "final_observation" and "final_info" when any ended.
+        if "final_obs" in info or "final_info" in info:
             done = terminated | truncated
             if self.torch_native:
-                last = self._obs(info["final_observation"])
+                last = self._obs(info["final_obs"] if "final_obs" in info else info["final_observation"])
                 final_obs = {key: torch.where(done.view(-1, *[1] * (x.dim() - 1)), last[key], x)
                              for key, x in next_obs.items()}
             else:
@@ -1583,11 +1590,11 @@ class TorchVecEnv:
                 final_obs = {key: x.clone() for key, x in next_obs.items()}
                 for key in final_obs:
                     final_obs[key][torch.as_tensor(ended, device=self.device)] = last[key]
-            finished = {"return": self.episode_return[done].float(), "episode_len": self.episode_length[done].float()}
-            episode = info["final_info"].get("episode", {})
+            finished = {"return": self.episode_return.float(), "episode_len": self.episode_length.float()}
+            episode = info.get("final_info", {}).get("episode", {})
             for key in self.EPISODE_KEYS:
                 if key in episode:
-                    finished[key] = self._to_device(episode[key], torch.float32)[done]
+                    finished[key] = self._to_device(episode[key], torch.float32)
             self.episode_return = torch.where(done, 0.0, self.episode_return)
             self.episode_length = torch.where(done, 0, self.episode_length)
         return next_obs, reward, terminated, truncated, final_obs, finished
@@ -1629,6 +1636,8 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
         if maniskill:
             return make_maniskill_envs(args, num_envs, device, evaluation, video_dir, video_trigger,
                                        max_steps_per_video, trajectory_path)
+        if torch_native_id(args.env_id):
+            return make_torch_native_envs(args, num_envs, device)
         prefix = "eval" if evaluation else "train"
         if evaluation and video_dir is not None:
             video_trigger = ResetEpisodeTrigger()
@@ -1646,6 +1655,46 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
         raise UserError(f"{args.env_id} needs an optional dependency: {e}{hint}") from e
     except (gym.error.Error, ImportError) as e:
         raise UserError(f"cannot make env {args.env_id!r}: {e}") from e
+
+
+# Copied from ppo.py
+def refuse_torch_native_flags(args: Args):
+    for given, flag, why in (
+            (args.capture_video, "--capture_video", "videos are recorded from envs stepped one by one; pass "
+                                                    "--no_capture_video"),
+            (args.critic_obs, "--critic_obs", "the critic's vector is read from envs stepped one by one"),
+            (args.async_envs, "--async_envs", "it steps its whole batch in one call")):
+        if given:
+            raise UserError(f"{flag} does not apply to {args.env_id}, a torch-native vector env: {why}")
+
+
+# Copied from ppo.py
+def torch_native_id(env_id: str) -> bool:
+    """Whether env_id is registered with Gymnasium's vector_entry_point alone: a batch of envs stepped as torch tensors
+    (docs/ppo.md, "A torch-native env"). One with an entry_point too, such as CartPole-v1, steps its envs one by one."""
+    spec = gym.spec(env_id.rpartition(":")[2])
+    return spec.vector_entry_point is not None and spec.entry_point is None
+
+
+# Copied from ppo.py
+def make_torch_native_env(args: Args, num_envs: int, device: torch.device) -> gym.vector.VectorEnv:
+    """The env built on the learner's device, as docs/ppo.md's "A torch-native env" says one is."""
+    kwargs = {} if args.max_episode_steps is None else {"max_episode_steps": args.max_episode_steps}
+    try:
+        env = gym.make_vec(args.env_id, num_envs, vectorization_mode="vector_entry_point", device=device, **kwargs)
+    except TypeError as e:
+        raise UserError(f"cannot make torch-native env {args.env_id!r} ({e}): its constructor takes num_envs, "
+                        "device and, for --max_episode_steps, max_episode_steps (docs/ppo.md)") from e
+    if env.metadata.get("autoreset_mode") != gym.vector.AutoresetMode.SAME_STEP:
+        raise UserError(f"{args.env_id} resets its episodes {env.metadata.get('autoreset_mode')}; {TRAINER}.py "
+                        "bootstraps from final observations, which need metadata['autoreset_mode'] = "
+                        "AutoresetMode.SAME_STEP (docs/ppo.md)")
+    return env
+
+
+# Copied from ppo_rnn.py
+def make_torch_native_envs(args: Args, num_envs: int, device: torch.device) -> TorchVecEnv:
+    return TorchVecEnv(make_torch_native_env(args, num_envs, device), device, torch_native=True)
 
 
 def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluation: bool, video_dir: Optional[str],

@@ -345,6 +345,30 @@ gym.register("PointMassEndsTorch-v0", vector_entry_point=PointMassVector, max_ep
              kwargs={"terminate_odd_episodes": True})
 
 
+
+class PointMassPixelsVector(PointMassVector):
+    """PointMassPixels as a torch-native vector env: PointMassVector observed as a dict of tensors, each env's 64x64
+    frame and its state, the frames those of PointMassPixels."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.single_observation_space = PointMassPixels.observation_space
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
+
+    def _obs(self) -> dict[str, torch.Tensor]:
+        column = ((self.x + 2.0) / 4.0 * 63).clamp(0, 63).long()
+        lit = torch.arange(64, device=self.device) == column[:, None]  # (num_envs, 64): each env's white column
+        image = (lit[:, None, :, None] * 255).to(torch.uint8).expand(self.num_envs, 64, 64, 3)
+        return {"image": image, "state": super()._obs()}
+
+
+gym.register("PointMassPixelsTorch-v0", vector_entry_point=PointMassPixelsVector, max_episode_steps=EPISODE_STEPS)
+gym.register("PointMassPixelsEndsTorch-v0", vector_entry_point=PointMassPixelsVector, max_episode_steps=EPISODE_STEPS,
+             kwargs={"terminate_odd_episodes": True})
+gym.register("PointMassPixelsEnds-v0", entry_point=PointMassPixels, max_episode_steps=EPISODE_STEPS,
+             kwargs={"terminate_odd_episodes": True})
+
+
 class CartPoleVector(gym.vector.VectorEnv):
     """Gymnasium's CartPole-v1 as a torch-native vector env: its dynamics, terminations and 500-step time limit on a
     batch of float64 states (equal to CartPoleEnv's to float rounding: torch's sin and cos are not numpy's). Starts

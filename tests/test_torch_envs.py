@@ -1,7 +1,6 @@
 """Torch-native vector envs (Gymnasium's vector_entry_point convention): tests/envs.py's reference versions step
 the same episodes as their Gymnasium versions, bit for bit."""
 
-import dataclasses
 import json
 
 import gymnasium as gym
@@ -12,6 +11,8 @@ import torch
 import tests.envs
 import ppo
 import ppo_eval
+import ppo_rgb
+import ppo_rnn
 from tests.util import HostSyncs, assert_same_numbers, fast_args, load, scalars, spy_on_advantages
 
 
@@ -89,17 +90,23 @@ def test_cartpole_torch_has_gymnasiums_dynamics_terminations_and_time_limit():
     assert obs[1].abs().max() <= 0.05 and not torch.equal(obs[1], info["final_obs"][1])
 
 
-def test_ppo_on_a_torch_env_computes_what_it_computes_on_the_gymnasium_version(tmp_path, monkeypatch):
+TRAINERS = {"ppo": (ppo, "PointMassEnds", {}), "ppo_rgb": (ppo_rgb, "PointMassPixelsEnds", {}),
+            "ppo_rnn": (ppo_rnn, "PointMassEnds", dict(rnn_hidden_size=8, seq_len=6))}
+
+
+@pytest.mark.parametrize("name", TRAINERS)
+def test_a_trainer_on_a_torch_env_computes_what_it_computes_on_the_gymnasium_version(tmp_path, monkeypatch, name):
     """PointMass with terminations and truncations, through the torch-native path and through SyncVectorEnv and
     numpy: every rollout's rewards, values, dones, bootstrap values and advantages, the logged numbers and the
     weights, bit for bit."""
+    trainer, env, extra = TRAINERS[name]
     flags = dict(num_envs=3, num_steps=24, total_timesteps=3 * 24 * 6, norm_obs=True, norm_reward=True,
-                 num_minibatches=4)
-    captured = spy_on_advantages(monkeypatch, ppo)
+                 num_minibatches=4, **extra)
+    captured = spy_on_advantages(monkeypatch, trainer)
     monkeypatch.chdir(tmp_path)
-    assert ppo.cli(fast_args("tests.envs:PointMassEndsTorch-v0", "torch", **flags)) == 0
+    assert trainer.cli(fast_args(f"tests.envs:{env}Torch-v0", "torch", **flags)) == 0
     torch_rollouts, captured[:] = captured[:], []
-    assert ppo.cli(fast_args("tests.envs:PointMassEnds-v0", "gym", **flags)) == 0
+    assert trainer.cli(fast_args(f"tests.envs:{env}-v0", "gym", **flags)) == 0
     assert len(torch_rollouts) == len(captured) == 6
     for torch_rollout, gym_rollout in zip(torch_rollouts, captured):
         for key, value in gym_rollout.items():
@@ -110,27 +117,33 @@ def test_ppo_on_a_torch_env_computes_what_it_computes_on_the_gymnasium_version(t
     assert_same_numbers(tmp_path / "runs/torch", tmp_path / "runs/gym", tags={"train/return", "eval/return"})
 
 
-@pytest.mark.parametrize("num_seeds", [1, 2])
-def test_a_rollout_on_a_torch_env_waits_for_the_device_only_after_its_last_step(num_seeds):
-    """Observation and reward normalization, a discrete policy, terminations and truncations: a rollout's steps make
-    no host synchronization; its finished episodes are selected once, after the last step (one boolean-mask read
-    per metric: return, episode length, and under --num_seeds the seed index)."""
-    args = ppo.parse_args(fast_args("tests.envs:CartPoleTorch-v1", "syncs", num_envs=4, num_steps=64, norm_obs=True,
-                                    norm_reward=True, num_seeds=num_seeds, max_episode_steps=20))
-    device = torch.device("cpu")
-    envs = ppo.make_torch_native_envs(dataclasses.replace(args, num_envs=4 * num_seeds), 4 * num_seeds, device)
+@pytest.mark.parametrize("name, env_id, num_seeds", [("ppo", "CartPoleTorch-v1", 1), ("ppo", "CartPoleTorch-v1", 2),
+                                                    ("ppo_rnn", "CartPoleTorch-v1", 1),
+                                                    ("ppo_rgb", "PointMassPixelsEndsTorch-v0", 1)])
+def test_a_rollout_on_a_torch_env_waits_for_the_device_only_after_its_last_step(tmp_path, monkeypatch, name, env_id,
+                                                                                num_seeds):
+    """Observation and reward normalization, terminations and truncations: a training run's rollouts make no host
+    synchronization in their steps; their finished episodes are selected once, after the last step (one boolean-mask
+    read per metric: return, episode length, and under --num_seeds the seed index)."""
+    trainer = TRAINERS[name][0]
+    syncs_of_rollouts, rollout = [], trainer.rollout
+
+    def counted_rollout(*args, **kwargs):
+        with HostSyncs() as syncs:
+            result = rollout(*args, **kwargs)
+        syncs_of_rollouts.append(syncs.calls)
+        return result
+
+    monkeypatch.setattr(trainer, "rollout", counted_rollout)
+    monkeypatch.chdir(tmp_path)
+    flags = dict(num_envs=4, num_steps=48, total_timesteps=4 * 48 * 3, norm_obs=True, norm_reward=True,
+                 max_episode_steps=20, **({"seq_len": 8} if name == "ppo_rnn" else {}))
     if num_seeds > 1:
-        envs = ppo.SeedBlocks(envs, num_seeds, args.env_id)
-    agent = ppo.make_agents(args, envs, device, None)
-    reward_normalizer = ppo.stack_seeds([ppo.RewardNormalizer(args.num_envs, args.gamma) for _ in range(num_seeds)])
-    buf = ppo.RolloutBuffer(args.num_steps, envs, device)
-    next_obs = envs.reset(seed=1)
-    with HostSyncs() as syncs:
-        _, episodes = ppo.rollout(agent, envs, buf, next_obs, ppo.policy_step_of(agent), reward_normalizer, args,
-                                  "truncated")
-    assert syncs.calls == ["__getitem__"] * (2 if num_seeds == 1 else 3)
-    assert len(episodes["return"]) == int(buf.dones.sum()) > 4 * num_seeds * 64 // 20  # terminations too
-    assert buf.bootstrap_values.count_nonzero() > 0
+        flags["num_seeds"] = num_seeds
+    assert trainer.cli(fast_args(f"tests.envs:{env_id}", "syncs", **flags)) == 0
+    assert syncs_of_rollouts == [["__getitem__"] * (2 if num_seeds == 1 else 3)] * 3
+    logged = scalars(tmp_path / ("runs/syncs" if num_seeds == 1 else "runs/syncs/syncs__seed1"))
+    assert len(logged["train/return"]) == 3  # episodes finished in each rollout
 
 
 def test_each_seed_of_a_torch_env_trains_as_a_run_of_that_seed_alone(tmp_path, monkeypatch):
