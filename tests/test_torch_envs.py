@@ -2,6 +2,7 @@
 the same episodes as their Gymnasium versions, bit for bit."""
 
 import json
+import signal
 
 import gymnasium as gym
 import numpy as np
@@ -13,7 +14,8 @@ import ppo
 import ppo_eval
 import ppo_rgb
 import ppo_rnn
-from tests.util import HostSyncs, assert_same_numbers, fast_args, load, scalars, spy_on_advantages
+from tests.util import (HostSyncs, assert_same_numbers, fast_args, load, run_script, scalars,
+                        sigterm_beside_full_run, spy_on_advantages)
 
 
 @pytest.mark.parametrize("torch_id, gym_id", [("PointMassTorch-v0", "PointMass-v0"),
@@ -91,7 +93,7 @@ def test_cartpole_torch_has_gymnasiums_dynamics_terminations_and_time_limit():
 
 
 TRAINERS = {"ppo": (ppo, "PointMassEnds", {}), "ppo_rgb": (ppo_rgb, "PointMassPixelsEnds", {}),
-            "ppo_rnn": (ppo_rnn, "PointMassEnds", dict(rnn_hidden_size=8, seq_len=6))}
+            "ppo_rnn": (ppo_rnn, "PointMassEnds", dict(rnn_hidden_size=8, seq_len=8))}
 
 
 @pytest.mark.parametrize("name", TRAINERS)
@@ -101,7 +103,7 @@ def test_a_trainer_on_a_torch_env_computes_what_it_computes_on_the_gymnasium_ver
     weights, bit for bit."""
     trainer, env, extra = TRAINERS[name]
     flags = dict(num_envs=3, num_steps=24, total_timesteps=3 * 24 * 6, norm_obs=True, norm_reward=True,
-                 num_minibatches=4, **extra)
+                 num_minibatches=3, **extra)
     captured = spy_on_advantages(monkeypatch, trainer)
     monkeypatch.chdir(tmp_path)
     assert trainer.cli(fast_args(f"tests.envs:{env}Torch-v0", "torch", **flags)) == 0
@@ -185,3 +187,23 @@ def test_ppo_eval_evaluates_and_exports_a_torch_env_run(tmp_path, monkeypatch):
     obs = torch.randn(50, 4) * 0.1
     with torch.no_grad():
         assert torch.equal(exported(obs), agent.get_action(agent.normalize_obs(obs), deterministic=True))
+
+
+@pytest.mark.parametrize("name", TRAINERS)
+def test_a_torch_env_run_stopped_and_resumed_equals_the_uninterrupted_run(tmp_path, name):
+    """PointMass's torch versions, whose resets ignore the seed and whose episodes end with each 16-step rollout: a
+    resumed run continues them exactly."""
+    trainer, env, extra = TRAINERS[name]
+    script, env_id, iterations, signal_after = f"{name}.py", f"tests.envs:{env.replace('Ends', '')}Torch-v0", 30, 10
+    argv = dict(total_timesteps=32 * iterations, eval_freq=signal_after, norm_obs=True, norm_reward=True,
+                lr_schedule="linear", **extra)
+    run = tmp_path / "runs" / "cut"
+    full, cut = sigterm_beside_full_run(script, fast_args(env_id, "full", **argv), fast_args(env_id, "cut", **argv),
+                                        run / f"ckpt_{signal_after}.pt", tmp_path)
+    assert full.returncode == 0 and cut.returncode == 128 + signal.SIGTERM, (full.stderr, cut.stderr)
+    assert not (run / "final_ckpt.pt").exists()
+    resumed = run_script(script, ["--resume", "runs/cut"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = load(tmp_path / "runs/full/final_ckpt.pt"), load(run / "final_ckpt.pt")
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
