@@ -15,8 +15,9 @@
 #     CartPole-v1, the tests' PointMassPixels-v0) and ippo.py on ManiSkill's CPU workers;
 # (c) torchrun with one process on the GPU; ppo.py on PushCube-v1 with ManiSkill's CPU workers, as many as the
 #     machine's cores, beside its learner on CUDA;
-# (d) the CUDA benchmarks: rnn_replay.py (in stretches and packed), seeds_update.py at 1-64 seeds
-#     (seeds_update.py --device=cuda), and ppo.py --num_seeds 8 against one seed on CartPole-v1.
+# (d) the CUDA benchmarks: torch_env_speed.py (the torch-native path at 1,024-16,384 envs, eager and compiled),
+#     rnn_replay.py (in stretches and packed), seeds_update.py at 1-64 seeds (seeds_update.py --device=cuda), and
+#     ppo.py --num_seeds 8 against one seed on CartPole-v1 and on its torch version.
 # The runs go to ./runs/gpu_* (refused where an earlier run left some); the results to
 # benchmarks/results/gpu/DATE/ (OUT=... elsewhere): table.md (the set-up check; each part's time, exit and last
 # line; the runs' final SPS, evaluation and wall time; ppo_eval.py's evaluations; the benchmarks' tables), each
@@ -64,6 +65,7 @@ report() {
     done
     [ -f "$out/logs/rnn_replay.log" ] && cat "$out/logs/rnn_replay.log" && tail -n 1 "$out/logs/rnn_replay_packed.log"
     [ -f "$out/logs/seeds_update.log" ] && echo && cat "$out/logs/seeds_update.log"
+    [ -f "$out/logs/torch_env_speed.log" ] && echo && cat "$out/logs/torch_env_speed.log"
   } > "$out/table.md"
   if [ ${#runs[@]} -gt 0 ]; then
     "$PYTHON" "$repo/scripts/plot.py" "${runs[@]}" --group '^(.*?)(?:__seed\d+)?$' --metrics eval/return --out "$out"
@@ -154,6 +156,15 @@ cartpole=(--env_id=CartPole-v1 --num_envs=4 --num_steps=128 --num_minibatches=4 
           --no_capture_video)
 part ppo_CartPole 15 "$PYTHON" "$repo/ppo.py" "${cartpole[@]}" --exp_name=gpu_ppo_CartPole
 part ppo_CartPole_seeds8 20 "$PYTHON" "$repo/ppo.py" "${cartpole[@]}" --num_seeds=8 --exp_name=gpu_ppo_CartPole_seeds8
+# the torch-native path (issue 49): CartPole-v1's torch version on the GPU, an iteration's shares and host syncs at
+# 1,024-16,384 envs, eager and compiled; end to end, one seed of 512 envs against 8 seeds of 512 in one batch
+part torch_env_speed 150 "$PYTHON" "$repo/benchmarks/torch_env_speed.py" --device=cuda --num_envs 1024 4096 16384 \
+  --compile=both
+cartpole_torch=(--env_id=tests.envs:CartPoleTorch-v1 --num_envs=512 --num_steps=50 --num_minibatches=32
+                --total_timesteps=1_024_000 --eval_freq=1000 --num_eval_envs=16 --no_capture_video)
+part ppo_CartPoleTorch 30 "$PYTHON" "$repo/ppo.py" "${cartpole_torch[@]}" --exp_name=gpu_ppo_CartPoleTorch
+part ppo_CartPoleTorch_seeds8 40 "$PYTHON" "$repo/ppo.py" "${cartpole_torch[@]}" --num_seeds=8 \
+  --exp_name=gpu_ppo_CartPoleTorch_seeds8
 part rnn_replay 8 "$PYTHON" "$repo/benchmarks/rnn_replay.py" --device=cuda
 part rnn_replay_packed 8 "$PYTHON" "$repo/benchmarks/rnn_replay.py" --device=cuda --packed
 part seeds_update 32 "$PYTHON" "$repo/benchmarks/seeds_update.py" --device=cuda --seeds 1 2 4 8 16 32 64 --steps=16

@@ -422,6 +422,21 @@ def test_gpu_sh_set_up_check_leaves_out_the_gpu_simulation_where_physx_gpu_libra
     assert len(notes) == 1 and GPU_SH_BUDGET < sum(seconds for seconds, _, _ in enough) <= wanted * 60 - 20
 
 
+def test_torch_env_speed_benchmark_prints_its_rows(tmp_path):
+    """Each setting's row, eager and compiled; the shares of env, policy and update within an iteration's time."""
+    result = run([sys.executable, str(REPO / "benchmarks/torch_env_speed.py"), "--num_envs", "64", "--iterations", "1",
+                  "--warmup", "1", "--compile", "both"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line.strip("| ").split(" | ") for line in result.stdout.splitlines() if line.startswith("| 64 |")]
+    assert [row[1] for row in rows] == ["no", "yes"]
+    for row in rows:
+        shares = [int(share.rstrip("%")) for share in row[3:6]]
+        assert float(row[2].replace(",", "")) > 0 and 50 <= sum(shares) <= 110 and row[6] == "n/a (CPU)"
+    if not torch.cuda.is_available():
+        refused = run([sys.executable, str(REPO / "benchmarks/torch_env_speed.py"), "--device", "cuda"], tmp_path)
+        assert refused.returncode == 1 and refused.stderr.startswith("error: --device cuda needs a machine with CUDA")
+
+
 def test_gpu_sh_planned_commands_run(tmp_path):
     """Every command of both plans of benchmarks/gpu.sh runs as tests/test_commands.py runs the docs' commands
     (tests/command_runner.py): a trainer's cut to one batch and a short evaluation (one of ManiSkill's GPU simulation:

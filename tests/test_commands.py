@@ -5,9 +5,10 @@ hides what only requirements-dev.txt installs, unless the command says "pip inst
 variables and `timeout` in front of it are dropped. A shell block of the docs is checked whole by bash -n, and its
 lines of other shell forms (a for loop, a Slurm script) run in bash with the trainers' launchers stubbed, each
 python or torchrun command they launch collected as its line's. A Python block of the docs compiles, the names it
-does not define are modules or given in its comments ("# critic_dim: 0"), and one that reads a run (runs/RUN) runs
-on a fixture run. The commands that benchmarks/results/ records (their "command:" lines, indented and inline ones)
-are the long runs the results came from: their flags are validated, not run.
+does not define are modules or given in its comments ("# critic_dim: 0"), one that reads a run (runs/RUN) runs
+on a fixture run, and one that starts with "# NAME.py" is that file, saved where the commands run. The commands
+that benchmarks/results/ records (their "command:" lines, indented and inline ones) are the long runs the results
+came from: their flags are validated, not run.
 
 A trainer's command on a Gymnasium env runs cut to one batch and a short evaluation with the command's own flags
 (videos included); ManiSkill's commands (each starts worker processes or a GPU simulation), torchrun's and those
@@ -344,9 +345,13 @@ def test_every_command_the_project_prints_runs(tmp_path):
     halves = [sorted([s for s in planned if uses_fixture(s)] + rest[1::2], key=lambda s: bool(s[1]["extras"])),
               rest[::2]]
     runners = []
+    module_files = {match.group(1): s.text for s in snippets if (match := re.match(r"# (\w+\.py)\n", s.text))}
+    assert "my_torch_env.py" in module_files, list(module_files)
     for i, half in enumerate(halves):
         cwd = tmp_path / f"runner{i}"
         cwd.mkdir()
+        for name, text in module_files.items():  # a command names it as its env's module
+            (cwd / name).write_text(text)
         (cwd / "commands.json").write_text(json.dumps([step for _, step in half]))
         runners.append(subprocess.Popen([sys.executable, "-m", "tests.command_runner", "commands.json", "results.json"],
                                         cwd=cwd, env=script_env(), stderr=subprocess.PIPE, text=True))
