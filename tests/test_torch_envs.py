@@ -169,19 +169,25 @@ def test_each_seed_of_a_torch_env_trains_as_a_run_of_that_seed_alone(tmp_path, m
     assert returns[0] != returns[1]  # the seeds' episodes differ, so a mixed-up block would show
 
 
-def test_ppo_eval_evaluates_and_exports_a_torch_env_run(tmp_path, monkeypatch):
-    """ppo_eval.py evaluates a torch-native env's run on the episodes asked for, and exports a policy that acts as the
-    trained agent."""
+@pytest.mark.parametrize("name, env_id", [("ppo", "CartPoleTorch-v1"), ("ppo_rnn", "CartPoleTorch-v1"),
+                                          ("ppo_rgb", "PointMassPixelsTorch-v0")])
+def test_ppo_eval_evaluates_and_exports_a_torch_env_run(tmp_path, monkeypatch, name, env_id):
+    """ppo_eval.py evaluates a torch-native env's run on the episodes asked for, and exports its policy (ppo.py's:
+    acting as the trained agent)."""
+    trainer = TRAINERS[name][0]
     monkeypatch.chdir(tmp_path)
-    assert ppo.cli(fast_args("tests.envs:CartPoleTorch-v1", "run", max_episode_steps=20, num_eval_envs=3)) == 0
+    extra = {"seq_len": 8} if name == "ppo_rnn" else {}
+    assert trainer.cli(fast_args(f"tests.envs:{env_id}", "run", max_episode_steps=16, num_eval_envs=3, **extra)) == 0
     assert ppo_eval.cli(["runs/run", "--num_episodes", "3", "--output", "results.json"]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
-    assert results["evaluation"]["num_episodes"] == 3 and 1 <= results["metrics"]["return"]["mean"] <= 20
+    assert results["evaluation"]["num_episodes"] == 3 and results["metrics"]["episode_len"]["mean"] <= 16
     assert ppo_eval.cli(["runs/run", "--export", "policy.pt2"]) == 0
     exported = torch.export.load("policy.pt2").module()
+    if trainer is not ppo:
+        return
     ckpt = load(tmp_path / "runs/run/final_ckpt.pt")
     args = ppo_eval.run_args(ppo, ckpt, ppo_eval.EvalArgs(checkpoint="unused"))
-    envs = ppo.make_envs(args, False, torch.device("cpu"), evaluation=True, run_dir=tmp_path, num_eval_steps=20)
+    envs = ppo.make_envs(args, False, torch.device("cpu"), evaluation=True, run_dir=tmp_path, num_eval_steps=16)
     agent = ppo.make_agent(args, envs)
     ppo.load_weights(agent, ckpt, args, envs)
     obs = torch.randn(50, 4) * 0.1
