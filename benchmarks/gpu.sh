@@ -5,8 +5,8 @@
 # ~/.sapien/physx/VERSION/, which SAPIEN downloads from GitHub at the first GPU simulation. Where it is missing (a
 # machine without network) one line says so and the parts that need it are left out: nothing waits on that download.
 # The parts, one after the other, each stopped with SIGTERM (a trainer saves a checkpoint) at its share of MINUTES
-# (default 8, of which the report takes the last 20 s): the seconds it wants, scaled to fit MINUTES. Without the GPU
-# simulation they want about 8 minutes; with it about 15 (a note says how much each part got).
+# (default 10, of which the report takes the last 20 s): the seconds it wants, scaled to fit MINUTES. Without the GPU
+# simulation they want about 10 minutes; with it about 17 (a note says how much each part got).
 # (a) pytest -m gpu (tests/test_gpu.py; its tests of the GPU simulation skip where the library is missing);
 # (b) each trainer's learner on CUDA, then ppo_eval.py on its run and --export of its policy: with the GPU
 #     simulation, ManiSkill's baseline commands (ppo.py, ppo_rnn.py and ppo_rgb.py's camera on PushCube-v1, ippo.py
@@ -27,7 +27,7 @@
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-$repo/.venv/bin/python}
-minutes=${1:-8}
+minutes=${1:-10}
 maniskill_ppo=${2:-}
 out=${OUT:-$repo/benchmarks/results/gpu/$(date +%F)}
 report_seconds=20
@@ -158,12 +158,12 @@ part ppo_CartPole 15 "$PYTHON" "$repo/ppo.py" "${cartpole[@]}" --exp_name=gpu_pp
 part ppo_CartPole_seeds8 20 "$PYTHON" "$repo/ppo.py" "${cartpole[@]}" --num_seeds=8 --exp_name=gpu_ppo_CartPole_seeds8
 # the torch-native path (issue 49): CartPole-v1's torch version on the GPU, an iteration's shares and host syncs at
 # 1,024-16,384 envs, eager and compiled; end to end, one seed of 512 envs against 8 seeds of 512 in one batch
-part torch_env_speed 150 "$PYTHON" "$repo/benchmarks/torch_env_speed.py" --device=cuda --num_envs 1024 4096 16384 \
+part torch_env_speed 80 "$PYTHON" "$repo/benchmarks/torch_env_speed.py" --device=cuda --num_envs 1024 4096 16384 \
   --compile=both
 cartpole_torch=(--env_id=tests.envs:CartPoleTorch-v1 --num_envs=512 --num_steps=50 --num_minibatches=32
                 --total_timesteps=1_024_000 --eval_freq=1000 --num_eval_envs=16 --no_capture_video)
-part ppo_CartPoleTorch 30 "$PYTHON" "$repo/ppo.py" "${cartpole_torch[@]}" --exp_name=gpu_ppo_CartPoleTorch
-part ppo_CartPoleTorch_seeds8 40 "$PYTHON" "$repo/ppo.py" "${cartpole_torch[@]}" --num_seeds=8 \
+part ppo_CartPoleTorch 15 "$PYTHON" "$repo/ppo.py" "${cartpole_torch[@]}" --exp_name=gpu_ppo_CartPoleTorch
+part ppo_CartPoleTorch_seeds8 20 "$PYTHON" "$repo/ppo.py" "${cartpole_torch[@]}" --num_seeds=8 \
   --exp_name=gpu_ppo_CartPoleTorch_seeds8
 part rnn_replay 8 "$PYTHON" "$repo/benchmarks/rnn_replay.py" --device=cuda
 part rnn_replay_packed 8 "$PYTHON" "$repo/benchmarks/rnn_replay.py" --device=cuda --packed
