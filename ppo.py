@@ -1205,11 +1205,11 @@ class SeedBlocks:
         if self.watch_steps <= 0:
             return call(*args, **kwargs)
         self.watch_steps -= 1
-        before = rng_states(torch.device("cpu"))
+        before = rng_states(self.envs.sim_device)  # a torch-native env's own device's too
         result = call(*args, **kwargs)
-        moved = moved_generators(before, rng_states(torch.device("cpu")))
-        drawn = [name for key, name in (("python", "Python's"), ("numpy", "numpy's"), ("torch", "torch's"))
-                 if key in moved]
+        moved = moved_generators(before, rng_states(self.envs.sim_device))
+        drawn = [name for key, name in (("python", "Python's"), ("numpy", "numpy's"), ("torch", "torch's"),
+                                        ("cuda", "torch's CUDA")) if key in moved]
         if drawn:
             print(f"warning: {self.env_id} draws from {' and '.join(drawn)} global random "
                   f"generator{'s' if len(drawn) > 1 else ''}, which the seeds of --num_seeds share: each seed's "
@@ -1682,8 +1682,9 @@ class TorchVecEnv:
 
     def __init__(self, env: gym.vector.VectorEnv, device: torch.device, torch_native: bool,
                  reset_video_trigger: Optional[ResetEpisodeTrigger] = None,
-                 video_recorder: Optional[gym.Wrapper] = None, critic_dim: int = 0):
+                 video_recorder: Optional[gym.Wrapper] = None, critic_dim: int = 0, final_obs_every_step: bool = False):
         self.env = env
+        self.final_obs_every_step = final_obs_every_step  # a torch-native Gymnasium env's (docs/ppo.md)
         self.critic_dim = critic_dim
         self.reset_video_trigger = reset_video_trigger
         self.video_recorder = video_recorder
@@ -1741,8 +1742,12 @@ class TorchVecEnv:
         self.episode_length += 1
 
         final_obs, finished = next_obs, None
-        # Gymnasium's vector envs give final observations where an episode ended (a torch-native one may every step,
-        # as a tensor with its mask), ManiSkill's in "final_observation" and "final_info" when any ended.
+        # Gymnasium's vector envs give final observations where an episode ended (a torch-native one every step, as a
+        # tensor with its mask: whether any ended is not read), ManiSkill's in "final_observation" and "final_info"
+        # when any ended.
+        if self.final_obs_every_step and "final_obs" not in info:
+            raise UserError(f"{self.env.spec.id if self.env.spec else self.env} returned no info['final_obs'] from "
+                            "step(): a torch-native env gives its final observations every step (docs/ppo.md)")
         if "final_obs" in info or "final_info" in info:
             done = terminated | truncated
             if self.torch_native:
@@ -1855,9 +1860,10 @@ def torch_native_id(env_id: str) -> bool:
 def make_torch_native_envs(args: Args, num_envs: int, device: torch.device) -> TorchVecEnv:
     """Under --num_seeds, one env for each seed's block (EnvBlocks)."""
     if args.num_seeds == 1:
-        return TorchVecEnv(make_torch_native_env(args, num_envs, device), device, torch_native=True)
+        return TorchVecEnv(make_torch_native_env(args, num_envs, device), device, torch_native=True,
+                           final_obs_every_step=True)
     blocks = [make_torch_native_env(args, num_envs // args.num_seeds, device) for _ in range(args.num_seeds)]
-    return TorchVecEnv(EnvBlocks(blocks), device, torch_native=True)
+    return TorchVecEnv(EnvBlocks(blocks), device, torch_native=True, final_obs_every_step=True)
 
 
 def make_torch_native_env(args: Args, num_envs: int, device: torch.device) -> gym.vector.VectorEnv:
@@ -1868,6 +1874,9 @@ def make_torch_native_env(args: Args, num_envs: int, device: torch.device) -> gy
     except TypeError as e:
         raise UserError(f"cannot make torch-native env {args.env_id!r} ({e}): its constructor takes num_envs, "
                         "device and, for --max_episode_steps, max_episode_steps (docs/ppo.md)") from e
+    if torch.device(getattr(env, "device", "meta")) != device:
+        raise UserError(f"{args.env_id} has device {getattr(env, 'device', None)!r} after it was built with device="
+                        f"{device}: a torch-native env keeps the device it is given in self.device (docs/ppo.md)")
     if env.metadata.get("autoreset_mode") != gym.vector.AutoresetMode.SAME_STEP:
         raise UserError(f"{args.env_id} resets its episodes {env.metadata.get('autoreset_mode')}; {TRAINER}.py "
                         "bootstraps from final observations, which need metadata['autoreset_mode'] = "
@@ -1894,9 +1903,13 @@ class EnvBlocks:
     def step(self, action: torch.Tensor):
         steps = [block.step(block_action) for block, block_action in zip(self.blocks, action.chunk(len(self.blocks)))]
         obs, reward, terminated, truncated = (torch.cat(x) for x in zip(*(step[:4] for step in steps)))
-        info = {}
-        if any("final_obs" in step[4] for step in steps):  # a block that gives none has no episode that ended
-            info["final_obs"] = torch.cat([step[4].get("final_obs", step[0]) for step in steps])
+        infos, info = [step[4] for step in steps], {}
+        if all("final_obs" in block_info for block_info in infos):
+            info["final_obs"] = torch.cat([block_info["final_obs"] for block_info in infos])
+        episodes = [block_info.get("final_info", {}).get("episode", {}) for block_info in infos]
+        if episodes[0]:
+            info["final_info"] = {"episode": {key: torch.cat([episode[key] for episode in episodes])
+                                              for key in episodes[0]}}
         return obs, reward, terminated, truncated, info
 
     def close(self):

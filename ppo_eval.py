@@ -327,6 +327,8 @@ def validate_run(run, trainer, maniskill: bool, args: EvalArgs):
     if args.save_trajectory and not maniskill:
         raise UserError(f"--save_trajectory records ManiSkill's RecordEpisode trajectories; {run.env_id} is not a "
                         "ManiSkill task")
+    if not maniskill and hasattr(trainer, "torch_native_id") and trainer.torch_native_id(run.env_id):
+        trainer.refuse_torch_native_flags(run)  # --capture_video
     sim_backend = trainer.resolve_sim_backend(run.sim_backend) if maniskill else None
     if sim_backend == "gpu" and num_envs > 1 and run.eval_partial_reset and run.eval_reconfiguration_freq:
         raise UserError(f"partial resets with reconfiguration every {run.eval_reconfiguration_freq} resets: ManiSkill "

@@ -1512,8 +1512,9 @@ class TorchVecEnv:
 
     def __init__(self, env: gym.vector.VectorEnv, device: torch.device, torch_native: bool,
                  reset_video_trigger: Optional[ResetEpisodeTrigger] = None,
-                 video_recorder: Optional[gym.Wrapper] = None):
+                 video_recorder: Optional[gym.Wrapper] = None, final_obs_every_step: bool = False):
         self.env = env
+        self.final_obs_every_step = final_obs_every_step  # a torch-native Gymnasium env's (docs/ppo.md)
         self.reset_video_trigger = reset_video_trigger
         self.video_recorder = video_recorder
         self.device = device
@@ -1574,8 +1575,12 @@ class TorchVecEnv:
         self.episode_length += 1
 
         final_obs, finished = next_obs, None
-        # Gymnasium's vector envs give final observations where an episode ended (a torch-native one may every step,
-        # as a tensor with its mask), ManiSkill's in "final_observation" and "final_info" when any ended.
+        # Gymnasium's vector envs give final observations where an episode ended (a torch-native one every step, as a
+        # tensor with its mask: whether any ended is not read), ManiSkill's in "final_observation" and "final_info"
+        # when any ended.
+        if self.final_obs_every_step and "final_obs" not in info:
+            raise UserError(f"{self.env.spec.id if self.env.spec else self.env} returned no info['final_obs'] from "
+                            "step(): a torch-native env gives its final observations every step (docs/ppo.md)")
         if "final_obs" in info or "final_info" in info:
             done = terminated | truncated
             if self.torch_native:
@@ -1685,6 +1690,9 @@ def make_torch_native_env(args: Args, num_envs: int, device: torch.device) -> gy
     except TypeError as e:
         raise UserError(f"cannot make torch-native env {args.env_id!r} ({e}): its constructor takes num_envs, "
                         "device and, for --max_episode_steps, max_episode_steps (docs/ppo.md)") from e
+    if torch.device(getattr(env, "device", "meta")) != device:
+        raise UserError(f"{args.env_id} has device {getattr(env, 'device', None)!r} after it was built with device="
+                        f"{device}: a torch-native env keeps the device it is given in self.device (docs/ppo.md)")
     if env.metadata.get("autoreset_mode") != gym.vector.AutoresetMode.SAME_STEP:
         raise UserError(f"{args.env_id} resets its episodes {env.metadata.get('autoreset_mode')}; {TRAINER}.py "
                         "bootstraps from final observations, which need metadata['autoreset_mode'] = "
@@ -1694,7 +1702,8 @@ def make_torch_native_env(args: Args, num_envs: int, device: torch.device) -> gy
 
 # Copied from ppo_rnn.py
 def make_torch_native_envs(args: Args, num_envs: int, device: torch.device) -> TorchVecEnv:
-    return TorchVecEnv(make_torch_native_env(args, num_envs, device), device, torch_native=True)
+    return TorchVecEnv(make_torch_native_env(args, num_envs, device), device, torch_native=True,
+                       final_obs_every_step=True)
 
 
 def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluation: bool, video_dir: Optional[str],

@@ -345,7 +345,6 @@ gym.register("PointMassEndsTorch-v0", vector_entry_point=PointMassVector, max_ep
              kwargs={"terminate_odd_episodes": True})
 
 
-
 class PointMassPixelsVector(PointMassVector):
     """PointMassPixels as a torch-native vector env: PointMassVector observed as a dict of tensors, each env's 64x64
     frame and its state, the frames those of PointMassPixels."""

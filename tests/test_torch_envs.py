@@ -1,6 +1,7 @@
 """Torch-native vector envs (Gymnasium's vector_entry_point convention): tests/envs.py's reference versions step
 the same episodes as their Gymnasium versions, bit for bit."""
 
+import contextlib
 import json
 import signal
 
@@ -14,8 +15,8 @@ import ppo
 import ppo_eval
 import ppo_rgb
 import ppo_rnn
-from tests.util import (HostSyncs, assert_same_numbers, fast_args, load, run_script, scalars,
-                        sigterm_beside_full_run, spy_on_advantages)
+from tests.util import (HostSyncs, assert_same_numbers, fast_args, load, refused_in_one_line, run_script,
+                        scalars, sigterm_beside_full_run, spy_on_advantages)
 
 
 @pytest.mark.parametrize("torch_id, gym_id", [("PointMassTorch-v0", "PointMass-v0"),
@@ -213,3 +214,48 @@ def test_a_torch_env_run_stopped_and_resumed_equals_the_uninterrupted_run(tmp_pa
     a, b = load(tmp_path / "runs/full/final_ckpt.pt"), load(run / "final_ckpt.pt")
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
+
+
+class NextStepReset(tests.envs.PointMassVector):
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
+
+
+class NoFinalObs(tests.envs.PointMassVector):
+    def step(self, action):
+        return *super().step(action)[:4], {}
+
+
+class NoDeviceArgument(tests.envs.PointMassVector):
+    def __init__(self, num_envs: int = 1, max_episode_steps: int = tests.envs.EPISODE_STEPS):
+        super().__init__(num_envs, max_episode_steps)
+
+
+class NoDeviceKept(tests.envs.PointMassVector):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        del self.device
+
+
+for broken in (NextStepReset, NoFinalObs, NoDeviceArgument, NoDeviceKept):
+    gym.register(f"{broken.__name__}-v0", vector_entry_point=broken, max_episode_steps=tests.envs.EPISODE_STEPS)
+
+
+@pytest.mark.parametrize("env_id, flags, words", [
+    ("tests.envs:PointMassTorch-v0", dict(capture_video=True), "--capture_video does not apply"),
+    ("tests.envs:PointMassTorch-v0", dict(critic_obs=True), "--critic_obs does not apply"),
+    ("tests.envs:PointMassTorch-v0", dict(async_envs=True), "--async_envs does not apply"),
+    ("tests.test_torch_envs:NextStepReset-v0", {}, "need metadata['autoreset_mode'] = AutoresetMode.SAME_STEP"),
+    ("tests.test_torch_envs:NoFinalObs-v0", {}, "returned no info['final_obs'] from step()"),
+    ("tests.test_torch_envs:NoDeviceArgument-v0", {}, "its constructor takes num_envs, device"),
+    ("tests.test_torch_envs:NoDeviceKept-v0", {}, "keeps the device it is given in self.device"),
+])
+def test_what_a_torch_env_cannot_do_or_lacks_is_refused_in_one_line(tmp_path, capfd, env_id, flags, words):
+    error = refused_in_one_line(ppo, fast_args(env_id, "bad", **flags), tmp_path, capfd, whole_process=False)
+    assert words in error, error
+
+
+def test_ppo_eval_refuses_videos_of_a_torch_env_in_one_line(tmp_path, capfd):
+    with contextlib.chdir(tmp_path):
+        assert ppo.cli(fast_args("tests.envs:PointMassTorch-v0", "run")) == 0
+    error = refused_in_one_line(ppo_eval, ["runs/run", "--capture_video"], tmp_path, capfd, whole_process=False)
+    assert "--capture_video does not apply" in error, error

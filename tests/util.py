@@ -368,7 +368,8 @@ class HostSyncs(torch.overrides.TorchFunctionMode):
             isinstance(index, torch.Tensor) and index.dtype == torch.bool
             for index in (args[1] if isinstance(args[1], tuple) else (args[1],)))
         # On the CPU a move to the learner's device (a torch.device, CUDA's in a GPU run) is no move; one to "cpu"
-        # by name is, in any run.
+        # by name is, in any run. (A move to torch.device("cpu") cannot be told from the first here: CUDA's sync
+        # debug mode catches it, benchmarks/torch_env_speed.py.)
         moved = name == "to" and any(isinstance(arg, str) and arg.startswith("cpu") for arg in (*args[1:],
                                                                                                *kwargs.values()))
         if name in self.READS or masked or moved or (name == "where" and len(args) + len(kwargs) == 1):
