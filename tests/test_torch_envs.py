@@ -259,3 +259,32 @@ def test_ppo_eval_refuses_videos_of_a_torch_env_in_one_line(tmp_path, capfd):
         assert ppo.cli(fast_args("tests.envs:PointMassTorch-v0", "run")) == 0
     error = refused_in_one_line(ppo_eval, ["runs/run", "--capture_video"], tmp_path, capfd, whole_process=False)
     assert "--capture_video does not apply" in error, error
+
+
+class GlobalDraws(tests.envs.PointMassVector):
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        self.x += torch.rand(())  # torch's global generator, which the seeds of --num_seeds share
+        return self._obs(), info
+
+
+class Successes(tests.envs.PointMassVector):
+    def step(self, action):
+        *out, info = super().step(action)
+        near = (info["final_obs"][:, 0].abs() < 0.5).float()  # the ended episodes' success: close to 0 at their end
+        return *out, {**info, "final_info": {"episode": {"success_at_end": near}}}
+
+
+for env_class in (GlobalDraws, Successes):
+    gym.register(f"{env_class.__name__}-v0", vector_entry_point=env_class, max_episode_steps=tests.envs.EPISODE_STEPS)
+
+
+def test_a_torch_envs_global_draws_are_named_and_its_success_metrics_logged_under_num_seeds(tmp_path, capfd):
+    with contextlib.chdir(tmp_path):
+        assert ppo.cli(fast_args("tests.test_torch_envs:GlobalDraws-v0", "draws", num_seeds=2)) == 0
+        assert "draws from torch's global random generator" in capfd.readouterr().err
+        assert ppo.cli(fast_args("tests.test_torch_envs:Successes-v0", "successes", num_seeds=2)) == 0
+    for seed in (1, 2):
+        logged = scalars(tmp_path / f"runs/successes/successes__seed{seed}")
+        assert len(logged["train/success_at_end"]) == len(logged["train/return"]) == 4
+        assert all(0 <= value <= 1 for _, value in logged["train/success_at_end"] + logged["eval/success_at_end"])
