@@ -1298,7 +1298,8 @@ def find_env(env_id: str) -> tuple[bool, Optional[int]]:
         try:
             importlib.import_module(module)
         except ImportError as e:
-            raise UserError(f"cannot import module {module!r} of env id {env_id!r}: {e}") from e
+            raise UserError(f"cannot import module {module!r} of env id {env_id!r}: {e} (a module of your own: "
+                            "beside this script, or on PYTHONPATH)") from e
     if "mani_skill" in sys.modules or (not module and name not in gym.registry):
         try:
             import mani_skill.envs  # noqa: F401  (registers the ManiSkill tasks)
@@ -1451,9 +1452,8 @@ class TorchVecEnv:
 
     def __init__(self, env: gym.vector.VectorEnv, device: torch.device, torch_native: bool,
                  reset_video_trigger: Optional[ResetEpisodeTrigger] = None,
-                 video_recorder: Optional[gym.Wrapper] = None, critic_dim: int = 0, final_obs_every_step: bool = False):
+                 video_recorder: Optional[gym.Wrapper] = None, critic_dim: int = 0):
         self.env = env
-        self.final_obs_every_step = final_obs_every_step  # a torch-native Gymnasium env's (docs/ppo.md)
         self.critic_dim = critic_dim
         self.reset_video_trigger = reset_video_trigger
         self.video_recorder = video_recorder
@@ -1514,9 +1514,6 @@ class TorchVecEnv:
         # Gymnasium's vector envs give final observations where an episode ended (a torch-native one every step, as a
         # tensor with its mask: whether any ended is not read), ManiSkill's in "final_observation" and "final_info"
         # when any ended.
-        if self.final_obs_every_step and "final_obs" not in info:
-            raise UserError(f"{self.env.spec.id if self.env.spec else self.env} returned no info['final_obs'] from "
-                            "step(): a torch-native env gives its final observations every step (docs/ppo.md)")
         if "final_obs" in info or "final_info" in info:
             done = terminated | truncated
             if self.torch_native:
@@ -1596,8 +1593,8 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
 # Copied from ppo.py
 def refuse_torch_native_flags(args: Args):
     for given, flag, why in (
-            (args.capture_video, "--capture_video", "videos are recorded from envs stepped one by one; pass "
-                                                    "--no_capture_video"),
+            (args.capture_video, "--capture_video", "videos are recorded from envs stepped one by one (the "
+                                                    "trainers record them by default): pass --no_capture_video"),
             (args.critic_obs, "--critic_obs", "the critic's vector is read from envs stepped one by one"),
             (args.async_envs, "--async_envs", "it steps its whole batch in one call")):
         if given:
@@ -1619,21 +1616,70 @@ def make_torch_native_env(args: Args, num_envs: int, device: torch.device) -> gy
     try:
         env = gym.make_vec(args.env_id, num_envs, vectorization_mode="vector_entry_point", device=device, **kwargs)
     except TypeError as e:
+        if "argument" not in str(e):  # not the constructor's signature: a bug inside it, the user's traceback
+            raise
         raise UserError(f"cannot make torch-native env {args.env_id!r} ({e}): its constructor takes num_envs, "
-                        "device and, for --max_episode_steps, max_episode_steps (docs/ppo.md)") from e
-    if torch.device(getattr(env, "device", "meta")) != device:
+                        "device and, where it has a time limit, max_episode_steps (docs/ppo.md)") from e
+    kept = torch.device(getattr(env, "device", "meta"))
+    if kept.type != device.type or None not in (kept.index, device.index) and kept.index != device.index:
         raise UserError(f"{args.env_id} has device {getattr(env, 'device', None)!r} after it was built with device="
                         f"{device}: a torch-native env keeps the device it is given in self.device (docs/ppo.md)")
     if env.metadata.get("autoreset_mode") != gym.vector.AutoresetMode.SAME_STEP:
-        raise UserError(f"{args.env_id} resets its episodes {env.metadata.get('autoreset_mode')}; {TRAINER}.py "
-                        "bootstraps from final observations, which need metadata['autoreset_mode'] = "
-                        "AutoresetMode.SAME_STEP (docs/ppo.md)")
-    return env
+        raise UserError(f"{args.env_id}'s metadata['autoreset_mode'] is {env.metadata.get('autoreset_mode')!r}: "
+                        f"{TRAINER}.py bootstraps from final observations, which need AutoresetMode.SAME_STEP "
+                        "(docs/ppo.md)")
+    return TorchEnvContract(env, args.env_id)
+
+
+# Copied from ppo.py
+class TorchEnvContract:
+    """A torch-native env's results checked against what the trainers assume of them (docs/ppo.md): tuples of the
+    right length, tensors with the batch first, observations of the space's shape, info["final_obs"] every step. On
+    the host alone (types and shapes, never values), so that a broken rule is one error line, not a traceback."""
+
+    def __init__(self, env: gym.vector.VectorEnv, env_id: str):
+        self.env, self.env_id = env, env_id
+        self.num_envs, self.device, self.metadata = env.num_envs, env.device, env.metadata
+        self.single_observation_space, self.single_action_space = (env.single_observation_space,
+                                                                   env.single_action_space)
+
+    def reset(self, *, seed: Optional[int] = None, options=None):
+        return self.checked(self.env.reset(seed=seed, options=options), "reset()", ("obs", "info"))
+
+    def step(self, action: torch.Tensor):
+        return self.checked(self.env.step(action), "step()", ("obs", "reward", "terminated", "truncated", "info"))
+
+    def checked(self, result, call: str, names: tuple[str, ...]):
+        if not isinstance(result, tuple) or len(result) != len(names):
+            raise UserError(f"{self.env_id}'s {call} returned {type(result).__name__}, not ({', '.join(names)}) "
+                            "(docs/ppo.md)")
+        *values, info = result
+        if call == "step()":
+            if "final_obs" not in info:
+                raise UserError(f"{self.env_id}'s step() returned no info['final_obs']: a torch-native env gives "
+                                "its final observations every step (docs/ppo.md)")
+            values.append(info["final_obs"])
+        for name, value in zip((*names[:-1], "info['final_obs']"), values):
+            for key, x, shape in self.observation_leaves(value) if "obs" in name else [("", value, ())]:
+                if not isinstance(x, torch.Tensor) or x.shape != (self.num_envs, *shape):
+                    given = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                    raise UserError(f"{self.env_id}'s {call} returned {name}{key} {given}, not a tensor of shape "
+                                    f"{(self.num_envs, *shape)} (docs/ppo.md)")
+        return result
+
+    def observation_leaves(self, obs) -> list[tuple[str, object, tuple]]:
+        """(where, tensor, its single space's shape) for each tensor of an observation: a Dict space's by key."""
+        space = self.single_observation_space
+        if isinstance(space, gym.spaces.Dict) and isinstance(obs, dict):
+            return [(f"[{key!r}]", obs.get(key), sub.shape) for key, sub in space.spaces.items()]
+        return [("", obs, space.shape)]
+
+    def close(self):
+        self.env.close()
 
 
 def make_torch_native_envs(args: Args, num_envs: int, device: torch.device) -> TorchVecEnv:
-    return TorchVecEnv(make_torch_native_env(args, num_envs, device), device, torch_native=True,
-                       final_obs_every_step=True)
+    return TorchVecEnv(make_torch_native_env(args, num_envs, device), device, torch_native=True)
 
 
 # Copied from ppo.py

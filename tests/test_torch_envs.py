@@ -236,7 +236,30 @@ class NoDeviceKept(tests.envs.PointMassVector):
         del self.device
 
 
-for broken in (NextStepReset, NoFinalObs, NoDeviceArgument, NoDeviceKept):
+class WrongShape(tests.envs.PointMassVector):
+    def _obs(self):
+        return torch.cat([super()._obs(), self.x[:, None].float()], dim=1)
+
+
+class NumpyOut(tests.envs.PointMassVector):
+    def step(self, action):
+        obs, *rest = super().step(action)
+        return obs.numpy(), *rest
+
+
+class FourTuple(tests.envs.PointMassVector):
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, reward, terminated | truncated, info
+
+
+class BareReset(tests.envs.PointMassVector):
+    def reset(self, *, seed=None, options=None):
+        return super().reset(seed=seed, options=options)[0]
+
+
+for broken in (NextStepReset, NoFinalObs, NoDeviceArgument, NoDeviceKept, WrongShape, NumpyOut, FourTuple,
+               BareReset):
     gym.register(f"{broken.__name__}-v0", vector_entry_point=broken, max_episode_steps=tests.envs.EPISODE_STEPS)
 
 
@@ -244,8 +267,12 @@ for broken in (NextStepReset, NoFinalObs, NoDeviceArgument, NoDeviceKept):
     ("tests.envs:PointMassTorch-v0", dict(capture_video=True), "--capture_video does not apply"),
     ("tests.envs:PointMassTorch-v0", dict(critic_obs=True), "--critic_obs does not apply"),
     ("tests.envs:PointMassTorch-v0", dict(async_envs=True), "--async_envs does not apply"),
-    ("tests.test_torch_envs:NextStepReset-v0", {}, "need metadata['autoreset_mode'] = AutoresetMode.SAME_STEP"),
-    ("tests.test_torch_envs:NoFinalObs-v0", {}, "returned no info['final_obs'] from step()"),
+    ("tests.test_torch_envs:NextStepReset-v0", {}, "metadata['autoreset_mode'] is <AutoresetMode.NEXT_STEP"),
+    ("tests.test_torch_envs:NoFinalObs-v0", {}, "step() returned no info['final_obs']"),
+    ("tests.test_torch_envs:WrongShape-v0", {}, "reset() returned obs (2, 3), not a tensor of shape (2, 2)"),
+    ("tests.test_torch_envs:NumpyOut-v0", {}, "step() returned obs ndarray, not a tensor of shape (2, 2)"),
+    ("tests.test_torch_envs:FourTuple-v0", {}, "step() returned tuple, not (obs, reward, terminated, truncated, info)"),
+    ("tests.test_torch_envs:BareReset-v0", {}, "reset() returned Tensor, not (obs, info)"),
     ("tests.test_torch_envs:NoDeviceArgument-v0", {}, "its constructor takes num_envs, device"),
     ("tests.test_torch_envs:NoDeviceKept-v0", {}, "keeps the device it is given in self.device"),
 ])
