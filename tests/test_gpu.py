@@ -1,5 +1,6 @@
 """What only a machine with CUDA can run: every trainer and the evaluator on ManiSkill's GPU simulation with video,
---compile, torchrun with NCCL, a GPU run's checkpoint continued on the CPU. `pytest -m gpu`; skipped elsewhere. The
+--compile, torchrun with NCCL, a GPU run's checkpoint continued on the CPU, the torch-native path on CUDA with its
+host syncs counted by CUDA's sync debug mode. `pytest -m gpu`; skipped elsewhere. The
 tests of the GPU simulation skip, saying why, where PhysX's GPU library is missing (benchmarks/gpu_simulation.py):
 SAPIEN would download it, which a machine without network cannot. benchmarks/gpu.sh runs these and the GPU
 benchmarks in one command."""
@@ -94,3 +95,33 @@ def test_a_gpu_run_continues_on_the_cpu(tmp_path, trainer):
     resumed = run_script(f"{trainer}.py", ["--resume", "runs/moved", "--total_timesteps", "40", "--no_cuda"], tmp_path)
     assert resumed.returncode == 0 and "device=cpu" in resumed.stdout, resumed.stderr[-3000:]
     assert load(tmp_path / "runs/moved/final_ckpt.pt")["iteration"] == 4
+
+
+TORCH_ENVS = {"ppo": "tests.envs:CartPoleTorch-v1", "ppo_rnn": "tests.envs:CartPoleTorch-v1",
+              "ppo_rgb": "tests.envs:PointMassPixelsTorch-v0"}
+
+
+@pytest.mark.parametrize("trainer", TORCH_ENVS)
+def test_a_torch_env_trains_on_cuda_and_its_rollouts_wait_only_at_their_end(tmp_path, monkeypatch, trainer):
+    """The torch-native path on CUDA, env and learner on the GPU: CUDA's sync debug mode reports, in each rollout,
+    the boolean-mask reads of its finished episodes after the last step (return and length) and nothing else."""
+    module = __import__(trainer)
+    syncs, rollout = [], module.rollout
+
+    def watched_rollout(*args, **kwargs):
+        with pytest.warns() as caught:
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                result = rollout(*args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        syncs.append(sum("synchroniz" in str(warning.message) for warning in caught))
+        return result
+
+    monkeypatch.setattr(module, "rollout", watched_rollout)
+    monkeypatch.chdir(tmp_path)
+    flags = dict(num_envs=64, num_steps=32, total_timesteps=64 * 32 * 3, max_episode_steps=16, norm_obs=True,
+                 norm_reward=True, **({"seq_len": 8} if trainer == "ppo_rnn" else {}))
+    assert module.cli(fast_args(TORCH_ENVS[trainer], "cuda", **flags)) == 0
+    assert syncs == [2, 2, 2]
+    assert load(tmp_path / "runs/cuda/final_ckpt.pt")["args"]["cuda"]
