@@ -1868,12 +1868,15 @@ def make_torch_native_env(args: Args, num_envs: int, device: torch.device) -> gy
     try:
         env = gym.make_vec(args.env_id, num_envs, vectorization_mode="vector_entry_point", device=device, **kwargs)
     except TypeError as e:
-        if "argument" not in str(e):  # not the constructor's signature: a bug inside it, the user's traceback
+        innermost = e.__traceback__
+        while innermost.tb_next is not None:
+            innermost = innermost.tb_next
+        if not innermost.tb_frame.f_code.co_filename.endswith("registration.py"):  # raised inside the constructor
             raise
         raise UserError(f"cannot make torch-native env {args.env_id!r} ({e}): its constructor takes num_envs, "
                         "device and, where it has a time limit, max_episode_steps (docs/ppo.md)") from e
-    kept = torch.device(getattr(env, "device", "meta"))
-    if kept.type != device.type or None not in (kept.index, device.index) and kept.index != device.index:
+    kept = torch.device(getattr(env, "device", None) or "meta")
+    if kept.type != device.type or (kept.index or 0) != (device.index or 0):  # "cuda" is a process's cuda:0
         raise UserError(f"{args.env_id} has device {getattr(env, 'device', None)!r} after it was built with device="
                         f"{device}: a torch-native env keeps the device it is given in self.device (docs/ppo.md)")
     if env.metadata.get("autoreset_mode") != gym.vector.AutoresetMode.SAME_STEP:
@@ -1890,6 +1893,7 @@ class TorchEnvContract:
 
     def __init__(self, env: gym.vector.VectorEnv, env_id: str):
         self.env, self.env_id = env, env_id
+        self.episode_keys: Optional[set[str]] = None  # of info["final_info"]["episode"], the same every step
         self.num_envs, self.device, self.metadata = env.num_envs, env.device, env.metadata
         self.single_observation_space, self.single_action_space = (env.single_observation_space,
                                                                    env.single_action_space)
@@ -1905,13 +1909,25 @@ class TorchEnvContract:
             raise UserError(f"{self.env_id}'s {call} returned {type(result).__name__}, not ({', '.join(names)}) "
                             "(docs/ppo.md)")
         *values, info = result
+        if not isinstance(info, dict):
+            raise UserError(f"{self.env_id}'s {call} returned info {type(info).__name__}, not a dict (docs/ppo.md)")
+        names = names[:-1]
         if call == "step()":
             if "final_obs" not in info:
                 raise UserError(f"{self.env_id}'s step() returned no info['final_obs']: a torch-native env gives "
                                 "its final observations every step (docs/ppo.md)")
-            values.append(info["final_obs"])
-        for name, value in zip((*names[:-1], "info['final_obs']"), values):
-            for key, x, shape in self.observation_leaves(value) if "obs" in name else [("", value, ())]:
+            episode = info.get("final_info", {}).get("episode", {})
+            if self.episode_keys is None:
+                self.episode_keys = set(episode)
+            if set(episode) != self.episode_keys:
+                raise UserError(f"{self.env_id}'s step() returned info['final_info']['episode'] with keys "
+                                f"{sorted(episode)}, and {sorted(self.episode_keys)} before: the same every step "
+                                "(docs/ppo.md)")
+            names += ("info['final_obs']", *(f"info['final_info']['episode'][{key!r}]" for key in episode))
+            values += [info["final_obs"], *episode.values()]
+        for name, value in zip(names, values):
+            for key, x, shape in (self.observation_leaves(value) if name in ("obs", "info['final_obs']")
+                                  else [("", value, ())]):
                 if not isinstance(x, torch.Tensor) or x.shape != (self.num_envs, *shape):
                     given = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
                     raise UserError(f"{self.env_id}'s {call} returned {name}{key} {given}, not a tensor of shape "
@@ -1921,7 +1937,10 @@ class TorchEnvContract:
     def observation_leaves(self, obs) -> list[tuple[str, object, tuple]]:
         """(where, tensor, its single space's shape) for each tensor of an observation: a Dict space's by key."""
         space = self.single_observation_space
-        if isinstance(space, gym.spaces.Dict) and isinstance(obs, dict):
+        if isinstance(space, gym.spaces.Dict):
+            if not isinstance(obs, dict):
+                raise UserError(f"{self.env_id} returned an observation {type(obs).__name__}, not a dict of "
+                                f"{list(space.spaces)} as its Dict space says (docs/ppo.md)")
             return [(f"[{key!r}]", obs.get(key), sub.shape) for key, sub in space.spaces.items()]
         return [("", obs, space.shape)]
 

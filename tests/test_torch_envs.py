@@ -258,8 +258,27 @@ class BareReset(tests.envs.PointMassVector):
         return super().reset(seed=seed, options=options)[0]
 
 
+class InfoNone(tests.envs.PointMassVector):
+    def step(self, action):
+        return *super().step(action)[:4], None
+
+
+class SomeStepsMetrics(tests.envs.PointMassVector):
+    def step(self, action):
+        *out, info = super().step(action)
+        if int(self.t[0]) % 2:
+            info["final_info"] = {"episode": {"success_once": torch.zeros(self.num_envs)}}
+        return *out, info
+
+
+class BrokenConstructor(tests.envs.PointMassVector):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        torch.zeros(2, dtype="float32")  # a bug of the env's own: its traceback, not a message about its signature
+
+
 for broken in (NextStepReset, NoFinalObs, NoDeviceArgument, NoDeviceKept, WrongShape, NumpyOut, FourTuple,
-               BareReset):
+               BareReset, InfoNone, SomeStepsMetrics, BrokenConstructor):
     gym.register(f"{broken.__name__}-v0", vector_entry_point=broken, max_episode_steps=tests.envs.EPISODE_STEPS)
 
 
@@ -273,12 +292,20 @@ for broken in (NextStepReset, NoFinalObs, NoDeviceArgument, NoDeviceKept, WrongS
     ("tests.test_torch_envs:NumpyOut-v0", {}, "step() returned obs ndarray, not a tensor of shape (2, 2)"),
     ("tests.test_torch_envs:FourTuple-v0", {}, "step() returned tuple, not (obs, reward, terminated, truncated, info)"),
     ("tests.test_torch_envs:BareReset-v0", {}, "reset() returned Tensor, not (obs, info)"),
+    ("tests.test_torch_envs:InfoNone-v0", {}, "step() returned info NoneType, not a dict"),
+    ("tests.test_torch_envs:SomeStepsMetrics-v0", {}, "with keys [], and ['success_once'] before"),
     ("tests.test_torch_envs:NoDeviceArgument-v0", {}, "its constructor takes num_envs, device"),
     ("tests.test_torch_envs:NoDeviceKept-v0", {}, "keeps the device it is given in self.device"),
 ])
 def test_what_a_torch_env_cannot_do_or_lacks_is_refused_in_one_line(tmp_path, capfd, env_id, flags, words):
     error = refused_in_one_line(ppo, fast_args(env_id, "bad", **flags), tmp_path, capfd, whole_process=False)
     assert words in error, error
+
+
+def test_a_bug_inside_a_torch_envs_constructor_keeps_its_traceback(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TypeError, match="dtype"):
+        ppo.cli(fast_args("tests.test_torch_envs:BrokenConstructor-v0", "bug"))
 
 
 def test_ppo_eval_refuses_videos_of_a_torch_env_in_one_line(tmp_path, capfd):
