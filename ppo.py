@@ -465,8 +465,8 @@ def rollout(agent: Agent, envs: TorchVecEnv, buf: RolloutBuffer, next_obs: torch
             ended.append(done)
             for key, values in finished.items():
                 episodes[key].append(values)
-    # selected once a rollout, not each step: selecting waits for the device
-    return next_obs, {key: torch.stack(values)[torch.stack(ended)] for key, values in episodes.items()}
+    ended = torch.stack(ended) if ended else None  # selected once a rollout, not each step: it waits for the device
+    return next_obs, {key: torch.stack(values)[ended] for key, values in episodes.items()}
 
 
 def bootstrap_mask(rule: str, terminated: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
@@ -1174,6 +1174,7 @@ class SeedBlocks:
         self.envs, self.num_seeds, self.env_id, self.watch_steps = envs, num_seeds, env_id, watch_steps
         self.block = envs.num_envs // num_seeds
         self.batch_shape = (num_seeds, self.block)
+        self.seed_index = torch.arange(num_seeds, device=envs.device)[:, None].expand(self.batch_shape)
 
     def __getattr__(self, name: str):  # spaces, devices, video: the vector env's
         return getattr(self.envs, name)
@@ -1197,8 +1198,7 @@ class SeedBlocks:
         next_obs, reward, terminated, truncated, final_obs, finished = stepped
         if finished is not None:
             finished = {key: self.blocks(values) for key, values in finished.items()}
-            seed_index = torch.arange(self.num_seeds, device=reward.device)
-            finished["seed_index"] = seed_index[:, None].expand(self.batch_shape)
+            finished["seed_index"] = self.seed_index
         return (*(self.blocks(x) for x in (next_obs, reward, terminated, truncated, final_obs)), finished)
 
     def watched(self, call, *args, **kwargs):

@@ -564,8 +564,8 @@ def rollout(agent: Agent, envs: TorchVecEnv, buf: RolloutBuffer, next_obs: torch
             ended.append(done)
             for key, values in finished.items():
                 episodes[key].append(values)
-    # selected once a rollout, not each step: selecting waits for the device
-    episodes = {key: torch.stack(values)[torch.stack(ended)] for key, values in episodes.items()}
+    ended = torch.stack(ended) if ended else None  # selected once a rollout, not each step: it waits for the device
+    episodes = {key: torch.stack(values)[ended] for key, values in episodes.items()}
     return next_obs, state, next_start, episodes
 
 
