@@ -1894,9 +1894,9 @@ class TorchEnvContract:
     def __init__(self, env: gym.vector.VectorEnv, env_id: str):
         self.env, self.env_id = env, env_id
         self.episode_keys: Optional[set[str]] = None  # of info["final_info"]["episode"], the same every step
-        self.num_envs, self.device, self.metadata = env.num_envs, env.device, env.metadata
-        self.single_observation_space, self.single_action_space = (env.single_observation_space,
-                                                                   env.single_action_space)
+
+    def __getattr__(self, name: str):  # num_envs, device, metadata, spaces: the env's
+        return getattr(self.env, name)
 
     def reset(self, *, seed: Optional[int] = None, options=None):
         return self.checked(self.env.reset(seed=seed, options=options), "reset()", ("obs", "info"))
@@ -1908,10 +1908,10 @@ class TorchEnvContract:
         if not isinstance(result, tuple) or len(result) != len(names):
             raise UserError(f"{self.env_id}'s {call} returned {type(result).__name__}, not ({', '.join(names)}) "
                             "(docs/ppo.md)")
-        *values, info = result
+        obs, *per_env, info = result
         if not isinstance(info, dict):
             raise UserError(f"{self.env_id}'s {call} returned info {type(info).__name__}, not a dict (docs/ppo.md)")
-        names = names[:-1]
+        leaves = [*self.observation_leaves("obs", obs), *((name, x, ()) for name, x in zip(names[1:], per_env))]
         if call == "step()":
             if "final_obs" not in info:
                 raise UserError(f"{self.env_id}'s step() returned no info['final_obs']: a torch-native env gives "
@@ -1923,26 +1923,24 @@ class TorchEnvContract:
                 raise UserError(f"{self.env_id}'s step() returned info['final_info']['episode'] with keys "
                                 f"{sorted(episode)}, and {sorted(self.episode_keys)} before: the same every step "
                                 "(docs/ppo.md)")
-            names += ("info['final_obs']", *(f"info['final_info']['episode'][{key!r}]" for key in episode))
-            values += [info["final_obs"], *episode.values()]
-        for name, value in zip(names, values):
-            for key, x, shape in (self.observation_leaves(value) if name in ("obs", "info['final_obs']")
-                                  else [("", value, ())]):
-                if not isinstance(x, torch.Tensor) or x.shape != (self.num_envs, *shape):
-                    given = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-                    raise UserError(f"{self.env_id}'s {call} returned {name}{key} {given}, not a tensor of shape "
-                                    f"{(self.num_envs, *shape)} (docs/ppo.md)")
+            leaves += [*self.observation_leaves("info['final_obs']", info["final_obs"]),
+                       *((f"info['final_info']['episode'][{key!r}]", x, ()) for key, x in episode.items())]
+        for name, x, shape in leaves:
+            if not isinstance(x, torch.Tensor) or x.shape != (self.num_envs, *shape):
+                given = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                raise UserError(f"{self.env_id}'s {call} returned {name} {given}, not a tensor of shape "
+                                f"{(self.num_envs, *shape)} (docs/ppo.md)")
         return result
 
-    def observation_leaves(self, obs) -> list[tuple[str, object, tuple]]:
-        """(where, tensor, its single space's shape) for each tensor of an observation: a Dict space's by key."""
+    def observation_leaves(self, name: str, obs) -> list[tuple[str, object, tuple]]:
+        """(name, tensor, its single space's shape) for each tensor of an observation: a Dict space's by key."""
         space = self.single_observation_space
         if isinstance(space, gym.spaces.Dict):
             if not isinstance(obs, dict):
                 raise UserError(f"{self.env_id} returned an observation {type(obs).__name__}, not a dict of "
                                 f"{list(space.spaces)} as its Dict space says (docs/ppo.md)")
-            return [(f"[{key!r}]", obs.get(key), sub.shape) for key, sub in space.spaces.items()]
-        return [("", obs, space.shape)]
+            return [(f"{name}[{key!r}]", obs.get(key), sub.shape) for key, sub in space.spaces.items()]
+        return [(name, obs, space.shape)]
 
     def close(self):
         self.env.close()
