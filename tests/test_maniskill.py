@@ -7,6 +7,7 @@ Gymnasium's AsyncVectorEnv of CPUGymWrapper envs in forkserver workers.
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -70,7 +71,12 @@ def test_two_envs_in_workers_and_group_signal(tmp_path, signum):
                                             total_timesteps=20 * 1000, **{**PICK_CUBE, "capture_video": video}),
                         tmp_path)
     run = tmp_path / "runs" / "two"
+    # Signalled halfway through an iteration: right after a checkpoint appears, the signal can land before that
+    # iteration's end (a directory fsync, a log flush), with nothing left for the workers to do after it.
     wait_for(run / "ckpt_1.pt", proc, 600)
+    first = time.monotonic()
+    wait_for(run / "ckpt_2.pt", proc, 600)
+    time.sleep((time.monotonic() - first) / 2)
     os.killpg(proc.pid, signum)
     _, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 128 + signum, stderr
