@@ -131,6 +131,7 @@ def test_tuning_benchmark_writes_its_results_and_plots(ahead):
     assert "Confirmed on seeds 5-6 (no trial used them), with --total_timesteps 4096" in results
     assert "| defaults | 1e-3 | 0.95 | 0.95 | 8 | 10 | 0.2 | 0 | " in results  # the baseline's, as given
     assert (directory / "out/history.png").stat().st_size > 0
+    assert (directory / "out/confirmation_eval_return.png").stat().st_size > 10_000
     assert (directory / "tunes/bench_Pendulum-v1/study.db").is_file()
 
 
