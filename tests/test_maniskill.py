@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import ippo
 import ppo
@@ -71,12 +72,15 @@ def test_two_envs_in_workers_and_group_signal(tmp_path, signum):
                                             total_timesteps=20 * 1000, **{**PICK_CUBE, "capture_video": video}),
                         tmp_path)
     run = tmp_path / "runs" / "two"
-    # Signalled halfway through an iteration: right after a checkpoint appears, the signal can land before that
-    # iteration's end (a directory fsync, a log flush), with nothing left for the workers to do after it.
+    # Once ckpt_2.pt is written the run cannot stop before iteration 2, but a signal sent at once can still land
+    # before that iteration's end (a directory fsync, a log flush), with nothing left for the workers to do. A third
+    # of an iteration later it lands in iteration 3's evaluation, most of an iteration.
     wait_for(run / "ckpt_1.pt", proc, 600)
     first = time.monotonic()
     wait_for(run / "ckpt_2.pt", proc, 600)
-    time.sleep((time.monotonic() - first) / 2)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    time.sleep((time.monotonic() - first) / 3)
+    signalled = time.time()
     os.killpg(proc.pid, signum)
     _, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 128 + signum, stderr
@@ -85,9 +89,12 @@ def test_two_envs_in_workers_and_group_signal(tmp_path, signum):
     assert load(tmp_path / saved.group(1))["iteration"] == int(saved.group(2))
     if video:
         check_run(run, 2)
-    else:  # every iteration evaluated both envs' episodes, the one after the signal too
-        episodes = scalars(run)["eval/episodes"]
-        assert len(episodes) == int(saved.group(2)) >= 2 and all(value == 2 for _, value in episodes)
+    else:  # every iteration evaluated both envs' episodes, the one the signal came in too, ending after it
+        events = EventAccumulator(str(run), size_guidance={"scalars": 0})
+        events.Reload()
+        episodes = events.Scalars("eval/episodes")
+        assert len(episodes) == int(saved.group(2)) and all(event.value == 2 for event in episodes)
+        assert episodes[-1].wall_time > signalled
 
 
 @pytest.mark.parametrize("trainer,env_id", [(ppo, "PushCube-v1"), (ippo, "TwoRobotPickCube-v1")], ids=["ppo", "ippo"])
