@@ -2,8 +2,8 @@
 # scripts/tune.py on ppo.py: Pendulum-v1 and Ant-v5, each from a baseline of settings (the flags after --, which
 # --confirm's "defaults" run), trials shorter than the final run, pruned, then the best and the baseline on fresh
 # seeds at the full budget. The tunings' directories are tunes/bench_<task> of the working directory; run the script
-# again after an interruption and it goes on where it stopped. results.md, the plots and the confirmation's curves
-# (scripts/plot.py --iqm of its runs, those set aside as _cut_ left out) are copied to benchmarks/results/tune_<task>/.
+# again after an interruption and it goes on where it stopped. results.md and the plots are copied to
+# benchmarks/results/tune_<task>/.
 #
 #   bash benchmarks/tune.sh pendulum   # 40 trials of 4 seeds x 40,960 steps, 10 evaluations each; the best and the
 #                                      # baseline on 10 fresh seeds at 102,400 steps
@@ -13,7 +13,6 @@
 #
 # Needs optuna, mujoco (Ant), rliable and matplotlib (requirements-dev.txt).
 set -euo pipefail
-shopt -s extglob
 repo=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-$repo/.venv/bin/python}
 task=${1:?give pendulum or ant}
@@ -46,5 +45,3 @@ dir=tunes/bench_$env_id
 out=${OUT:-$repo/benchmarks/results/tune_$env_id}
 mkdir -p "$out"
 cp "$dir"/results.md "$dir"/*.png "$out"/
-"$python" "$repo/scripts/plot.py" "$dir"/runs/confirm"${confirm}"_!(*_cut_*) --iqm --out "$dir/confirmation"
-cp "$dir/confirmation/eval_return.png" "$out/confirmation_eval_return.png"

@@ -230,7 +230,8 @@ def performance_profile(run_dirs: list[Path], metric: str, pattern: str, task_pa
     return path
 
 
-def plot(run_dirs: list[Path], metrics: list[str], pattern: str, out_dir: Path, iqm_reps: int = 0) -> list[Path]:
+def plot(run_dirs: list[Path], metrics: list[str], pattern: str, out_dir: Path, iqm_reps: int = 0,
+         prefix: str = "") -> list[Path]:
     plt = pyplot()
     groups = group_runs(run_dirs, pattern)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -268,7 +269,7 @@ def plot(run_dirs: list[Path], metrics: list[str], pattern: str, out_dir: Path, 
         statistic = "interquartile mean and 95% stratified bootstrap interval" if iqm_reps else "mean and 95% interval"
         figure.suptitle(f"{metric}: {statistic} across runs")
         figure.tight_layout()
-        path = out_dir / (metric.replace("/", "_") + ".png")
+        path = out_dir / (prefix + metric.replace("/", "_") + ".png")
         figure.savefig(path, dpi=100)
         plt.close(figure)
         written.append(path)

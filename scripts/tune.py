@@ -47,7 +47,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plot import UserError, interval_estimates, read_scalars, report_user_errors, rliable, seed_runs  # noqa: E402
+from plot import (DEFAULT_GROUP, UserError, interval_estimates, plot, read_scalars, report_user_errors,  # noqa: E402
+                  rliable, seed_runs)
 
 REPO = Path(__file__).resolve().parent.parent
 POLL_SECONDS = 5.0
@@ -580,16 +581,18 @@ def savings(complete: list, pruned: list) -> list[str]:
 def confirm(study, tuning: Tuning, best, seeds: int) -> list[str]:
     """The best trial's settings and the defaults (the trainer's, with the flags after --, then --confirm_flags),
     side by side where --jobs allows, each on seeds that no trial used (those after the tuning's); a run that an
-    earlier confirmation of the same trial, seeds and --confirm_flags completed is read from the study, not rerun."""
+    earlier confirmation of the same trial, seeds and --confirm_flags completed is read from the study, not rerun.
+    Their curves (scripts/plot.py --iqm's) go to confirmation_<metric>.png where matplotlib and rliable are."""
     first = tuning.options.seed + tuning.options.seeds
     extra = shlex.split(tuning.options.confirm_flags)
     tag = f"_{hashlib.sha1(shlex.join(extra).encode()).hexdigest()[:8]}" if extra else ""
-    results, errors = {}, []
+    results, run_dirs, errors = {}, {}, []
 
     def run(name: str, settings: dict):
         run_name = f"confirm{seeds}_{'trial' + str(best.number) if settings else 'defaults'}{tag}"
         try:
             values, run_dir = study.user_attrs.get(run_name), tuning.dir / "runs" / run_name
+            run_dirs[name] = run_dir
             if values is None:
                 if run_dir.exists():  # a confirmation cut short: set aside, so that no seed's curve reads on into it
                     run_dir.rename(run_dir.with_name(f"{run_name}_cut_{time.strftime('%Y%m%d-%H%M%S')}"))
@@ -627,6 +630,11 @@ def confirm(study, tuning: Tuning, best, seeds: int) -> list[str]:
         lines += ["", f"P(best > defaults) = {value:.2f} [{low:.2f}, {high:.2f}]"]
     except UserError as e:
         lines += ["", f"(no probability of improvement: {e})"]
+    try:
+        plot([run_dirs["best"], run_dirs["defaults"]], [tuning.options.metric], DEFAULT_GROUP, tuning.dir, REPS,
+             prefix="confirmation_")
+    except UserError:  # no matplotlib or rliable: the table alone, as plots() without matplotlib
+        pass
     return lines
 
 
