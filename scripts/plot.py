@@ -233,6 +233,8 @@ def performance_profile(run_dirs: list[Path], metric: str, pattern: str, task_pa
 def plot(run_dirs: list[Path], metrics: list[str], pattern: str, out_dir: Path, iqm_reps: int = 0,
          prefix: str = "") -> list[Path]:
     plt = pyplot()
+    if iqm_reps:
+        rliable()  # before any figure opens
     groups = group_runs(run_dirs, pattern)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []

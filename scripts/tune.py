@@ -47,8 +47,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plot import (DEFAULT_GROUP, UserError, interval_estimates, plot, read_scalars, report_user_errors,  # noqa: E402
-                  rliable, seed_runs)
+from plot import DEFAULT_GROUP, UserError, interval_estimates, read_scalars, report_user_errors, rliable  # noqa: E402
+from plot import plot as plot_curves, seed_runs  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 POLL_SECONDS = 5.0
@@ -535,12 +535,15 @@ def report(optuna, study, tuning: Tuning):
     lines += ["", "The best trial's command (from the directory tune.py ran in):", "",
               f"    {shlex.join(['python', str(trainer), *command[2:]])}"]
     (tuning.dir / "results.md").write_text("\n".join(lines) + "\n")  # kept if the confirmation fails
+    confirmed = []
     if tuning.options.confirm:
-        lines += ["", *confirm(study, tuning, best, tuning.options.confirm)]
+        confirmation, confirmed = confirm(study, tuning, best, tuning.options.confirm)
+        lines += ["", *confirmation]
     text = "\n".join(lines) + "\n"
     (tuning.dir / "results.md").write_text(text)
     print(text, end="")
     plots(optuna, study, tuning.dir, names)
+    confirmation_curves(confirmed, tuning)
 
 
 def value_text(value) -> str:
@@ -578,11 +581,11 @@ def savings(complete: list, pruned: list) -> list[str]:
             "trials side by side counted each).\n"]
 
 
-def confirm(study, tuning: Tuning, best, seeds: int) -> list[str]:
+def confirm(study, tuning: Tuning, best, seeds: int) -> tuple[list[str], list[Path]]:
     """The best trial's settings and the defaults (the trainer's, with the flags after --, then --confirm_flags),
     side by side where --jobs allows, each on seeds that no trial used (those after the tuning's); a run that an
     earlier confirmation of the same trial, seeds and --confirm_flags completed is read from the study, not rerun.
-    Their curves (scripts/plot.py --iqm's) go to confirmation_<metric>.png where matplotlib and rliable are."""
+    Its results.md lines and the two runs' directories, the best's first."""
     first = tuning.options.seed + tuning.options.seeds
     extra = shlex.split(tuning.options.confirm_flags)
     tag = f"_{hashlib.sha1(shlex.join(extra).encode()).hexdigest()[:8]}" if extra else ""
@@ -630,12 +633,20 @@ def confirm(study, tuning: Tuning, best, seeds: int) -> list[str]:
         lines += ["", f"P(best > defaults) = {value:.2f} [{low:.2f}, {high:.2f}]"]
     except UserError as e:
         lines += ["", f"(no probability of improvement: {e})"]
+    return lines, [run_dirs["best"], run_dirs["defaults"]]
+
+
+def confirmation_curves(run_dirs: list[Path], tuning: Tuning):
+    """The confirmation runs' curves of the metric, as scripts/plot.py --iqm draws them, in confirmation_<metric>.png
+    (an earlier confirmation's removed first: the picture shows results.md's runs or none)."""
+    for earlier in tuning.dir.glob("confirmation_*.png"):
+        earlier.unlink()
+    if not run_dirs:
+        return
     try:
-        plot([run_dirs["best"], run_dirs["defaults"]], [tuning.options.metric], DEFAULT_GROUP, tuning.dir, REPS,
-             prefix="confirmation_")
-    except UserError:  # no matplotlib or rliable: the table alone, as plots() without matplotlib
-        pass
-    return lines
+        plot_curves(run_dirs, [tuning.options.metric], DEFAULT_GROUP, tuning.dir, REPS, prefix="confirmation_")
+    except UserError as e:  # matplotlib or rliable missing, or a run directory moved away: results.md stands alone
+        print(f"warning: no confirmation curves: {e}", file=sys.stderr)
 
 
 def plots(optuna, study, directory: Path, names: list[str]):

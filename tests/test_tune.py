@@ -5,6 +5,7 @@ steps 1 to --steps; one tunes ppo.py on CartPole."""
 import os
 import datetime
 import hashlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -105,9 +106,10 @@ def test_a_trainer_left_behind_is_stopped_and_no_other_process(tmp_path):
         other.kill()
 
 
-def test_confirm_runs_the_best_and_the_defaults_on_seeds_no_trial_used(tmp_path, fast_polls, monkeypatch):
+def test_confirm_runs_the_best_and_the_defaults_on_seeds_no_trial_used(tmp_path, fast_polls, monkeypatch, capsys):
     """The flags after -- are every run's, a searched one among them the defaults' value; --confirm_flags are the
-    confirmation's alone. The curves drawn are the two runs', the one set aside left out."""
+    confirmation's alone. The curves drawn are the two runs', the one set aside left out; without a run to draw, a
+    warning and no picture."""
     argv = ["--trainer", STAND_IN, "--env_id", "Tune-v0", "--trials", "2", "--seeds", "2", "--dir", "tuned",
             "--confirm", "3", "--confirm_flags", "--steps 6", "--space", "x=0.0:6.0", "--", "--x", "5"]
     # a confirmation cut short before (one step logged) is not taken for one that completed
@@ -115,12 +117,12 @@ def test_confirm_runs_the_best_and_the_defaults_on_seeds_no_trial_used(tmp_path,
     (tmp_path / "tuned").mkdir()
     subprocess.run([sys.executable, STAND_IN, "--num_seeds", "3", "--seed", "3", "--steps", "1", "--exp_name", cut],
                    cwd=tmp_path / "tuned", check=True)
-    drawn, draw = [], tune.plot
+    drawn_run_dirs, plot_curves = [], tune.plot_curves
 
-    def drawing(run_dirs, *rest, **options):
-        drawn.append(run_dirs)
-        return draw(run_dirs, *rest, **options)
-    monkeypatch.setattr(tune, "plot", drawing)
+    def recording_plot_curves(run_dirs, *rest, **options):
+        drawn_run_dirs.append(run_dirs)
+        return plot_curves(run_dirs, *rest, **options)
+    monkeypatch.setattr(tune, "plot_curves", recording_plot_curves)
     assert tune.main(list(argv)) == 0
     runs = tmp_path / "tuned/runs"
     tuned = {p.name.rpartition("__seed")[2] for p in runs.glob("trial_*/*__seed*")}
@@ -130,8 +132,9 @@ def test_confirm_runs_the_best_and_the_defaults_on_seeds_no_trial_used(tmp_path,
     best = max(study.best_trials, key=lambda t: t.number)
     named = {p.name.rpartition("_")[0] for p in runs.glob("confirm*") if "_cut_" not in p.name}
     assert named == {f"confirm3_trial{best.number}", "confirm3_defaults"}
-    assert drawn == [[runs / cut.replace("defaults", f"trial{best.number}"), runs / cut]]
-    assert (tmp_path / "tuned/confirmation_eval_return.png").stat().st_size > 10_000
+    assert drawn_run_dirs == [[runs / cut.replace("defaults", f"trial{best.number}"), runs / cut]]
+    curves = tmp_path / "tuned/confirmation_eval_return.png"
+    assert curves.stat().st_size > 10_000
     defaults = runs / cut
     assert len(list(runs.glob(f"{cut}_cut_*/*__seed*"))) == 3  # the cut one kept aside
     steps, _, values = zip(*(tune.read_scalars(seed, "eval/return") for seed in tune.seed_runs(defaults)))
@@ -148,6 +151,11 @@ def test_confirm_runs_the_best_and_the_defaults_on_seeds_no_trial_used(tmp_path,
     written = sorted(path.stat().st_mtime_ns for path in runs.rglob("events*"))
     assert tune.main(list(argv)) == 0 and (tmp_path / "tuned/results.md").read_text() == results
     assert sorted(path.stat().st_mtime_ns for path in runs.rglob("events*")) == written  # read, not rerun
+    shutil.rmtree(runs / cut)
+    capsys.readouterr()
+    assert tune.main(list(argv)) == 0 and (tmp_path / "tuned/results.md").read_text() == results
+    assert f"warning: no confirmation curves: {runs / cut} is not a run directory" in capsys.readouterr().err
+    assert not curves.exists()
 
 
 @pytest.mark.parametrize("given, refusal", [
