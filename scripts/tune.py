@@ -673,14 +673,15 @@ def plots(optuna, study, directory: Path, names: list[str]):
     drawings.append(("contour", lambda: views.plot_contour(study, params=importance[:2])) if len(importance) > 1
                     else ("slice", lambda: views.plot_slice(study, params=importance[:1])))
     for name, draw in drawings:
-        try:
-            with warnings.catch_warnings():  # matplotlib's about the axes of a parameter that took one value
-                warnings.simplefilter("ignore", UserWarning)
+        # Optuna's views set their style for the whole process, the confirmation curves' too: rc_context undoes it
+        with warnings.catch_warnings(), matplotlib.rc_context():
+            warnings.simplefilter("ignore", UserWarning)  # matplotlib's, of the axes of a parameter of one value
+            try:
                 axes = draw()
-        except (RuntimeError, ValueError):
-            continue
-        figure = (axes.flat[0] if isinstance(axes, np.ndarray) else axes).get_figure()
-        figure.savefig(directory / f"{name}.png", dpi=100, bbox_inches="tight")
+            except (RuntimeError, ValueError):
+                continue
+            figure = (axes.flat[0] if isinstance(axes, np.ndarray) else axes).get_figure()
+            figure.savefig(directory / f"{name}.png", dpi=100, bbox_inches="tight")
         plt.close(figure)
 
 

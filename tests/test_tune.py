@@ -17,6 +17,7 @@ import pytest
 from tests.util import REPO
 
 optuna = pytest.importorskip("optuna")
+matplotlib = pytest.importorskip("matplotlib")
 sys.path.insert(0, str(REPO / "scripts"))
 import tune  # noqa: E402
 
@@ -123,7 +124,9 @@ def test_confirm_runs_the_best_and_the_defaults_on_seeds_no_trial_used(tmp_path,
         drawn_run_dirs.append(run_dirs)
         return plot_curves(run_dirs, *rest, **options)
     monkeypatch.setattr(tune, "plot_curves", recording_plot_curves)
+    face = matplotlib.rcParams["axes.facecolor"]
     assert tune.main(list(argv)) == 0
+    assert matplotlib.rcParams["axes.facecolor"] == face  # Optuna's style (ggplot's grey) stays in its pictures
     runs = tmp_path / "tuned/runs"
     tuned = {p.name.rpartition("__seed")[2] for p in runs.glob("trial_*/*__seed*")}
     confirmed = {p.name.rpartition("__seed")[2] for p in runs.glob("confirm*/*__seed*")}
