@@ -44,4 +44,5 @@ dir=tunes/bench_$env_id
   -- "${baseline[@]}" --total_timesteps "$steps"
 out=${OUT:-$repo/benchmarks/results/tune_$env_id}
 mkdir -p "$out"
+rm -f "$out"/confirmation_*.png  # as tune.py does: an earlier confirmation's curves go
 cp "$dir"/results.md "$dir"/*.png "$out"/

@@ -534,6 +534,8 @@ def report(optuna, study, tuning: Tuning):
     trainer = trainer.relative_to(Path.cwd()) if trainer.is_relative_to(Path.cwd()) else trainer
     lines += ["", "The best trial's command (from the directory tune.py ran in):", "",
               f"    {shlex.join(['python', str(trainer), *command[2:]])}"]
+    for earlier in tuning.dir.glob("confirmation_*.png"):  # a picture shows results.md's confirmation or none
+        earlier.unlink(missing_ok=True)  # (a second tune.py on the directory may have removed it)
     (tuning.dir / "results.md").write_text("\n".join(lines) + "\n")  # kept if the confirmation fails
     confirmed = []
     if tuning.options.confirm:
@@ -543,7 +545,8 @@ def report(optuna, study, tuning: Tuning):
     (tuning.dir / "results.md").write_text(text)
     print(text, end="")
     plots(optuna, study, tuning.dir, names)
-    confirmation_curves(confirmed, tuning)
+    if confirmed:
+        confirmation_curves(confirmed, tuning)
 
 
 def value_text(value) -> str:
@@ -637,12 +640,8 @@ def confirm(study, tuning: Tuning, best, seeds: int) -> tuple[list[str], list[Pa
 
 
 def confirmation_curves(run_dirs: list[Path], tuning: Tuning):
-    """The confirmation runs' curves of the metric, as scripts/plot.py --iqm draws them, in confirmation_<metric>.png
-    (an earlier confirmation's removed first: the picture shows results.md's runs or none)."""
-    for earlier in tuning.dir.glob("confirmation_*.png"):
-        earlier.unlink()
-    if not run_dirs:
-        return
+    """The confirmation runs' curves of the metric, as scripts/plot.py --iqm draws them, in confirmation_<metric>.png;
+    where they cannot be drawn, a warning."""
     try:
         plot_curves(run_dirs, [tuning.options.metric], DEFAULT_GROUP, tuning.dir, REPS, prefix="confirmation_")
     except UserError as e:  # matplotlib or rliable missing, or a run directory moved away: results.md stands alone
@@ -673,9 +672,10 @@ def plots(optuna, study, directory: Path, names: list[str]):
     drawings.append(("contour", lambda: views.plot_contour(study, params=importance[:2])) if len(importance) > 1
                     else ("slice", lambda: views.plot_slice(study, params=importance[:1])))
     for name, draw in drawings:
-        # Optuna's views set their style for the whole process, the confirmation curves' too: rc_context undoes it
+        # Optuna's views set their style for the whole process, the confirmation curves' too: rc_context undoes it.
+        # matplotlib warns of the axes of a parameter that took one value.
         with warnings.catch_warnings(), matplotlib.rc_context():
-            warnings.simplefilter("ignore", UserWarning)  # matplotlib's, of the axes of a parameter of one value
+            warnings.simplefilter("ignore", UserWarning)
             try:
                 axes = draw()
             except (RuntimeError, ValueError):
