@@ -592,13 +592,15 @@ def confirm(study, tuning: Tuning, best, seeds: int) -> tuple[list[str], list[Pa
     first = tuning.options.seed + tuning.options.seeds
     extra = shlex.split(tuning.options.confirm_flags)
     tag = f"_{hashlib.sha1(shlex.join(extra).encode()).hexdigest()[:8]}" if extra else ""
-    results, run_dirs, errors = {}, {}, []
+    run_dirs = {name: tuning.dir / "runs" / f"confirm{seeds}_{kind}{tag}"  # the best's first
+                for name, kind in (("best", f"trial{best.number}"), ("defaults", "defaults"))}
+    results, errors = {}, []
 
     def run(name: str, settings: dict):
-        run_name = f"confirm{seeds}_{'trial' + str(best.number) if settings else 'defaults'}{tag}"
+        run_dir = run_dirs[name]
+        run_name = run_dir.name
         try:
-            values, run_dir = study.user_attrs.get(run_name), tuning.dir / "runs" / run_name
-            run_dirs[name] = run_dir
+            values = study.user_attrs.get(run_name)
             if values is None:
                 if run_dir.exists():  # a confirmation cut short: set aside, so that no seed's curve reads on into it
                     run_dir.rename(run_dir.with_name(f"{run_name}_cut_{time.strftime('%Y%m%d-%H%M%S')}"))
@@ -636,7 +638,7 @@ def confirm(study, tuning: Tuning, best, seeds: int) -> tuple[list[str], list[Pa
         lines += ["", f"P(best > defaults) = {value:.2f} [{low:.2f}, {high:.2f}]"]
     except UserError as e:
         lines += ["", f"(no probability of improvement: {e})"]
-    return lines, [run_dirs["best"], run_dirs["defaults"]]
+    return lines, list(run_dirs.values())
 
 
 def confirmation_curves(run_dirs: list[Path], tuning: Tuning):
