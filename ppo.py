@@ -32,9 +32,19 @@ A copy's contract (python scripts/verify_copy.py my_idea.py checks it in short r
   iteration stops with one error line naming the rule.
 - Random draws: the policy draws with torch.normal, torch.bernoulli, torch.multinomial or a Normal, Categorical or
   Bernoulli's sample(); under --num_seeds each seed's from its own generator (PerSeedDraws), any other refused.
-- State that survives --resume: the Agent's parameters and buffers (a copy's own state: a float buffer,
-  self.register_buffer, which --num_seeds stacks per seed), the optimizer's state, the reward normalizer, the random
-  streams. A Python attribute or a variable of train() restarts from its initial value.
+- State: a copy's own state lives in the Agent, in one place, __init__: modules, parameters, buffers (a coefficient,
+  a counter: self.register_buffer, updated in place) and optimizers of its own, which PPOOptimizer leaves their
+  parameters to. Checkpoints save all of it with the PPO optimizer's state, the reward normalizer and the random
+  streams; --resume restores it, --num_seeds gives each seed its own, ppo_eval.py loads it. A learned entropy
+  coefficient with its own Adam, for example:
+      self.log_ent_coef = nn.Parameter(torch.tensor(-4.6))                          # in Agent.__init__
+      self.ent_coef_optimizer = torch.optim.Adam([self.log_ent_coef], lr=1e-3)
+      loss = pg_loss - agent.log_ent_coef.exp().detach() * entropy_loss + ...       # in update()
+      agent.ent_coef_optimizer.zero_grad()                                         # after optimizer.step()
+      (agent.log_ent_coef.exp() * (entropy_loss.detach() - target_entropy)).sum().backward()
+      agent.ent_coef_optimizer.step()
+  The flags (args), the Agent's Python attributes and module variables are not state: a run whose update changes
+  one stops with one error line naming it.
 - What an exported policy computes (ppo_eval.py --export): env_action(get_action(normalize_obs(obs),
   deterministic=True)); env_action() may read the envs' single_action_space, action_low, action_high, action_start.
 """
@@ -62,6 +72,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass
@@ -572,7 +583,9 @@ def update(agent: Agent, optimizer: PPOOptimizer, buf: RolloutBuffer, advantages
 class PPOOptimizer(torch.optim.Adam):
     """Adam as update() uses it: the rollout's minibatches, drawn as needed (an update stopped early draws no further
     permutations from the random stream); the early stop; a step of gradients averaged over torchrun's ranks, clipped
-    and checked finite. SeedOptimizer does each per seed (in one process: --num_seeds runs without torchrun)."""
+    and checked finite. SeedOptimizer does each per seed (in one process: --num_seeds runs without torchrun).
+    It steps the Agent's parameters that none of the Agent's own optimizers (own_optimizers()) holds; its state dict
+    carries theirs, so that checkpoints save, and --resume restores, every optimizer of the run."""
 
     def __init__(self, agent: nn.Module, lr: float):
         self.agent = agent
@@ -582,7 +595,20 @@ class PPOOptimizer(torch.optim.Adam):
         self.minibatch_steps = 0
 
     def parameter_groups(self, agent: nn.Module) -> list[dict]:
-        return [{"params": list(agent.parameters())}]
+        return [{"params": ppo_parameters(agent)}]
+
+    def state_dict(self) -> dict:
+        own = {name: optimizer.state_dict() for name, optimizer in own_optimizers(self.agent).items()}
+        return {**super().state_dict(), **({"own_optimizers": own} if own else {})}
+
+    def load_state_dict(self, state_dict: dict):
+        own = state_dict.get("own_optimizers", {})  # checkpoints older than own optimizers hold none
+        if own.keys() != own_optimizers(self.agent).keys():
+            raise UserError(f"the checkpoint holds the optimizers {sorted(own)} of the Agent and {TRAINER}.py's Agent "
+                            f"has {sorted(own_optimizers(self.agent))}: continue the run with the file that wrote it")
+        super().load_state_dict({key: value for key, value in state_dict.items() if key != "own_optimizers"})
+        for name, optimizer in own_optimizers(self.agent).items():
+            optimizer.load_state_dict(own[name])
 
     def minibatches(self, batch_size: int, minibatch_size: int, epochs: int):
         """Each epoch a new permutation of the batch, cut into minibatches."""
@@ -616,6 +642,19 @@ class PPOOptimizer(torch.optim.Adam):
     def stats(self) -> dict:
         return {"losses/minibatch_steps": torch.tensor(self.minibatch_steps),
                 "charts/learning_rate": torch.tensor(self.param_groups[0]["lr"], dtype=torch.float64)}
+
+
+def own_optimizers(agent: nn.Module) -> dict[str, torch.optim.Optimizer]:
+    """The optimizers that the Agent and its modules hold as attributes (a copy's own, self.ent_coef_optimizer =
+    torch.optim.Adam([self.log_ent_coef])), by name."""
+    return {f"{name}.{key}".lstrip("."): value for name, module in agent.named_modules()
+            for key, value in vars(module).items() if isinstance(value, torch.optim.Optimizer)}
+
+
+def ppo_parameters(agent: nn.Module) -> list[nn.Parameter]:
+    """The parameters that PPOOptimizer steps: the Agent's, but those an optimizer of its own holds."""
+    held = {id(p) for own in own_optimizers(agent).values() for group in own.param_groups for p in group["params"]}
+    return [p for p in agent.parameters() if id(p) not in held]
 
 
 def adapt_learning_rate(lr: float, approx_kl: float, args: Args) -> float:
@@ -667,6 +706,7 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
         # After the envs are built and reset, so that each rank's random stream continues where it stopped.
         set_rng_states(resume_state["rng"] if rank == 0 else resume_state["other_ranks_rng"][rank - 1], device)
     buf = RolloutBuffer(args.num_steps, envs, device)
+    unsaved = UnsavedState(agent, args)
 
     def save(iteration: int, final: bool = False) -> Optional[Path]:
         return write_checkpoint(args, setup, envs, agent, optimizer, reward_normalizer, global_step, iteration, final)
@@ -702,6 +742,7 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
             stats = update(agent, optimizer, buf, advantages, returns, update_losses, args)
             if not parameters_finite(agent, iteration):
                 raise NonFiniteError("parameters", nonfinite_seeds(agent.state_dict().values(), args.num_seeds))
+            unsaved.refuse_changes()
             update_time = time.perf_counter() - update_start
 
             # TRY NOT TO MODIFY: logging and evaluation (rank 0, with every rank's episodes), checkpoints, stopping
@@ -958,21 +999,27 @@ class SeedLinear(nn.Linear):
 
 
 def stack_seeds(modules: list[nn.Module]) -> nn.Module:
-    """--num_seeds: one module of the seeds' modules (alike but for their values), each parameter and float buffer
-    stacked on a new first dimension, seed i's at index i: seed i's state dict is every tensor's [i]. Its nn.Linear
-    layers become SeedLinear; inputs and outputs carry the seed dimension first. One module is returned as it is."""
+    """--num_seeds: one module of the seeds' modules (alike but for their values), each parameter and buffer (but
+    integer buffers left out of the state dict, which describe the structure) stacked on a new first dimension, seed
+    i's at index i: seed i's state dict is every tensor's [i]. Its nn.Linear layers become SeedLinear; inputs and
+    outputs carry the seed dimension first. The optimizers a module holds (own_optimizers()) step the stacked
+    parameters. One module is returned as it is."""
     if len(modules) == 1:
         return modules[0]
-    stacked = copy.deepcopy(modules[0])
+    stacked, stacked_of = copy.deepcopy(modules[0]), {}
     for name, module in stacked.named_modules():
         seeds = [m.get_submodule(name) for m in modules]
-        for key in module._parameters:
+        for key, parameter in module._parameters.items():
             module._parameters[key] = nn.Parameter(torch.stack([seed._parameters[key].detach() for seed in seeds]))
+            stacked_of[id(parameter)] = module._parameters[key]
         for key, buffer in module._buffers.items():
-            if buffer.is_floating_point():  # integer buffers (DiscreteActions' index maps) describe the structure
+            if buffer.is_floating_point() or key not in module._non_persistent_buffers_set:
                 module._buffers[key] = torch.stack([seed._buffers[key] for seed in seeds])
         if type(module) is nn.Linear:
             module.__class__ = SeedLinear  # the same parameters, stacked above
+    for own in own_optimizers(stacked).values():  # fresh ones: no state yet, which would refer to parameters
+        for group in own.param_groups:
+            group["params"] = [stacked_of[id(p)] for p in group["params"]]
     return stacked
 
 
@@ -1002,9 +1049,15 @@ def make_agents(args: Args, envs: TorchVecEnv, device: torch.device, resume_stat
 
 
 def make_optimizer(agent: Agent, args: Args) -> PPOOptimizer:
+    if own_optimizers(agent) and world_size() > 1:  # their gradients would need averaging over the ranks too
+        raise UserError(f"the Agent's own optimizers ({', '.join(own_optimizers(agent))}) do not work under torchrun "
+                        "yet: train with one process (--num_seeds for many seeds)")
     if not hasattr(agent, "generators"):
         return PPOOptimizer(agent, args.learning_rate)
-    return SeedOptimizer(agent, args.learning_rate)
+    optimizer = SeedOptimizer(agent, args.learning_rate)
+    for own in own_optimizers(agent).values():
+        split_by_seed(own, optimizer)
+    return optimizer
 
 
 class SeedOptimizer(PPOOptimizer):
@@ -1015,7 +1068,7 @@ class SeedOptimizer(PPOOptimizer):
     gradients; the update ends when every seed has stopped."""
 
     def __init__(self, agent: Agent, lr: float):
-        self.generators, self.stacked = agent.generators, list(agent.parameters())
+        self.generators, self.stacked = agent.generators, ppo_parameters(agent)
         super().__init__(agent, lr)
         self.going = [True] * len(self.generators)  # stepping, read without waiting for the GPU
         self.stepping = torch.ones(len(self.generators), dtype=torch.bool, device=self.stacked[0].device)
@@ -1030,12 +1083,16 @@ class SeedOptimizer(PPOOptimizer):
         self.minibatch_steps = torch.zeros(len(self.generators), dtype=torch.long, device=device)
         seeds = torch.arange(len(self.generators), device=device)[:, None]
         permutations = [None] * len(self.generators)
-        for _ in range(epochs):  # a seed that stopped draws no further permutations
-            permutations = [torch.randperm(batch_size, generator=generator, device=device) if go else permutation
-                            for generator, go, permutation in zip(self.generators, self.going, permutations)]
-            permutation = torch.stack(permutations)
-            for start in range(0, batch_size, minibatch_size):
-                yield seeds, permutation[:, start:start + minibatch_size]
+        try:
+            for _ in range(epochs):  # a seed that stopped draws no further permutations
+                permutations = [torch.randperm(batch_size, generator=generator, device=device) if go else permutation
+                                for generator, go, permutation in zip(self.generators, self.going, permutations)]
+                permutation = torch.stack(permutations)
+                for start in range(0, batch_size, minibatch_size):
+                    yield seeds, permutation[:, start:start + minibatch_size]
+        finally:  # after the update every seed steps again: the Agent's own optimizers, stepped after it (SeedSteps)
+            self.going = [True] * len(self.generators)
+            self.stepping = torch.ones_like(self.stepping)
 
     def stop(self, over: torch.Tensor) -> bool:
         over = over.tolist()
@@ -1075,6 +1132,40 @@ class SeedOptimizer(PPOOptimizer):
     def stats(self) -> dict:
         return {"losses/minibatch_steps": self.minibatch_steps,
                 "charts/learning_rate": torch.tensor([group["lr"] for group in self.param_groups], dtype=torch.float64)}
+
+
+class SeedSteps:
+    """--num_seeds: an optimizer of the Agent's own (own_optimizers()) over its stacked parameters as one per seed,
+    as SeedOptimizer is PPO's: each seed's slices of them as parameters of their own (views of the same memory), in
+    groups seed by seed, so that each seed has its own state, and a seed whose update stopped (SeedOptimizer) takes no
+    step until the update ends. Its state dict is then every seed's in turn, as seed_checkpoint() splits it."""
+
+    def zero_grad(self, set_to_none: bool = True):
+        for p in self.stacked:
+            p.grad = None
+        super().zero_grad(set_to_none)
+
+    def step(self, closure=None):
+        for i, go in enumerate(self.seed_optimizer.going):
+            for view, p in zip(self.views[i], self.stacked):
+                view.grad = p.grad[i] if go and p.grad is not None else None
+        return super().step(closure)
+
+
+def split_by_seed(optimizer: torch.optim.Optimizer, seed_optimizer: SeedOptimizer):
+    """Make a fresh optimizer over stacked parameters a SeedSteps of itself, in place."""
+    num_seeds = len(seed_optimizer.generators)
+    groups = optimizer.param_groups
+    optimizer.stacked = [p for group in groups for p in group["params"]]
+    optimizer.views = [[nn.Parameter(p.detach()[i]) for p in optimizer.stacked] for i in range(num_seeds)]
+    optimizer.param_groups, k = [], 0
+    for i in range(num_seeds):
+        for group in groups:
+            optimizer.param_groups.append({**group, "params": optimizer.views[i][k:k + len(group["params"])]})
+            k += len(group["params"])
+        k = 0
+    optimizer.seed_optimizer = seed_optimizer
+    optimizer.__class__ = type(f"Seed{type(optimizer).__name__}", (SeedSteps, type(optimizer)), {})
 
 
 def policy_step_of(agent: Agent):
@@ -1438,7 +1529,7 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     (local_ranks of them on this machine)."""
     for flags, ok, rule in FLAG_RULES:
         for flag in flags:
-            if not ok(getattr(args, flag)):
+            if hasattr(args, flag) and not ok(getattr(args, flag)):  # a copy may have removed the flag
                 raise UserError(f"--{flag} must be {rule}, got {getattr(args, flag)}")
     cores = max(1, usable_cores() // local_ranks)
     if not 0 <= args.torch_threads <= cores:
@@ -2203,9 +2294,47 @@ def checkpoint_states(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent,
     # afresh (setting the seeds' aside). The run's holds no tensor that a seed's holds: each is stored once.
     seeds = [(seed_dir, seed_checkpoint(state, i, seed_args, seed_dir))
              for i, (seed_args, seed_dir) in enumerate(seed_dirs(args, setup.run_dir))]
-    groups = state["optimizer"]["param_groups"]
     return [*seeds, (setup.run_dir, {**state, "model": {}, "reward_normalizer": None, "seed_rngs": [],
-                                     "optimizer": {"state": {}, "param_groups": groups}})]
+                                     "optimizer": optimizer_groups(state["optimizer"])})]
+
+
+def optimizer_groups(optimizer: dict) -> dict:
+    """An optimizer's state dict (PPOOptimizer's, with its own_optimizers') without the state of its parameters."""
+    return {**optimizer, "state": {}, **({} if "own_optimizers" not in optimizer else {
+        "own_optimizers": {name: optimizer_groups(own) for name, own in optimizer["own_optimizers"].items()}})}
+
+
+def seed_optimizer_state(optimizer: dict, i: int, num_seeds: int) -> dict:
+    """Seed i's share of the state dict of an optimizer whose groups are each seed's in turn (SeedOptimizer's and its
+    own_optimizers', SeedSteps'), as the optimizer of a run of that seed alone saves it."""
+    per_seed = len(optimizer["param_groups"]) // num_seeds
+    groups, k = [], 0
+    own = {} if "own_optimizers" not in optimizer else {"own_optimizers": {
+        name: seed_optimizer_state(own, i, num_seeds) for name, own in optimizer["own_optimizers"].items()}}
+    state, saved = {}, optimizer["state"]
+    for group in optimizer["param_groups"][i * per_seed:(i + 1) * per_seed]:
+        numbers = list(range(k, k + len(group["params"])))
+        state.update({n: saved[id_] for n, id_ in zip(numbers, group["params"]) if id_ in saved})
+        groups.append({**group, "params": numbers})
+        k += len(numbers)
+    return {"state": state, "param_groups": groups, **own}
+
+
+def stack_optimizer_states(run_optimizer: dict, seed_optimizers: list[dict]) -> dict:
+    """The state dict of a --num_seeds run's optimizer (its groups: run_optimizer's) from its seeds' (the inverse of
+    seed_optimizer_state())."""
+    per_seed = len(seed_optimizers[0]["param_groups"])
+    state, groups = {}, []
+    for i, seed in enumerate(seed_optimizers):
+        for group, seed_group in zip(run_optimizer["param_groups"][i * per_seed:(i + 1) * per_seed],
+                                     seed["param_groups"]):
+            state.update({id_: seed["state"][n] for n, id_ in zip(seed_group["params"], group["params"])
+                          if n in seed["state"]})
+            groups.append({**seed_group, "params": group["params"]})
+    own = {} if "own_optimizers" not in run_optimizer else {"own_optimizers": {
+        name: stack_optimizer_states(own, [seed["own_optimizers"][name] for seed in seed_optimizers])
+        for name, own in run_optimizer["own_optimizers"].items()}}
+    return {"state": state, "param_groups": groups, **own}
 
 
 def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: PPOOptimizer,
@@ -2241,10 +2370,7 @@ def seed_runs(args: Args, setup: Setup) -> list[tuple[Args, Setup]]:
 def seed_checkpoint(state: dict, i: int, seed_args: Args, seed_dir: Path) -> dict:
     """The i-th seed's share of a checkpoint of all seeds, as a run of that seed alone writes one: ppo_eval.py
     evaluates it, and --resume continues it alone."""
-    group = state["optimizer"]["param_groups"][i]
-    optimizer = {"state": {k: state["optimizer"]["state"][id_] for k, id_ in enumerate(group["params"])
-                           if id_ in state["optimizer"]["state"]},
-                 "param_groups": [{**group, "params": list(range(len(group["params"])))}]}
+    optimizer = seed_optimizer_state(state["optimizer"], i, len(state["seed_rngs"]))
     # its generator is its torch stream: the learner GPU's (whose state the batch's holds), or the CPU's
     rng = {**state["rng"], "cuda" if len(state["rng"]["cuda"]) > 0 else "torch": state["seed_rngs"][i]}
     return {**state, "run_name": seed_dir.name, "args": dataclasses.asdict(seed_args),
@@ -2280,11 +2406,7 @@ def with_seeds(state: Optional[dict], run_dir: Path) -> Optional[dict]:
                             f"another run (the seed resumed alone?): resume from an earlier checkpoint of {run_dir} "
                             "(set the later ones aside), or start the run again")
         seeds.append(seed)
-    groups = state["optimizer"]["param_groups"]
-    optimizer = {"state": {group["params"][k]: value for group, seed in zip(groups, seeds)
-                           for k, value in seed["optimizer"]["state"].items()},
-                 "param_groups": [{**seed["optimizer"]["param_groups"][0], "params": group["params"]}
-                                  for group, seed in zip(groups, seeds)]}
+    optimizer = stack_optimizer_states(state["optimizer"], [seed["optimizer"] for seed in seeds])
     stream = "cuda" if len(state["rng"]["cuda"]) > 0 else "torch"  # as seed_checkpoint() stores a seed's generator
     return {**state, "model": stack_states([seed["model"] for seed in seeds]), "optimizer": optimizer,
             "reward_normalizer": (None if seeds[0]["reward_normalizer"] is None
@@ -2595,6 +2717,51 @@ def set_rng_states(states: dict, device: torch.device):
     random.setstate((version, tuple(internal), gauss))
 
 
+class UnsavedState:
+    """What checkpoints do not save and every seed of --num_seeds shares, and so no update may change: the flags (the
+    run's settings as given), the Agent's Python attributes, this file's module variables. refuse_changes() names the
+    first that changed since the run began, in one error line."""
+
+    def __init__(self, agent: nn.Module, args: Args):
+        self.agent, self.args = agent, args
+        self.before = copy.deepcopy(self.values())
+
+    def values(self) -> dict:
+        values = {f"args.{key}": value for key, value in vars(self.args).items()}
+        for name, module in self.agent.named_modules(prefix=type(self.agent).__name__):
+            values.update({f"{name}.{key}": value for key, value in vars(module).items()
+                           if not key.startswith("_") and key != "training" and plain_data(value)})
+        values.update({f"the module variable {key}": value for key, value in vars(sys.modules[__name__]).items()
+                       if not key.startswith("_") and plain_data(value)})
+        return values
+
+    def refuse_changes(self):
+        for name, value in self.values().items():
+            if name not in self.before or not same_data(value, self.before[name]):
+                raise UserError(f"{name} changed during training: checkpoints do not save it, so --resume would "
+                                "lose it, and the seeds of --num_seeds share it; keep state that changes in the Agent, "
+                                "as a buffer (self.register_buffer), a parameter or an optimizer of its own "
+                                f"({TRAINER}.py's docstring, 'A copy's contract')")
+
+
+def plain_data(value) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(plain_data(item) for item in value)
+    if isinstance(value, dict):
+        return all(plain_data(item) for item in value.values())
+    return isinstance(value, (bool, int, float, str, type(None), torch.Tensor, np.ndarray))
+
+
+def same_data(a, b) -> bool:
+    if isinstance(a, (torch.Tensor, np.ndarray)) or isinstance(b, (torch.Tensor, np.ndarray)):
+        return type(a) is type(b) and a.shape == b.shape and bool((a == b).all())
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_data(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_data(a[key], b[key]) for key in a)
+    return a == b or (a != a and b != b)  # NaN
+
+
 def all_finite(module: nn.Module) -> bool:
     tensors = [t for t in module.state_dict().values() if t.is_floating_point()]
     return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
@@ -2747,6 +2914,15 @@ def cli(argv: Optional[list[str]] = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except AttributeError as e:
+        if not isinstance(getattr(e, "obj", None), Args):
+            raise
+        # a copy that removed a flag from Args: the line that still reads it
+        where = [f"line {frame.lineno} ({frame.name})" for frame in traceback.extract_tb(e.__traceback__)
+                 if frame.filename == __file__] or ["a line"]
+        print(f"error: {TRAINER}.py's Args has no {e.name}, which {where[-1]} reads: keep the flag in Args, or "
+              "change what reads it", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass
@@ -2403,6 +2404,15 @@ def cli(argv: Optional[list[str]] = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except AttributeError as e:
+        if not isinstance(getattr(e, "obj", None), Args):
+            raise
+        # a copy that removed a flag from Args: the line that still reads it
+        where = [f"line {frame.lineno} ({frame.name})" for frame in traceback.extract_tb(e.__traceback__)
+                 if frame.filename == __file__] or ["a line"]
+        print(f"error: {TRAINER}.py's Args has no {e.name}, which {where[-1]} reads: keep the flag in Args, or "
+              "change what reads it", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

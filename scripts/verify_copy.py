@@ -1,29 +1,38 @@
 """Does a copy of a trainer keep the copy contract (ppo.py's docstring)? Short runs of the copy on a small env of the
 tests (tests/envs.py's PointMass, whose episodes restart alike whatever their seed, so a resumed run can equal an
-uninterrupted one), then a table of what holds, each failure with what to change.
+uninterrupted one) or on --env_id, then a table of what holds and how it was checked, each failure with what to change.
 
     python scripts/verify_copy.py my_idea.py                                   # PointMass, Box actions
-    python scripts/verify_copy.py my_idea.py --env_id tests.envs:PointMassDiscrete-v0   # or MultiDiscrete, MultiBinary
+    python scripts/verify_copy.py my_idea.py --env_id Pendulum-v1              # your env (resume: see below)
     python scripts/verify_copy.py my_idea.py --flags "--ent_coef 0.01"         # the copy's own flags, for every run
+    python scripts/verify_copy.py my_idea.py --flags --norm_obs                # a flag without a value
     python scripts/verify_copy.py my_idea.py --checks resume exports           # some of the checks
 
 The checks, each run of the copy a process of its own in a temporary directory, two at a time:
-  trains      4 iterations end with a final checkpoint whose numbers are all finite
+  trains      4 iterations end with a final checkpoint whose numbers are all finite (a run whose update changes the
+              flags, a Python attribute of the Agent or a module variable stops with its own error line)
   same_seed   the same seed twice: the same weights, optimizer state and logged numbers, to the bit
   resume      stopped by SIGTERM after iteration 2 and resumed, the run ends as the uninterrupted one: the same
-              weights and buffers (the Agent's state, a copy's own buffers included), optimizer state, reward
-              normalizer, to the bit
+              weights and buffers (the Agent's state, a copy's own included), every optimizer's state, reward
+              normalizer, to the bit; and every optimizer the copy created holds no state that the checkpoint lacks
+              (Adam's moments of an optimizer kept in a variable of train())
   seeds       (a copy of ppo.py) --num_seeds 2 ends with each seed as its run alone, to float rounding
   evaluates   ppo_eval.py evaluates the final checkpoint
   exports     the ONNX policy of ppo_eval.py --export gives the actions the envs received from the copy in training
               (where TorchVecEnv hands them to the Gymnasium vector env), on 10 steps of 2 envs; ippo.py's copies:
               the export and its own check. Needs pip install onnx onnxscript onnxruntime
-Exits 1 if a check fails. Not scripts/check_copies.py, which keeps the project's own trainers' marked copies equal.
+On --env_id, a Gymnasium env starts other episodes after a resume than the uninterrupted run does, and float rounding
+can flip a discrete action between a seed alone and in a batch: where resume or seeds fails there, the stock trainer
+runs the same check on the env, and if it fails too, the copy is checked on the test env of the same action space
+instead; the row says where. Exits 1 if a check fails, 2 (one error line) on bad input. Not
+scripts/check_copies.py, which keeps the project's own trainers' marked copies equal.
 """
 
 import argparse
 import contextlib
 import importlib.util
+import io
+import json
 import logging
 import os
 import shlex
@@ -51,16 +60,18 @@ CHECKS = ("trains", "same_seed", "resume", "seeds", "evaluates", "exports")
 ITERATIONS, STOP_AFTER = 4, 2
 NUM_ENVS = 3  # not the number of seeds of the seeds check: a buffer broadcast against the wrong dimension fails
 # Runs the copy with its update() wrapped to send this process SIGTERM after iteration STOP_AFTER's: the trainer
-# saves at the end of that iteration and exits, as a run stopped by a scheduler does.
+# saves at the end of that iteration and exits, as a run stopped by a scheduler does. Then it writes to REPORT where
+# the copy created each optimizer whose state (Adam's moments) the checkpoint it saved does not hold.
 STOPPED_RUN = """
-import importlib.util, os, signal, sys
-path, stop_after, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+import importlib.util, json, os, signal, sys, traceback
+import torch
+path, stop_after, report, checkpoint, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5:]
 spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
 copy = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = copy
 sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
 spec.loader.exec_module(copy)
-update, calls = copy.update, []
+update, calls, created = copy.update, [], []
 def update_then_stop(*args, **kwargs):
     stats = update(*args, **kwargs)
     calls.append(1)
@@ -68,8 +79,25 @@ def update_then_stop(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)
     return stats
 copy.update = update_then_stop
+optimizer_init = torch.optim.Optimizer.__init__
+def recorded_init(self, *args, **kwargs):
+    optimizer_init(self, *args, **kwargs)
+    lines = [f"line {f.lineno} ({f.name})" for f in traceback.extract_stack() if f.filename == copy.__file__]
+    created.append((self, lines[-1] if lines else "outside the copy"))
+torch.optim.Optimizer.__init__ = recorded_init
 sys.argv[0] = path
-sys.exit(copy.cli(argv))
+status = copy.cli(argv)
+def tensors(x):
+    if isinstance(x, dict):
+        return [t for value in x.values() for t in tensors(value)]
+    return [t for value in x for t in tensors(value)] if isinstance(x, (list, tuple)) else [x] * torch.is_tensor(x)
+saved = tensors(torch.load(checkpoint, weights_only=True)) if os.path.isfile(checkpoint) else []
+lost = sorted({where for optimizer, where in created for state in optimizer.state.values()
+               for key, value in state.items() if key != "step" and torch.is_tensor(value)
+               and not any(s.shape == value.shape and torch.equal(s, value.cpu()) for s in saved)})
+with open(report, "w") as f:
+    json.dump(lost, f)
+sys.exit(status)
 """
 
 
@@ -111,23 +139,30 @@ class Checks:
     def __init__(self):
         self.rows = []
 
-    def add(self, name: str, failures: list[str], fix: str, skipped: str = ""):
-        self.rows.append((name, "skipped" if skipped else "fails" if failures else "holds",
-                          skipped or ("; ".join(failures[:3]) + (f" (and {len(failures) - 3} more)" if len(failures) > 3
-                                                                  else "") + f". {fix}" if failures else "")))
+    def add(self, name: str, how: str, failures: list[str], fix: str, skipped: str = ""):
+        more = f" (and {len(failures) - 3} more)" if len(failures) > 3 else ""
+        notes = skipped or how + (f": {'; '.join(failures[:3])}{more}. {fix}" if failures else "")
+        self.rows.append((name, "skipped" if skipped else "fails" if failures else "holds", notes))
 
     def table(self) -> str:
-        lines = ["| check | result | what to change |", "|---|---|---|"]
-        return "\n".join(lines + [f"| {name} | {result} | {why} |" for name, result, why in self.rows])
+        lines = ["| check | result | how it was checked; what to change |", "|---|---|---|"]
+        return "\n".join(lines + [f"| {name} | {result} | {notes} |" for name, result, notes in self.rows])
 
     def failed(self) -> bool:
         return any(result == "fails" for _, result, _ in self.rows)
 
 
-def error_of(result: subprocess.CompletedProcess) -> str:
-    lines = [line for line in result.stderr.replace("\r", "\n").splitlines() if line.strip()]
+def reason_of(text: str) -> str:
+    """The one line of a process's error output that says what went wrong: its error: line, else the last line
+    (tyro's box drawn around its message taken off)."""
+    lines = [line.strip(" |+-\u2502\u256d\u256e\u2570\u256f\u2500") for line in text.replace("\r", "\n").splitlines()]
+    lines = [line for line in lines if line and not line.startswith("For full helptext")]
     errors = [line[line.index("error:"):] for line in lines if "error:" in line]
-    return (errors or lines or [f"exit status {result.returncode}"])[-1]
+    return (errors or lines or [""])[-1]
+
+
+def error_of(result: subprocess.CompletedProcess) -> str:
+    return reason_of(result.stderr) or f"exit status {result.returncode}"
 
 
 def import_copy(path: Path):
@@ -178,20 +213,21 @@ def recorded_actions(module, ckpt: dict, work: Path):
 def check_export(checks: Checks, copy: Path, module, kind: str, run_dir: Path, work: Path):
     fix = ("make the envs receive env_action()'s action and nothing else: an exported policy computes "
            "env_action(get_action(normalize_obs(obs), deterministic=True))")
+    how = "the ONNX policy of ppo_eval.py --export against the actions the envs received, 10 steps of 2 envs"
     try:
         import onnxruntime
     except ImportError:
-        checks.add("exports", [], "", skipped="pip install onnx onnxscript onnxruntime")
+        checks.add("exports", "", [], "", skipped="pip install onnx onnxscript onnxruntime")
         return
     path = work / "policy.onnx"
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # the exporter's notes on its own internals
     with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
         status = ppo_eval.cli([str(run_dir), "--export", str(path), "--trainer", str(copy)])
     if status != 0:
-        checks.add("exports", [f"ppo_eval.py --export failed (exit status {status}; its error line above)"], fix)
+        checks.add("exports", how, [f"ppo_eval.py --export failed (exit status {status}; its error line above)"], fix)
         return
     if kind == "ippo":
-        checks.add("exports", [], "")
+        checks.add("exports", "ppo_eval.py --export and its own check", [], "")
         return
     ckpt = load(run_dir / "final_ckpt.pt")
     inputs, received, recurrent = recorded_actions(module, ckpt, work)
@@ -210,7 +246,7 @@ def check_export(checks: Checks, copy: Path, module, kind: str, run_dir: Path, w
             failures.append(f"at step {step} the exported policy gives {np.ravel(outputs[0])[:4].tolist()}, the envs "
                             f"received {np.ravel(env_action)[:4].tolist()}")
             break
-    checks.add("exports", failures, fix)
+    checks.add("exports", how, failures, fix)
 
 
 def main(argv=None) -> int:
@@ -220,6 +256,10 @@ def main(argv=None) -> int:
     parser.add_argument("--env_id", help="the env of the runs (default: the trainer's PointMass, Box actions)")
     parser.add_argument("--flags", default="", help="the copy's own flags, added to every run (quoted)")
     parser.add_argument("--checks", nargs="+", choices=CHECKS, default=list(CHECKS), help="the checks to run")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for i in reversed(range(len(argv) - 1)):  # --flags "--norm_obs": argparse takes a value that starts with - so
+        if argv[i] == "--flags":
+            argv[i:i + 2] = [f"--flags={argv[i + 1]}"]
     args = parser.parse_args(argv)
     copy = Path(args.copy).resolve()
     if not copy.is_file() or copy.suffix != ".py" or not copy.stem.isidentifier():
@@ -230,58 +270,144 @@ def main(argv=None) -> int:
     except Exception as e:  # the copy's own code fails on import: that is the finding
         print(f"error: {copy.name} fails on import: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
+    if not all(hasattr(module, name) for name in ("Args", "cli", "parse_args", "update")):
+        print(f"error: {copy.name} is not a copy of a trainer: it has no Args, update() or cli() (cp ppo.py "
+              "my_idea.py)", file=sys.stderr)
+        return 2
     kind = kind_of(module)
-    _, env_id, flags = KINDS[kind]
-    env_id = args.env_id or env_id
+    _, test_env, flags = KINDS[kind]
+    env_id = args.env_id or test_env
     extra = shlex.split(args.flags)
 
-    def argv_of(name: str, **overrides) -> list[str]:
-        return fast_args(env_id, name, num_envs=NUM_ENVS, total_timesteps=16 * NUM_ENVS * ITERATIONS,
-                         eval_freq=ITERATIONS, **flags, **overrides) + extra
+    def argv_on(env: str):
+        def argv_of(name: str, **overrides) -> list[str]:
+            return fast_args(env, name, num_envs=NUM_ENVS, total_timesteps=16 * NUM_ENVS * ITERATIONS,
+                             eval_freq=ITERATIONS, **flags, **overrides) + extra
+        return argv_of
 
+    refused = flags_refused(module, argv_on(env_id)("first"))
+    if refused:
+        print(f"error: --flags {args.flags!r}: {refused}", file=sys.stderr)
+        return 2
     checks, wanted = Checks(), set(args.checks)
     with tempfile.TemporaryDirectory() as directory:
         work = Path(directory)
-        jobs = {"first": [str(copy), *argv_of("first")]}
-        if "same_seed" in wanted:
-            jobs["again"] = [str(copy), *argv_of("again")]
-        if "resume" in wanted:
-            jobs["stopped"] = ["-c", STOPPED_RUN, str(copy), str(STOP_AFTER), *argv_of("stopped")]
-        if "seeds" in wanted and kind == "ppo":
-            jobs.update({"alone2": [str(copy), *argv_of("alone2", seed=2)],
-                         "batch": [str(copy), *argv_of("batch", num_seeds=2)]})
-        with ThreadPoolExecutor(max_workers=2) as pool:  # two at a time, one per core
-            results = dict(zip(jobs, pool.map(lambda job: run(job, work), jobs.values())))
+        results = run_jobs(jobs_of(str(copy), argv_on(env_id), wanted, kind == "ppo", work), work)
         runs = work / "runs"
-
+        trained = f"{ITERATIONS} iterations on {env_id}, the final checkpoint's numbers finite"
         first = results["first"]
         if first.returncode != 0:
-            checks.add("trains", [f"the run failed: {error_of(first)}"], "make a short run of the copy work first")
+            checks.add("trains", trained, [f"the run failed: {error_of(first)}"], "make a short run of the copy work")
             print(checks.table())
             return 1
         ckpt = load(runs / "first/final_ckpt.pt")
         nonfinite = [key for key, value in ckpt["model"].items()
                      if value.is_floating_point() and not torch.isfinite(value).all()]
-        checks.add("trains", [f"non-finite {key}" for key in nonfinite],
+        checks.add("trains", trained, [f"non-finite {key}" for key in nonfinite],
                    "find where the loss or an update gives NaN or inf")
 
         if "same_seed" in wanted:
             check_same_seed(checks, results["again"], ckpt, runs)
-        if "resume" in wanted:
-            check_resume(checks, copy, results["stopped"], ckpt, work)
-        if "seeds" in wanted:
-            check_seeds(checks, kind, results, runs)
+        for check in ("resume", "seeds") if kind == "ppo" else ("resume",):
+            if check in wanted:
+                failures = failures_of(check, copy, results, work)
+                how = HOW[check] + f", on {env_id}"
+                if failures and env_id != test_env and not (check == "resume" and lost_optimizers(work)):
+                    test_env = test_env_like(kind, test_env, ckpt)
+                    failures, how = second_opinion(check, copy, kind, env_id, test_env, argv_on, work, failures, how)
+                checks.add(check, how, failures, FIXES[check])
+        if "seeds" in wanted and kind != "ppo":
+            checks.add("seeds", "", [], "", skipped=f"{kind}.py has no --num_seeds")
         if "evaluates" in wanted:
             evaluated = run([str(REPO / "ppo_eval.py"), str(runs / "first"), "--num_episodes", "2", "--trainer",
                              str(copy)], work)
-            checks.add("evaluates", [] if evaluated.returncode == 0 else
-                       [f"ppo_eval.py failed: {error_of(evaluated)}"],
+            checks.add("evaluates", "ppo_eval.py, 2 episodes of the final checkpoint", [] if evaluated.returncode == 0
+                       else [f"ppo_eval.py failed: {error_of(evaluated)}"],
                        "keep make_envs(), make_agent(), load_weights() and evaluate() as ppo_eval.py calls them")
         if "exports" in wanted:
             check_export(checks, copy, module, kind, runs / "first", work)
     print(f"{copy.name} ({kind}.py's copy) on {env_id}, {ITERATIONS} iterations a run:")
     print(checks.table())
     return 1 if checks.failed() else 0
+
+
+HOW = {"resume": f"stopped by SIGTERM after iteration {STOP_AFTER}, resumed, against the uninterrupted run to the "
+                 "bit; every optimizer's state in the checkpoint",
+       "seeds": "--num_seeds 2 against each seed alone, to float rounding"}
+FIXES = {"resume": "keep state that changes training in the Agent (a buffer, a parameter, an optimizer of its own: "
+                   "self.register_buffer(...), self.my_optimizer = torch.optim.Adam(...)), which checkpoints save and "
+                   "--resume restores, not in a variable of train()",
+         "seeds": "follow 'Shapes' of the contract (ppo.py's docstring): reduce over the last dimension, index "
+                  "parameters and buffers from the end, compare statistics elementwise"}
+
+
+def flags_refused(module, argv: list[str]) -> str:
+    """Why the copy's parse_args() refuses argv (the --flags given to every run among them), or ''."""
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+            module.parse_args(argv)
+    except SystemExit:
+        return reason_of(stderr.getvalue()) or "refused"
+    except Exception as e:  # the copy's UserError
+        return str(e)
+    return ""
+
+
+def jobs_of(script: str, argv_of, wanted: set, seeds: bool, work: Path) -> dict[str, list[str]]:
+    """The runs of the checks wanted of script, by name: first, the uninterrupted run of seed 1 that every check
+    compares with."""
+    jobs = {"first": [script, *argv_of("first")]}
+    if "same_seed" in wanted:
+        jobs["again"] = [script, *argv_of("again")]
+    if "resume" in wanted:
+        jobs["stopped"] = ["-c", STOPPED_RUN, script, str(STOP_AFTER), str(work / "lost.json"),
+                           str(work / f"runs/stopped/ckpt_{STOP_AFTER}.pt"), *argv_of("stopped")]
+    if "seeds" in wanted and seeds:
+        jobs.update({"alone2": [script, *argv_of("alone2", seed=2)], "batch": [script, *argv_of("batch", num_seeds=2)]})
+    return jobs
+
+
+def run_jobs(jobs: dict[str, list[str]], work: Path) -> dict[str, subprocess.CompletedProcess]:
+    work.mkdir(exist_ok=True)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two at a time, one per core
+        return dict(zip(jobs, pool.map(lambda job: run(job, work), jobs.values())))
+
+
+def failures_of(check: str, script: Path, results: dict, work: Path) -> list[str]:
+    if results["first"].returncode != 0:
+        return [f"the uninterrupted run failed: {error_of(results['first'])}"]
+    if check == "seeds":
+        return seeds_failures(results, work / "runs")
+    return resume_failures(script, results["stopped"], load(work / "runs/first/final_ckpt.pt"), work)
+
+
+def second_opinion(check: str, copy: Path, kind: str, env_id: str, test_env: str, argv_on, work: Path,
+                   failures: list[str], how: str) -> tuple[list[str], str]:
+    """A check that failed on the user's env, where the stock trainer's runs may fail it too (an env whose episodes do
+    not restart alike after a resume, a discrete action that float rounding flips): then the env is the cause, and the
+    copy is checked on the test env of the same action space instead."""
+    stock, stock_work = REPO / f"{kind}.py", work / f"stock_{check}"
+    if not failures_of(check, stock, run_jobs(jobs_of(str(stock), argv_on(env_id), {check}, True, stock_work),
+                                              stock_work), stock_work):
+        return failures, how + f" (the stock {kind}.py holds there)"
+    test_work = work / f"test_{check}"
+    results = run_jobs(jobs_of(str(copy), argv_on(test_env), {check}, True, test_work), test_work)
+    return failures_of(check, copy, results, test_work), (
+        HOW[check] + f", on {test_env}: on {env_id} the stock {kind}.py's runs fail it too")
+
+
+def test_env_like(kind: str, test_env: str, ckpt: dict) -> str:
+    """The trainer's test env with the action space of the user's env (its checkpoint's)."""
+    action = ckpt.get("action_space", {}).get("type", "Box")
+    if kind == "ippo" or action == "Box":
+        return test_env
+    return test_env.replace("-v0", f"{action}-v0")
+
+
+def lost_optimizers(work: Path) -> list[str]:
+    report = work / "lost.json"
+    return json.loads(report.read_text()) if report.is_file() else []
 
 
 def check_same_seed(checks: Checks, again: subprocess.CompletedProcess, ckpt: dict, runs: Path):
@@ -292,37 +418,31 @@ def check_same_seed(checks: Checks, again: subprocess.CompletedProcess, ckpt: di
         found = differences(state(ckpt), state(load(runs / "again/final_ckpt.pt")), exact=True) + [
             f"logged {tag}" for tag in sorted(first_logs.keys() | again_logs.keys())
             if first_logs.get(tag) != again_logs.get(tag)]
-    checks.add("same_seed", found, "draw from torch's generators and the env's self.np_random, which the seed "
-               "seeds; not from an unseeded generator (np.random.default_rng(), random.Random(), the clock)")
+    checks.add("same_seed", "the same seed twice: weights, optimizer state and logs to the bit", found,
+               "draw from torch's generators and the env's self.np_random, which the seed seeds; not from an "
+               "unseeded generator (np.random.default_rng(), random.Random(), the clock)")
 
 
-def check_resume(checks: Checks, copy: Path, stopped: subprocess.CompletedProcess, ckpt: dict, work: Path):
+def resume_failures(copy: Path, stopped: subprocess.CompletedProcess, ckpt: dict, work: Path) -> list[str]:
     runs = work / "runs"
     if stopped.returncode != 128 + 15:
-        found = [f"the run stopped by SIGTERM after iteration {STOP_AFTER} exited with {stopped.returncode}: "
-                 f"{error_of(stopped)}"]
-    else:
-        resumed = run([str(copy), "--resume", str(runs / "stopped")], work)
-        found = ([f"--resume failed: {error_of(resumed)}"] if resumed.returncode != 0 else
-                 differences(state(ckpt), state(load(runs / "stopped/final_ckpt.pt")), exact=True))
-    checks.add("resume", found, "keep state that changes training in the Agent (self.register_buffer(...)), which "
-               "checkpoints save and --resume restores, not in a Python attribute or a variable of train()")
+        return [f"the run stopped by SIGTERM after iteration {STOP_AFTER} exited with {stopped.returncode}: "
+                f"{error_of(stopped)}"]
+    lost = [f"the optimizer created at {where} holds state that the checkpoint does not"
+            for where in lost_optimizers(work)]
+    resumed = run([str(copy), "--resume", str(runs / "stopped")], work)
+    return lost + ([f"--resume failed: {error_of(resumed)}"] if resumed.returncode != 0 else
+                   differences(state(ckpt), state(load(runs / "stopped/final_ckpt.pt")), exact=True))
 
 
-def check_seeds(checks: Checks, kind: str, results: dict, runs: Path):
-    if kind != "ppo":
-        checks.add("seeds", [], "", skipped=f"{kind}.py has no --num_seeds")
-        return
+def seeds_failures(results: dict, runs: Path) -> list[str]:
     batch, alone2 = results["batch"], results["alone2"]
     if batch.returncode != 0 or alone2.returncode != 0:
-        found = [f"--num_seeds 2 failed: {error_of(batch)}" if batch.returncode != 0 else
-                 f"seed 2 alone failed: {error_of(alone2)}"]
-    else:
-        found = [f"seed {seed}: {d}" for seed, alone in ((1, "first"), (2, "alone2"))
-                 for d in differences(load(runs / alone / "final_ckpt.pt")["model"],
-                                      load(runs / f"batch/batch__seed{seed}/final_ckpt.pt")["model"], exact=False)]
-    checks.add("seeds", found, "follow 'Shapes' of the contract (ppo.py's docstring): reduce over the last dimension, "
-               "index parameters and buffers from the end, compare statistics elementwise")
+        return [f"--num_seeds 2 failed: {error_of(batch)}" if batch.returncode != 0 else
+                f"seed 2 alone failed: {error_of(alone2)}"]
+    return [f"seed {seed}: {d}" for seed, alone in ((1, "first"), (2, "alone2"))
+            for d in differences(load(runs / alone / "final_ckpt.pt")["model"],
+                                 load(runs / f"batch/batch__seed{seed}/final_ckpt.pt")["model"], exact=False)]
 
 
 if __name__ == "__main__":

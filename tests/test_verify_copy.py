@@ -7,12 +7,29 @@ from tests.util import REPO, run_python
 
 # name: (the check that catches it, ppo.py's lines replaced, the words of the failure)
 SABOTAGES = {
-    "a Python float that resume loses": ("resume", [
+    "a module variable that resume would lose": ("trains", [  # the run itself refuses it
         ("def ppo_loss(", "PENALTY = [1.0]  # a KL-penalty-like coefficient that update() adapts\n\n\ndef ppo_loss("),
         ("clipped_ratio).mean(-1)\n", "clipped_ratio).mean(-1) * PENALTY[0]\n"),
         ("    return {**stats, **optimizer.stats()}\n",
          "    PENALTY[0] *= 1.5\n    return {**stats, **optimizer.stats()}\n"),
-    ], "register_buffer"),
+    ], "the module variable PENALTY changed during training"),
+    "a flag that update() adapts": ("trains", [
+        ("    return {**stats, **optimizer.stats()}\n",
+         "    args.clip_coef = max(0.05, args.clip_coef * 0.9)\n    return {**stats, **optimizer.stats()}\n"),
+    ], "args.clip_coef changed during training"),
+    "an Adam of train() whose moments resume loses": ("resume", [  # the learned entropy coefficient outside the Agent
+        ("        self.obs_dim = obs_dim\n",
+         "        self.obs_dim = obs_dim\n        self.log_ent_coef = nn.Parameter(torch.tensor(-4.6))\n"),
+        ("    optimizer = make_optimizer(agent, args)\n",
+         "    optimizer = make_optimizer(agent, args)\n"
+         "    optimizer.ent_coef_optimizer = torch.optim.Adam([agent.log_ent_coef], lr=1e-3)\n"),
+        ("        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef\n",
+         "        loss = pg_loss - agent.log_ent_coef.exp().detach() * entropy_loss + v_loss * args.vf_coef\n"),
+        ("        optimizer.step(loss, args.max_grad_norm)\n",
+         "        optimizer.step(loss, args.max_grad_norm)\n        optimizer.ent_coef_optimizer.zero_grad()\n"
+         "        (agent.log_ent_coef.exp() * (entropy_loss.detach() - 2.0)).sum().backward()\n"
+         "        optimizer.ent_coef_optimizer.step()\n"),
+    ], "the optimizer created at line"),
     "a squash that export misses": ("exports", [
         ("        action = env_action(self, action)\n",
          "        action = 0.5 * torch.tanh(env_action(self, action))\n"),
@@ -80,3 +97,35 @@ def test_the_stock_trainers_copies_keep_the_contract(tmp_path, trainer):
 def test_a_file_that_is_no_module_is_refused_in_one_line(tmp_path):
     result = run_python([str(REPO / "scripts/verify_copy.py"), str(tmp_path / "my-idea.py")], tmp_path)
     assert result.returncode == 2 and result.stderr.startswith("error:") and result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "CartPole-v1"])
+def test_no_false_verdict_on_an_env_whose_episodes_do_not_resume_alike(tmp_path, env_id):
+    """A Gymnasium env starts other episodes after a resume (and float rounding may flip a discrete action): an
+    unchanged copy passes, each row saying where it was checked (on the env, or on the test env of the same action
+    space where the stock ppo.py's runs fail the check on the env too)."""
+    copy = tmp_path / "my_stock.py"
+    copy.write_text((REPO / "ppo.py").read_text())
+    result = run_python([str(REPO / "scripts/verify_copy.py"), str(copy), "--env_id", env_id, "--checks", "resume",
+                         "seeds"], tmp_path, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    found = rows(result.stdout)
+    assert found["resume"][0] == found["seeds"][0] == "holds", result.stdout
+    test_env = "tests.envs:PointMass-v0" if env_id == "Pendulum-v1" else "tests.envs:PointMassDiscrete-v0"
+    for check in ("resume", "seeds"):
+        assert f"on {env_id}" in found[check][1] or f"on {test_env}: on {env_id} the stock ppo.py" in found[check][1]
+
+
+def test_flags_with_or_without_values_and_bad_ones_in_one_line(tmp_path):
+    copy = tmp_path / "my_idea.py"
+    copy.write_text((REPO / "ppo.py").read_text())
+    script = str(REPO / "scripts/verify_copy.py")
+    taken = run_python([script, str(copy), "--flags", "--norm_obs", "--checks", "trains"], tmp_path)
+    assert taken.returncode == 0 and rows(taken.stdout)["trains"][0] == "holds", taken.stdout + taken.stderr
+    for argv, says in ((["--flags", "--bogus 1"], "error: --flags '--bogus 1': Unrecognized options: --bogus, 1"),
+                       (["--flags=--hidden_sizes x"], "error: --flags '--hidden_sizes x': "),
+                       ([], "error: pomdp.py is not a copy of a trainer")):
+        target = str(REPO / "pomdp.py") if not argv else str(copy)
+        result = run_python([script, target, *argv], tmp_path)
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+        assert result.stderr.startswith(says), result.stderr

@@ -1,0 +1,177 @@
+"""A copy's own state (ppo.py's docstring, 'A copy's contract'): what a copy adds to the Agent (parameters, a counter
+buffer, an optimizer of its own) is saved, resumed bit for bit and given to each seed of --num_seeds as a run of that
+seed alone has it; what is not state (the flags, a module variable, a Python attribute) is refused when an update
+changes it; a flag a copy removed is one error line."""
+
+import contextlib
+import dataclasses
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import ppo
+from tests.util import REPO, fast_args, load, refused_in_one_line, run_scripts
+
+# The docstring's learned entropy coefficient with its own Adam (a large learning rate, so that losing Adam's moments
+# would show within 4 iterations), and a counter of updates in an integer buffer.
+LEARNED_ENT_COEF = (
+    ("        self.obs_dim = obs_dim\n",
+     "        self.obs_dim = obs_dim\n"
+     "        self.log_ent_coef = nn.Parameter(torch.tensor(-4.6))\n"
+     "        self.ent_coef_optimizer = torch.optim.Adam([self.log_ent_coef], lr=1e-1)\n"
+     "        self.register_buffer(\"updates\", torch.tensor(0))\n"),
+    ("        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef\n",
+     "        loss = pg_loss - agent.log_ent_coef.exp().detach() * entropy_loss + v_loss * args.vf_coef\n"),
+    ("        optimizer.step(loss, args.max_grad_norm)\n",
+     "        optimizer.step(loss, args.max_grad_norm)\n"
+     "        agent.ent_coef_optimizer.zero_grad()\n"
+     "        (agent.log_ent_coef.exp() * (entropy_loss.detach() - 2.0)).sum().backward()\n"
+     "        agent.ent_coef_optimizer.step()\n"),
+    ("    return {**stats, **optimizer.stats()}\n",
+     "    agent.updates += 1\n    return {**stats, **optimizer.stats()}\n"),
+)
+ENV = "tests.envs:PointMass-v0"
+
+
+def edited(edits, name: str, folder: Path) -> Path:
+    source = (REPO / "ppo.py").read_text()
+    for old, new in edits:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    path = folder / f"{name}.py"
+    path.write_text(source)
+    return path
+
+
+def same(a: dict, b: dict, exact: bool = True) -> list[str]:
+    """Where two checkpoints' model and optimizer states differ."""
+    found = [key for key in a["model"] if not (torch.equal(a["model"][key], b["model"][key]) if exact else
+                                               torch.allclose(a["model"][key].double(), b["model"][key].double(),
+                                                              rtol=1e-5, atol=1e-6))]
+    if exact and str(a["optimizer"]) != str(b["optimizer"]):
+        found.append("optimizer")
+    return found
+
+
+def test_a_learned_entropy_coefficient_with_its_own_adam_resumes_and_runs_per_seed(tmp_path):
+    copy = str(edited(LEARNED_ENT_COEF, "my_ent", tmp_path))
+    example = ppo.__doc__.split("for example:\n")[1].split("\n  The flags")[0]
+    for line in example.splitlines():  # the docstring's example, as this copy has it
+        code = line.split("  #")[0].strip().replace("lr=1e-3", "lr=1e-1").replace("target_entropy", "2.0")
+        assert code.removesuffix(" + ...") in Path(copy).read_text(), code
+
+    def argv(name, iterations, **flags):
+        return fast_args(ENV, name, total_timesteps=32 * iterations, target_kl=0.0005, **flags)
+    results = run_scripts([(copy, argv("whole", 4)), (copy, argv("part", 2)), (copy, argv("batch", 4, num_seeds=2)),
+                           (copy, argv("alone2", 4, seed=2)), (copy, argv("bpart", 2, num_seeds=2))], tmp_path)
+    results += run_scripts([(copy, ["--resume", "runs/part", "--total_timesteps", "128"]),
+                            (copy, ["--resume", "runs/bpart", "--total_timesteps", "128"]),
+                            ("ppo_eval.py", ["runs/batch/batch__seed2", "--num_episodes", "2", "--trainer", copy])],
+                           tmp_path)
+    for result in results:
+        assert result.returncode == 0, result.stderr[-3000:]
+    runs = tmp_path / "runs"
+    whole = load(runs / "whole/final_ckpt.pt")
+    own = whole["optimizer"]["own_optimizers"]["ent_coef_optimizer"]
+    assert whole["model"]["log_ent_coef"] != -4.6 and whole["model"]["updates"] == 4 and own["state"][0]["step"] > 0
+    # PPO's Adam steps the Agent's parameters but log_ent_coef (and holds no buffer: updates)
+    assert len(whole["optimizer"]["param_groups"][0]["params"]) == len(whole["model"]) - 2
+    assert same(whole, load(runs / "part/final_ckpt.pt")) == []  # resumed bit for bit, Adam's moments included
+
+    steps = []
+    for seed, alone in ((1, whole), (2, load(runs / "alone2/final_ckpt.pt"))):
+        in_batch = load(runs / f"batch/batch__seed{seed}/final_ckpt.pt")
+        assert same(alone, in_batch, exact=False) == [], seed
+        assert in_batch["model"]["updates"] == 4
+        alone_own, batch_own = (ckpt["optimizer"]["own_optimizers"]["ent_coef_optimizer"] for ckpt in
+                                (alone, in_batch))
+        assert alone_own["param_groups"] == batch_own["param_groups"]
+        steps.append(batch_own["state"][0]["step"])
+        assert steps[-1] == alone_own["state"][0]["step"]  # a seed whose update stopped took no step of its own
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(batch_own["state"][0][key], alone_own["state"][0][key])
+        assert same(in_batch, load(runs / f"bpart/bpart__seed{seed}/final_ckpt.pt")) == []
+    assert steps[0] != steps[1]  # the seeds' updates stopped at different minibatches: the test can tell
+    assert "return" in results[-1].stdout
+
+
+# What is not state, changed by an update: each refused in one line that names it.
+NOT_STATE = {
+    "args": ((("    return {**stats, **optimizer.stats()}\n",
+               "    args.clip_coef = args.clip_coef * 0.9\n    return {**stats, **optimizer.stats()}\n"),),
+             "args.clip_coef changed during training"),
+    "global": ((("CHECKPOINT_FORMAT = 2\n", "CHECKPOINT_FORMAT = 2\nKL_SEEN = 0.0\n"),
+                ("    return {**stats, **optimizer.stats()}\n",
+                 "    global KL_SEEN\n    KL_SEEN = float(stats['losses/approx_kl'])\n"
+                 "    return {**stats, **optimizer.stats()}\n")),
+               "the module variable KL_SEEN changed during training"),
+    "attribute": ((("        self.obs_dim = obs_dim\n", "        self.obs_dim = obs_dim\n        self.kl_seen = 0.0\n"),
+                   ("    return {**stats, **optimizer.stats()}\n",
+                    "    agent.kl_seen = float(stats['losses/approx_kl'])\n"
+                    "    return {**stats, **optimizer.stats()}\n")),
+                  "Agent.kl_seen changed during training"),
+}
+
+
+def import_copy(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("kind", NOT_STATE)
+def test_state_outside_the_agent_is_refused(tmp_path, capfd, kind):
+    edits, says = NOT_STATE[kind]
+    module = import_copy(edited(edits, f"my_{kind}", tmp_path))
+    line = refused_in_one_line(module, fast_args(ENV, "r", total_timesteps=64), tmp_path, capfd,
+                               whole_process=False)
+    assert says in line and "keep state that changes in the Agent" in line, line
+
+
+def test_a_copy_without_a_flag_runs_or_names_the_line_that_reads_it(tmp_path, capfd):
+    """Each flag of Args removed in turn from a copy (and from its command line): the copy runs, or stops with one
+    error line that names the flag and the line of the copy that reads it."""
+    source = (REPO / "ppo.py").read_text()
+    flags = dict(env_id=ENV, num_envs=2, num_steps=16, num_minibatches=2, update_epochs=1, total_timesteps=32,
+                 eval_freq=1, num_eval_envs=1, capture_video=False)
+    ran = []
+    for field in dataclasses.fields(ppo.Args):
+        declaration = re.compile(rf"^    {field.name}: .*\n    \"\"\"(?:.|\n)*?\"\"\"\n", re.M)
+        assert len(declaration.findall(source)) == 1, field.name
+        path = tmp_path / f"no_{field.name}.py"
+        path.write_text(declaration.sub("", source))
+        module = import_copy(path)
+        argv = [word for key, value in {**flags, "exp_name": field.name}.items() if key != field.name
+                for word in ([f"--no_{key}"] if value is False else [f"--{key}", str(value)])]
+        with contextlib.chdir(tmp_path):
+            status = module.cli(argv)
+        stderr = capfd.readouterr().err
+        assert "Traceback" not in stderr, (field.name, stderr)
+        if status == 0:
+            ran.append(field.name)
+            continue
+        errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+        assert status == 2 and len(errors) == 1, (field.name, stderr)
+        lineno = int(re.search(rf"Args has no {field.name}, which line (\d+) ", errors[0]).group(1))
+        assert f"args.{field.name}" in path.read_text().splitlines()[lineno - 1], (field.name, errors[0])
+    assert {"wandb_project_name", "kl_target"} <= set(ran)  # flags read only where they are given
+
+
+def test_after_an_update_every_seed_steps_again():
+    """An optimizer of the Agent's own stepped after update() steps every seed, also those whose update stopped
+    early (SeedSteps reads SeedOptimizer.going, which holds while the update's minibatches are drawn)."""
+    agent = ppo.stack_seeds([torch.nn.Linear(2, 1) for _ in range(2)])
+    agent.generators = [torch.Generator().manual_seed(seed) for seed in range(2)]
+    optimizer = ppo.SeedOptimizer(agent, 1e-3)
+    for _ in optimizer.minibatches(4, 2, 2):
+        if optimizer.stop(torch.tensor([True, False])):
+            break
+        assert optimizer.going == [False, True]
+        break  # an update cut short by its caller
+    assert optimizer.going == [True, True] and bool(optimizer.stepping.all())
