@@ -8,8 +8,9 @@
     torchrun --standalone --nproc_per_node=4 ppo.py --env_id=PickCube-v1  # data parallel: 4 GPUs, 4 x 512 envs
 
 Everything happens on torch tensors on the learner's device: rollout, final-value bootstrapping, GAE, update. The file
-reads top to bottom: Args; the Agent; ALGO LOGIC (rollout(), compute_advantages(), ppo_loss(), update()); train(), the
-loop that runs them, logs, evaluates and saves; the run's settings (settings(), seed_process(), the envs' kwargs,
+reads top to bottom: Args; the Agent; ALGO LOGIC (rollout(), compute_advantages(), ppo_loss(), update(), PPOOptimizer
+with both learning-rate schedules); train(), the loop that runs them inside a Run (below the divider: logs, evaluation,
+checkpoints, signals); the run's settings (settings(), seed_process(), the envs' kwargs,
 env_action(), what the critic sees). Above the "Plumbing" divider stands what an idea changes; below it stand many
 seeds in one process (--num_seeds), env adapters, run directories, checkpoints and resume, collectives, signals and
 validation, which decide numbers too (what the envs return, dtypes, time limits, what a resume restores): a change there
@@ -21,8 +22,8 @@ A copy's contract (python scripts/verify_copy.py my_idea.py checks it in short r
 - Where to change what: the loss, ppo_loss(); advantages and returns, compute_advantages() (bootstrapping at episode
   ends: rollout()); the distribution and the network, Agent (get_action_and_value() samples and scores actions,
   get_action(deterministic=True) is what evaluation and export act with); what the envs receive, env_action(); the
-  optimizer's step and the early stop, PPOOptimizer; what is logged, the statistics update() returns and train()'s
-  log calls.
+  optimizer's step, the early stop and the learning rate, PPOOptimizer; what is logged, the statistics update()
+  returns.
 - Shapes: rollout tensors are (num_steps, num_envs, ...); update() takes rows (num_steps * num_envs, ...) and
   minibatches of them; ppo_loss() reduces each term over its rows, the last dimension (.mean(-1)). Under --num_seeds
   N everything carries a leading seed dimension: rollout tensors (num_steps, N, num_envs, ...), rows and minibatches
@@ -636,7 +637,14 @@ class PPOOptimizer(torch.optim.Adam):
         super().step()
         self.minibatch_steps += 1
 
+    def schedule_learning_rate(self, iteration: int, num_iterations: int, args: Args):
+        """--lr_schedule=linear, at the start of each iteration: from learning_rate down to 0 after the last."""
+        if args.lr_schedule == "linear":
+            for group in self.param_groups:
+                group["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
+
     def adapt_learning_rates(self, approx_kl: torch.Tensor, args: Args):
+        """--lr_schedule=adaptive, after each minibatch step (update())."""
         self.param_groups[0]["lr"] = adapt_learning_rate(self.param_groups[0]["lr"], approx_kl.item(), args)
 
     def stats(self) -> dict:
@@ -685,114 +693,38 @@ class Setup:
 
 def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[TorchVecEnv],
           resume_state: Optional[dict], init_state: Optional[dict]) -> int:
-    """Rank 0 alone logs, evaluates (eval_envs is None on the others) and writes checkpoints."""
-    device, rank, num_ranks, num_iterations = setup.device, setup.rank, world_size(), setup.num_iterations
+    """The loop of the algorithm: rollout, advantages, update. Run (below the divider) does the run's own steps
+    around it: it starts the learner from a checkpoint (--resume, --checkpoint) and the envs from their seeds; after
+    each update it checks the numbers, logs, evaluates (rank 0 alone, in eval_envs; None on the other ranks), saves
+    and stops on a signal; it reports what stopped the run in one line. Returns the process's exit status."""
     resume_state, init_state = seeds_parts(args, setup.run_dir, resume_state, init_state)
-    agent = make_agents(args, envs, device, resume_state)  # --num_seeds: each seed's network, stacked
+    agent = make_agents(args, envs, setup.device, resume_state)  # --num_seeds: each seed's network, stacked
     optimizer = make_optimizer(agent, args)
     reward_normalizer = (stack_seeds([RewardNormalizer(args.num_envs, args.gamma) for _ in range(args.num_seeds)])
-                         .to(device) if args.norm_reward else None)
-    global_step, start_iteration = load_states(agent, optimizer, reward_normalizer, init_state, resume_state, args,
-                                               envs)
+                         .to(setup.device) if args.norm_reward else None)
     policy_step = compile_unless_unavailable(policy_step_of(agent), args.compile)
     update_losses = compile_unless_unavailable(functools.partial(ppo_loss, agent, args), args.compile)
-    # Gymnasium seeds env i with seed + i (ManiSkill env 0 with seed, the others with draws from RandomState(seed)):
-    # training and evaluation envs, and each rank, get disjoint blocks of seeds, and a resumed run new ones rather
-    # than a replay of its first iteration's starts.
-    train_seed = args.seed + (start_iteration * num_ranks + rank) * (args.num_envs + args.num_eval_envs)
-    next_obs = envs.reset(seed=train_seed)
-    eval_seed = train_seed + args.num_envs  # seeds the next evaluation; later ones continue the envs' streams
-    if resume_state is not None:
-        # After the envs are built and reset, so that each rank's random stream continues where it stopped.
-        set_rng_states(resume_state["rng"] if rank == 0 else resume_state["other_ranks_rng"][rank - 1], device)
-    buf = RolloutBuffer(args.num_steps, envs, device)
-    unsaved = UnsavedState(agent, args)
-
-    def save(iteration: int, final: bool = False) -> Optional[Path]:
-        return write_checkpoint(args, setup, envs, agent, optimizer, reward_normalizer, global_step, iteration, final)
-
-    checkpoint_freq = args.checkpoint_freq or args.eval_freq
-    last_checkpoint = None
-    log = RunLog(args, setup, resume_state)
-    progress = tqdm(total=num_iterations, initial=start_iteration, desc=setup.run_name, dynamic_ncols=True,
-                    mininterval=1.0, disable=rank != 0)
-    start_time, start_step = time.perf_counter(), global_step
-    iteration = start_iteration
-    stop = StopSignal()
-    try:
-        for iteration in range(start_iteration + 1, num_iterations + 1):
-            if args.lr_schedule == "linear":
-                for group in optimizer.param_groups:
-                    group["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
-            rollout_start = time.perf_counter()
-            agent.eval()
-            next_obs, episodes = rollout(agent, envs, buf, next_obs, policy_step, reward_normalizer, args,
-                                         setup.bootstrap_rule)
-            global_step += args.num_steps * args.num_envs * num_ranks
-            with torch.no_grad():
-                next_value = agent.get_value(agent.normalize_obs(next_obs))
-                advantages = compute_advantages(buf.rewards, buf.values, buf.dones, buf.bootstrap_values, next_value,
-                                                args.gamma, args.gae_lambda, args.finite_horizon_gae)
-                returns = advantages + buf.values
-                if agent.value_normalizer is not None:  # standardize the critic's targets by every rank's
-                    agent.value_normalizer.update(gather_rows(buf.rows(returns)[..., None]))
-            rollout_time = time.perf_counter() - rollout_start
-            update_start = time.perf_counter()
-            agent.train()
-            stats = update(agent, optimizer, buf, advantages, returns, update_losses, args)
-            if not parameters_finite(agent, iteration):
-                raise NonFiniteError("parameters", nonfinite_seeds(agent.state_dict().values(), args.num_seeds))
-            unsaved.refuse_changes()
-            update_time = time.perf_counter() - update_start
-
-            # TRY NOT TO MODIFY: logging and evaluation (rank 0, with every rank's episodes), checkpoints, stopping
-            sps = int((global_step - start_step) / (time.perf_counter() - start_time))
-            log.scalars({**stats, "charts/SPS": sps, "time/rollout_time": rollout_time,
-                         "time/update_time": update_time,
-                         "time/rollout_fps": args.num_envs * num_ranks * args.num_steps / rollout_time}, global_step)
-            postfix = {"step": global_step, "SPS": sps,
-                       **log.episodes("train", gather_episodes(episodes), global_step)}
-            if rank == 0 and (iteration % args.eval_freq == 0 or iteration == num_iterations):
-                eval_episodes = evaluate_seeds(agent, args, envs, eval_envs, setup.num_eval_steps, eval_seed)
-                eval_seed = None
-                postfix.update(log.episodes("eval", eval_episodes, global_step))
-                if any(seed_episodes["episodes"].sum() == 0 for seed_episodes in eval_episodes):
-                    print(f"\nevaluation at iteration {iteration}: no episode finished within "
-                          f"{setup.num_eval_steps} steps", file=sys.stderr)
-                log.flush()
-            progress.set_postfix(postfix, refresh=False)
-            progress.update(1)
-            checkpoint_due = args.save_model and (iteration % checkpoint_freq == 0 or iteration == num_iterations)
-            if checkpoint_due:
-                last_checkpoint = save(iteration, final=iteration == num_iterations)
-                log.flush()
-            signum = agree_on_signal(stop.signum, device)
-            if signum is not None and iteration < num_iterations:
-                if not checkpoint_due:
-                    last_checkpoint = save(iteration)
-                progress.close()
-                log.flush()
-                if rank == 0:
-                    print_how_to_resume(signum, last_checkpoint, iteration, setup.run_dir)
-                return 128 + signum
-    except (NonFiniteError, OSError) as e:
-        # non-finite numbers stop every rank at the same point: the checks run on numbers all ranks share
-        progress.close()
-        if rank == 0:
-            print(stop_message(e, args, setup, iteration, global_step, last_checkpoint), file=sys.stderr)
-        return 1
-    except (RuntimeError, ValueError) as e:  # a copy's code written for one seed, where --num_seeds cannot batch it
-        progress.close()
-        if rule := seed_rule_broken(e, args):
-            raise UserError(rule) from e
-        raise
-    finally:
-        progress.close()  # before the error line of whatever stopped the run
-        stop.restore()
-        log.close()
-    if rank == 0:
-        print(f"done: {num_iterations} iterations, {global_step} steps; run in {setup.run_dir}", flush=True)
-    return 0
+    buf = RolloutBuffer(args.num_steps, envs, setup.device)
+    with Run(args, setup, envs, eval_envs, agent, optimizer, reward_normalizer, resume_state, init_state) as run:
+        next_obs = run.next_obs
+        for iteration in run.iterations():
+            optimizer.schedule_learning_rate(iteration, setup.num_iterations, args)
+            with run.timed("time/rollout_time"):
+                agent.eval()
+                next_obs, episodes = rollout(agent, envs, buf, next_obs, policy_step, reward_normalizer, args,
+                                             setup.bootstrap_rule)
+                with torch.no_grad():
+                    next_value = agent.get_value(agent.normalize_obs(next_obs))
+                    advantages = compute_advantages(buf.rewards, buf.values, buf.dones, buf.bootstrap_values,
+                                                    next_value, args.gamma, args.gae_lambda, args.finite_horizon_gae)
+                    returns = advantages + buf.values
+                    if agent.value_normalizer is not None:  # standardize the critic's targets by every rank's
+                        agent.value_normalizer.update(gather_rows(buf.rows(returns)[..., None]))
+            with run.timed("time/update_time"):
+                agent.train()
+                stats = update(agent, optimizer, buf, advantages, returns, update_losses, args)
+            run.end_iteration(stats, episodes)  # TRY NOT TO MODIFY: checks, logs, evaluation, checkpoints, signals
+    return run.status
 
 
 def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Optional[int],
@@ -1393,6 +1325,131 @@ def mean_over_seeds(means: list[dict[str, float]]) -> dict[str, float]:
         return means[0]
     keys = dict.fromkeys(key for seed_means in means for key in seed_means)
     return {key: float(np.mean([seed_means[key] for seed_means in means if key in seed_means])) for key in keys}
+
+
+# ---------------------------------------------------------------------------------------------
+# The run around train()'s loop: its start, logs, evaluation, checkpoints, signals, what stops it
+# ---------------------------------------------------------------------------------------------
+
+class Run:
+    """train()'s run, a context manager around its loop. Entering it starts the learner from --checkpoint's or
+    --resume's state (load_states()), resets the envs with the run's seeds (next_obs), continues a resumed run's random
+    streams, opens the logs (RunLog) and takes SIGINT and SIGTERM (StopSignal). iterations() counts the iterations
+    left; end_iteration() does an iteration's own steps after the update; leaving it reports what stopped the run (in
+    one line) and closes what it opened; status is then the process's exit status."""
+
+    def __init__(self, args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[TorchVecEnv], agent: Agent,
+                 optimizer: PPOOptimizer, reward_normalizer: Optional[RewardNormalizer], resume_state: Optional[dict],
+                 init_state: Optional[dict]):
+        self.args, self.setup, self.envs, self.eval_envs = args, setup, envs, eval_envs
+        self.agent, self.optimizer, self.reward_normalizer = agent, optimizer, reward_normalizer
+        self.resume_state, self.init_state = resume_state, init_state
+        self.status: Optional[int] = None
+        self.last_checkpoint: Optional[Path] = None
+        self.times: dict[str, float] = {}
+
+    def __enter__(self) -> Run:
+        args, setup, rank = self.args, self.setup, self.setup.rank
+        self.global_step, self.start_iteration = load_states(self.agent, self.optimizer, self.reward_normalizer,
+                                                             self.init_state, self.resume_state, args, self.envs)
+        self.iteration = self.start_iteration
+        # Gymnasium seeds env i with seed + i (ManiSkill env 0 with seed, the others with draws from
+        # RandomState(seed)): training and evaluation envs, and each rank, get disjoint blocks of seeds, and a resumed
+        # run new ones rather than a replay of its first iteration's starts.
+        train_seed = args.seed + (self.start_iteration * world_size() + rank) * (args.num_envs + args.num_eval_envs)
+        self.next_obs = self.envs.reset(seed=train_seed)
+        self.eval_seed = train_seed + args.num_envs  # seeds the next evaluation; later ones continue the envs' streams
+        if self.resume_state is not None:
+            # After the envs are built and reset, so that each rank's random stream continues where it stopped.
+            set_rng_states(self.resume_state["rng"] if rank == 0 else self.resume_state["other_ranks_rng"][rank - 1],
+                           setup.device)
+        self.unsaved = UnsavedState(self.agent, args)
+        self.log = RunLog(args, setup, self.resume_state)
+        self.progress = tqdm(total=setup.num_iterations, initial=self.start_iteration, desc=setup.run_name,
+                             dynamic_ncols=True, mininterval=1.0, disable=rank != 0)
+        self.start_time, self.start_step = time.perf_counter(), self.global_step
+        self.stop = StopSignal()
+        return self
+
+    def iterations(self):
+        """The iterations left, counted from 1; the global step counts each one's rollout. A signal ends them."""
+        for self.iteration in range(self.start_iteration + 1, self.setup.num_iterations + 1):
+            self.global_step += self.args.num_steps * self.args.num_envs * world_size()
+            yield self.iteration
+            if self.status is not None:
+                return
+
+    @contextlib.contextmanager
+    def timed(self, tag: str):
+        start = time.perf_counter()
+        yield
+        self.times[tag] = time.perf_counter() - start
+
+    def end_iteration(self, stats: dict, episodes: dict[str, torch.Tensor]):
+        """After the update: its numbers checked (finite, the same on every rank, no unsaved state changed); the
+        statistics and the rollout's finished episodes logged (rank 0, with every rank's episodes); an evaluation,
+        a checkpoint where due; a signal saves and stops the run."""
+        args, setup, iteration, global_step = self.args, self.setup, self.iteration, self.global_step
+        if not parameters_finite(self.agent, iteration):
+            raise NonFiniteError("parameters", nonfinite_seeds(self.agent.state_dict().values(), args.num_seeds))
+        self.unsaved.refuse_changes()
+        sps = int((global_step - self.start_step) / (time.perf_counter() - self.start_time))
+        rollout_fps = args.num_envs * world_size() * args.num_steps / self.times["time/rollout_time"]
+        self.log.scalars({**stats, "charts/SPS": sps, **self.times, "time/rollout_fps": rollout_fps}, global_step)
+        postfix = {"step": global_step, "SPS": sps,
+                   **self.log.episodes("train", gather_episodes(episodes), global_step)}
+        last = iteration == setup.num_iterations
+        if setup.rank == 0 and (iteration % args.eval_freq == 0 or last):
+            eval_episodes = evaluate_seeds(self.agent, args, self.envs, self.eval_envs, setup.num_eval_steps,
+                                           self.eval_seed)
+            self.eval_seed = None
+            postfix.update(self.log.episodes("eval", eval_episodes, global_step))
+            if any(seed_episodes["episodes"].sum() == 0 for seed_episodes in eval_episodes):
+                print(f"\nevaluation at iteration {iteration}: no episode finished within {setup.num_eval_steps} "
+                      "steps", file=sys.stderr)
+            self.log.flush()
+        self.progress.set_postfix(postfix, refresh=False)
+        self.progress.update(1)
+        checkpoint_due = args.save_model and (iteration % (args.checkpoint_freq or args.eval_freq) == 0 or last)
+        if checkpoint_due:
+            self.last_checkpoint = self.save(final=last)
+            self.log.flush()
+        signum = agree_on_signal(self.stop.signum, setup.device)
+        if signum is not None and not last:
+            if not checkpoint_due:
+                self.last_checkpoint = self.save()
+            self.progress.close()
+            self.log.flush()
+            if setup.rank == 0:
+                print_how_to_resume(signum, self.last_checkpoint, iteration, setup.run_dir)
+            self.status = 128 + signum
+
+    def save(self, final: bool = False) -> Optional[Path]:
+        return write_checkpoint(self.args, self.setup, self.envs, self.agent, self.optimizer, self.reward_normalizer,
+                                self.global_step, self.iteration, final)
+
+    def __exit__(self, exc_type, e, tb) -> bool:
+        rank = self.setup.rank
+        try:
+            self.progress.close()  # before the error line of whatever stopped the run
+            if isinstance(e, (NonFiniteError, OSError)):
+                # non-finite numbers stop every rank at the same point: the checks run on numbers all ranks share
+                if rank == 0:
+                    print(stop_message(e, self.args, self.setup, self.iteration, self.global_step,
+                                       self.last_checkpoint), file=sys.stderr)
+                self.status = 1
+                return True
+            if isinstance(e, (RuntimeError, ValueError)) and (rule := seed_rule_broken(e, self.args)):
+                raise UserError(rule) from e  # a copy's code written for one seed, which --num_seeds cannot batch
+        finally:
+            self.stop.restore()
+            self.log.close()
+        if e is None and self.status is None:
+            self.status = 0
+            if rank == 0:
+                print(f"done: {self.setup.num_iterations} iterations, {self.global_step} steps; run in "
+                      f"{self.setup.run_dir}", flush=True)
+        return False
 
 
 # ---------------------------------------------------------------------------------------------

@@ -58,6 +58,7 @@ KINDS = {"ippo": ("agent_obs", "vmas:tests.vmas_scenarios:Clock", dict(max_episo
          "ppo": ("num_seeds", "tests.envs:PointMass-v0", {})}
 CHECKS = ("trains", "same_seed", "resume", "seeds", "evaluates", "exports")
 ITERATIONS, STOP_AFTER = 4, 2
+EXPORT_STEPS = 10
 NUM_ENVS = 3  # not the number of seeds of the seeds check: a buffer broadcast against the wrong dimension fails
 # Runs the copy with its update() wrapped to send this process SIGTERM after iteration STOP_AFTER's: the trainer
 # saves at the end of that iteration and exits, as a run stopped by a scheduler does. Then it writes to REPORT where
@@ -97,6 +98,47 @@ lost = sorted({where for optimizer, where in created for state in optimizer.stat
                and not any(s.shape == value.shape and torch.equal(s, value.cpu()) for s in saved)})
 with open(report, "w") as f:
     json.dump(lost, f)
+sys.exit(status)
+"""
+
+# Runs the copy as it is, recording its last evaluation where the evaluation envs (TorchVecEnv) hand the actions to the
+# Gymnasium vector env: the observations the policy acted on, the episodes' ends, the actions the envs received. The
+# export check replays them: an exported policy must act as training's own evaluation acted.
+RECORDED_RUN = """
+import importlib.util, os, sys
+import numpy as np, torch
+path, record, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+copy = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = copy
+sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+spec.loader.exec_module(copy)
+make_envs, evaluation = copy.make_envs, {}
+def cloned(obs):
+    return {key: value.clone() for key, value in obs.items()} if isinstance(obs, dict) else obs.clone()
+def recording_make_envs(*args, **kwargs):
+    envs = make_envs(*args, **kwargs)
+    if not kwargs.get("evaluation") or not hasattr(envs, "env"):
+        return envs
+    reset, step, vector_step = envs.reset, envs.step, envs.env.step
+    def recorded_reset(*args, **kwargs):
+        obs = reset(*args, **kwargs)
+        evaluation.update(obs=[cloned(obs)], dones=[], actions=[])
+        return obs
+    def recorded_step(action):
+        result = step(action)
+        evaluation["obs"].append(cloned(result[0]))
+        evaluation["dones"].append((result[2] | result[3]).clone())
+        return result
+    def recorded_vector_step(action):
+        evaluation["actions"].append(torch.as_tensor(np.array(action, copy=True)))
+        return vector_step(action)
+    envs.reset, envs.step, envs.env.step = recorded_reset, recorded_step, recorded_vector_step
+    return envs
+copy.make_envs = recording_make_envs
+sys.argv[0] = path
+status = copy.cli(argv)
+torch.save(evaluation, record)
 sys.exit(status)
 """
 
@@ -179,41 +221,11 @@ def kind_of(module) -> str:
     return next(kind for kind, (field, _, _) in KINDS.items() if field in fields or kind == "ppo")
 
 
-def recorded_actions(module, ckpt: dict, work: Path):
-    """10 steps of 2 eval envs acting with the checkpoint's deterministic policy through the copy's own code: the
-    observations (and recurrent inputs) the policy saw, and the actions the Gymnasium vector env received."""
-    args = ppo_eval.run_args(module, ckpt, ppo_eval.EvalArgs(checkpoint="unused", num_envs=2))
-    envs = module.make_envs(args, False, torch.device("cpu"), evaluation=True, run_dir=work, num_eval_steps=16)
-    agent = module.make_agent(args, envs)
-    module.load_weights(agent, ckpt, args, envs)
-    agent.eval()
-    received, inputs, vector_step = [], [], envs.env.step
-    envs.env.step = lambda action: received.append(np.array(action, copy=True)) or vector_step(action)
-    recurrent = hasattr(agent, "initial_state")
-    obs, rnn_state = envs.reset(seed=0), agent.initial_state(2, torch.device("cpu")) if recurrent else None
-    episode_start = torch.ones(2, dtype=torch.bool)
-    try:
-        for _ in range(10):
-            with torch.no_grad():
-                if recurrent:
-                    inputs.append({"obs": obs, "rnn_state": rnn_state, "episode_start": episode_start})
-                    action, rnn_state = agent.get_action(agent.normalize_obs(obs)[None], rnn_state,
-                                                         episode_start[None], deterministic=True)
-                    action = action[0]
-                else:
-                    inputs.append(dict(obs) if isinstance(obs, dict) else {"obs": obs})
-                    action = agent.get_action(agent.normalize_obs(obs), deterministic=True)
-            obs, _, terminated, truncated, _, _ = envs.step(action)
-            episode_start = terminated | truncated
-    finally:
-        envs.close()
-    return inputs, received, recurrent
-
-
 def check_export(checks: Checks, copy: Path, module, kind: str, run_dir: Path, work: Path):
     fix = ("make the envs receive env_action()'s action and nothing else: an exported policy computes "
            "env_action(get_action(normalize_obs(obs), deterministic=True))")
-    how = "the ONNX policy of ppo_eval.py --export against the actions the envs received, 10 steps of 2 envs"
+    how = (f"the ONNX policy of ppo_eval.py --export against the actions the envs received in training's last "
+           f"evaluation, its first {EXPORT_STEPS} steps")
     try:
         import onnxruntime
     except ImportError:
@@ -229,16 +241,32 @@ def check_export(checks: Checks, copy: Path, module, kind: str, run_dir: Path, w
     if kind == "ippo":
         checks.add("exports", "ppo_eval.py --export and its own check", [], "")
         return
-    ckpt = load(run_dir / "final_ckpt.pt")
-    inputs, received, recurrent = recorded_actions(module, ckpt, work)
+    evaluation = torch.load(work / "evaluation.pt", weights_only=True)
+    if not evaluation.get("actions"):
+        checks.add("exports", how, ["training's last evaluation took no step"], "keep evaluate() stepping the envs")
+        return
     session = onnxruntime.InferenceSession(str(path))
     names = [spec.name for spec in session.get_inputs()]
     state, failures = None, []
-    for step, (given, env_action) in enumerate(zip(inputs, received)):
-        if recurrent and state is not None:
-            given = {**given, "rnn_state": state}
+    recurrent = "rnn_state" in names
+    if recurrent:  # the policy's initial memory, as the copy's evaluation starts it
+        ckpt = load(run_dir / "final_ckpt.pt")
+        args = ppo_eval.run_args(module, ckpt, ppo_eval.EvalArgs(checkpoint="unused"))
+        num_envs = evaluation["actions"][0].shape[0]
+        envs = module.make_envs(args, False, torch.device("cpu"), evaluation=True, run_dir=work, num_eval_steps=16)
+        try:
+            state = module.make_agent(args, envs).initial_state(num_envs, torch.device("cpu"))
+        finally:
+            envs.close()
+    episode_start = torch.ones(evaluation["actions"][0].shape[0], dtype=torch.bool)
+    steps = list(zip(evaluation["obs"], evaluation["actions"], [episode_start, *evaluation["dones"]]))
+    for step, (obs, env_action, episode_start) in enumerate(steps[:EXPORT_STEPS]):
+        given = dict(obs) if isinstance(obs, dict) else {"obs": obs}
+        if recurrent:
+            given.update(rnn_state=state, episode_start=episode_start)
         feed = {name: (given[name][..., :session.get_inputs()[i].shape[-1]] if name == "obs" else given[name])
                 for i, name in enumerate(names)}
+        env_action = env_action.numpy()
         outputs = session.run(None, {name: np.asarray(value) for name, value in feed.items()})
         state = outputs[1] if recurrent else None
         if outputs[0].shape != env_action.shape or not np.allclose(outputs[0].astype(np.float64),
@@ -357,7 +385,7 @@ def flags_refused(module, argv: list[str]) -> str:
 def jobs_of(script: str, argv_of, wanted: set, seeds: bool, work: Path) -> dict[str, list[str]]:
     """The runs of the checks wanted of script, by name: first, the uninterrupted run of seed 1 that every check
     compares with."""
-    jobs = {"first": [script, *argv_of("first")]}
+    jobs = {"first": ["-c", RECORDED_RUN, script, str(work / "evaluation.pt"), *argv_of("first")]}
     if "same_seed" in wanted:
         jobs["again"] = [script, *argv_of("again")]
     if "resume" in wanted:

@@ -34,6 +34,10 @@ SABOTAGES = {
         ("        action = env_action(self, action)\n",
          "        action = 0.5 * torch.tanh(env_action(self, action))\n"),
     ], "the exported policy gives"),
+    "an action scale that evaluation alone applies": ("exports", [  # a replay of get_action() would pass it
+        ("            action = agent.get_action(agent.normalize_obs(obs), deterministic=deterministic)\n",
+         "            action = 0.5 * agent.get_action(agent.normalize_obs(obs), deterministic=deterministic)\n"),
+    ], "the exported policy gives"),
     "a draw from an unseeded generator": ("same_seed", [
         ("        buf.rewards[step] = reward * args.reward_scale\n",
          "        buf.rewards[step] = reward * args.reward_scale + 0.01 * float(np.random.default_rng().normal())\n"),
