@@ -44,8 +44,8 @@ A copy's contract (python scripts/verify_copy.py my_idea.py checks it in short r
       agent.ent_coef_optimizer.zero_grad()                                         # after optimizer.step()
       (agent.log_ent_coef.exp() * (entropy_loss.detach() - target_entropy)).sum().backward()
       agent.ent_coef_optimizer.step()
-  The flags (args), the Agent's Python attributes and module variables are not state: a run whose update changes
-  one stops with one error line naming it.
+  The flags (args), the Agent's Python attributes and module variables are not state: a run whose update or
+  evaluation changes one (that holds numbers, strings, tensors or containers of them) stops with one error line.
 - What an exported policy computes (ppo_eval.py --export): env_action(get_action(normalize_obs(obs),
   deterministic=True)); env_action() may read the envs' single_action_space, action_low, action_high, action_start.
 """
@@ -75,7 +75,7 @@ import threading
 import time
 import traceback
 import warnings
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
@@ -589,7 +589,7 @@ class PPOOptimizer(torch.optim.Adam):
     carries theirs, so that checkpoints save, and --resume restores, every optimizer of the run."""
 
     def __init__(self, agent: nn.Module, lr: float):
-        self.agent = agent
+        self.agent, self.own_names = agent, list(own_optimizers(agent))
         # fused: one kernel per parameter for the whole Adam step, on the CPU as on the GPU; it rounds differently
         # from torch's default by about one float32 ulp per step, and takes a third of its time for small networks.
         super().__init__(self.parameter_groups(agent), lr=lr, eps=1e-5, fused=True)
@@ -600,6 +600,9 @@ class PPOOptimizer(torch.optim.Adam):
 
     def state_dict(self) -> dict:
         own = {name: optimizer.state_dict() for name, optimizer in own_optimizers(self.agent).items()}
+        if list(own) != self.own_names:  # one the PPO optimizer also steps, and --resume would not find
+            raise UserError(f"the Agent's optimizers {sorted(set(own) - set(self.own_names))} came after the PPO "
+                            "optimizer: create the Agent's own optimizers in Agent.__init__")
         return {**super().state_dict(), **({"own_optimizers": own} if own else {})}
 
     def load_state_dict(self, state_dict: dict):
@@ -655,14 +658,17 @@ class PPOOptimizer(torch.optim.Adam):
 def own_optimizers(agent: nn.Module) -> dict[str, torch.optim.Optimizer]:
     """The optimizers that the Agent and its modules hold as attributes (a copy's own, self.ent_coef_optimizer =
     torch.optim.Adam([self.log_ent_coef])), by name."""
-    return {f"{name}.{key}".lstrip("."): value for name, module in agent.named_modules()
-            for key, value in vars(module).items() if isinstance(value, torch.optim.Optimizer)}
+    found = {f"{name}.{key}".lstrip("."): value for name, module in agent.named_modules()
+             for key, value in vars(module).items() if isinstance(value, torch.optim.Optimizer)}
+    return {name: value for name, value in found.items()  # one optimizer under two names is one
+            if next(first for first, other in found.items() if other is value) == name}
 
 
 def ppo_parameters(agent: nn.Module) -> list[nn.Parameter]:
-    """The parameters that PPOOptimizer steps: the Agent's, but those an optimizer of its own holds."""
+    """The parameters that PPOOptimizer steps: the Agent's trainable ones (requires_grad), but those an optimizer of
+    its own holds."""
     held = {id(p) for own in own_optimizers(agent).values() for group in own.param_groups for p in group["params"]}
-    return [p for p in agent.parameters() if id(p) not in held]
+    return [p for p in agent.parameters() if id(p) not in held and p.requires_grad]
 
 
 def adapt_learning_rate(lr: float, approx_kl: float, args: Args) -> float:
@@ -924,10 +930,11 @@ def load_states(agent: Agent, optimizer: torch.optim.Optimizer, reward_normalize
 
 class SeedLinear(nn.Linear):
     """The nn.Linear layers of --num_seeds networks as one: weight (seeds, out, in), bias (seeds, out), applied to
-    x of shape (seeds, rows, in), each seed's rows to its own weights."""
+    x of shape (seeds, ..., in), each seed's rows to its own weights."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.baddbmm(self.bias.unsqueeze(-2), x, self.weight.transpose(-1, -2))
+        rows = x.reshape(x.shape[0], -1, x.shape[-1])  # (seeds, rows, in) itself: a view, the same numbers
+        return torch.baddbmm(self.bias.unsqueeze(-2), rows, self.weight.transpose(-1, -2)).view(*x.shape[:-1], -1)
 
 
 def stack_seeds(modules: list[nn.Module]) -> nn.Module:
@@ -942,15 +949,19 @@ def stack_seeds(modules: list[nn.Module]) -> nn.Module:
     for name, module in stacked.named_modules():
         seeds = [m.get_submodule(name) for m in modules]
         for key, parameter in module._parameters.items():
-            module._parameters[key] = nn.Parameter(torch.stack([seed._parameters[key].detach() for seed in seeds]))
+            module._parameters[key] = nn.Parameter(torch.stack([seed._parameters[key].detach() for seed in seeds]),
+                                                   requires_grad=parameter.requires_grad)
             stacked_of[id(parameter)] = module._parameters[key]
         for key, buffer in module._buffers.items():
             if buffer.is_floating_point() or key not in module._non_persistent_buffers_set:
                 module._buffers[key] = torch.stack([seed._buffers[key] for seed in seeds])
         if type(module) is nn.Linear:
             module.__class__ = SeedLinear  # the same parameters, stacked above
-    for own in own_optimizers(stacked).values():  # fresh ones: no state yet, which would refer to parameters
+    for name, own in own_optimizers(stacked).items():  # fresh ones: no state yet, which would refer to parameters
         for group in own.param_groups:
+            if any(id(p) not in stacked_of for p in group["params"]):
+                raise UserError(f"the Agent's optimizer {name} steps a tensor that is none of the Agent's parameters, "
+                                "which --num_seeds cannot give each seed: make it one (nn.Parameter in Agent.__init__)")
             group["params"] = [stacked_of[id(p)] for p in group["params"]]
     return stacked
 
@@ -1036,8 +1047,9 @@ class SeedOptimizer(PPOOptimizer):
     def stepping_or(self, value: torch.Tensor, otherwise) -> torch.Tensor:
         return torch.where(self.stepping, value, otherwise)
 
-    def zero_grad(self, set_to_none: bool = True):
-        self.agent.zero_grad(set_to_none)
+    def zero_grad(self, set_to_none: bool = True):  # the stacked parameters: their views hold no gradient
+        for p in self.stacked:
+            p.grad = None
 
     def step(self, loss: torch.Tensor, max_grad_norm: float):
         if loss.shape != self.stepping.shape:  # a loss reduced over the seeds too would train each on all
@@ -1046,7 +1058,7 @@ class SeedOptimizer(PPOOptimizer):
                             f"rows alone (.mean(-1)) ({TRAINER}.py's docstring, 'A copy's contract')")
         for i, (group, go) in enumerate(zip(self.param_groups, self.going)):
             for view, p in zip(group["params"], self.stacked):  # a stopped seed's views get no gradient
-                view.grad = p.grad[i] if go else None
+                view.grad = p.grad[i] if go and p.grad is not None else None  # None: a part the loss left out
         grad_norms = torch.stack([nn.utils.clip_grad_norm_(group["params"], max_grad_norm)
                                   for group, go in zip(self.param_groups, self.going) if go])
         loss_finite = torch.isfinite(loss).all()
@@ -1372,18 +1384,20 @@ class Run:
         return self
 
     def iterations(self):
-        """The iterations left, counted from 1; the global step counts each one's rollout. A signal ends them."""
+        """The iterations left, counted from 1. A signal ends them."""
         for self.iteration in range(self.start_iteration + 1, self.setup.num_iterations + 1):
-            self.global_step += self.args.num_steps * self.args.num_envs * world_size()
             yield self.iteration
             if self.status is not None:
                 return
 
     @contextlib.contextmanager
     def timed(self, tag: str):
+        """Times its block as tag; the rollout's block also counts its steps (the global step)."""
         start = time.perf_counter()
         yield
         self.times[tag] = time.perf_counter() - start
+        if tag == "time/rollout_time":
+            self.global_step += self.args.num_steps * self.args.num_envs * world_size()
 
     def end_iteration(self, stats: dict, episodes: dict[str, torch.Tensor]):
         """After the update: its numbers checked (finite, the same on every rank, no unsaved state changed); the
@@ -1392,7 +1406,6 @@ class Run:
         args, setup, iteration, global_step = self.args, self.setup, self.iteration, self.global_step
         if not parameters_finite(self.agent, iteration):
             raise NonFiniteError("parameters", nonfinite_seeds(self.agent.state_dict().values(), args.num_seeds))
-        self.unsaved.refuse_changes()
         sps = int((global_step - self.start_step) / (time.perf_counter() - self.start_time))
         rollout_fps = args.num_envs * world_size() * args.num_steps / self.times["time/rollout_time"]
         self.log.scalars({**stats, "charts/SPS": sps, **self.times, "time/rollout_fps": rollout_fps}, global_step)
@@ -1408,6 +1421,7 @@ class Run:
                 print(f"\nevaluation at iteration {iteration}: no episode finished within {setup.num_eval_steps} "
                       "steps", file=sys.stderr)
             self.log.flush()
+        self.unsaved.refuse_changes()  # the evaluation's changes too, before a checkpoint leaves them out
         self.progress.set_postfix(postfix, refresh=False)
         self.progress.update(1)
         checkpoint_due = args.save_model and (iteration % (args.checkpoint_freq or args.eval_freq) == 0 or last)
@@ -2782,6 +2796,12 @@ class UnsavedState:
     def __init__(self, agent: nn.Module, args: Args):
         self.agent, self.args = agent, args
         self.before = copy.deepcopy(self.values())
+        for name, module in agent.named_modules(prefix=type(agent).__name__):
+            for key, value in vars(module).items():
+                if isinstance(value, torch.optim.lr_scheduler.LRScheduler):
+                    raise UserError(f"{name}.{key} is a learning-rate scheduler, whose state checkpoints do not save "
+                                    "and --num_seeds would not split: set the optimizer's lr from a counter buffer "
+                                    "of the Agent (self.register_buffer('updates', torch.tensor(0))) instead")
 
     def values(self) -> dict:
         values = {f"args.{key}": value for key, value in vars(self.args).items()}
@@ -2793,16 +2813,20 @@ class UnsavedState:
         return values
 
     def refuse_changes(self):
-        for name, value in self.values().items():
-            if name not in self.before or not same_data(value, self.before[name]):
-                raise UserError(f"{name} changed during training: checkpoints do not save it, so --resume would "
-                                "lose it, and the seeds of --num_seeds share it; keep state that changes in the Agent, "
-                                "as a buffer (self.register_buffer), a parameter or an optimizer of its own "
-                                f"({TRAINER}.py's docstring, 'A copy's contract')")
+        """Every rank stops alike (rank 0 alone evaluates, and may change what the others do not)."""
+        changed = next((name for name, value in self.values().items()
+                        if name not in self.before or not same_data(value, self.before[name])), None)
+        changed = next((name for name in gather_objects(changed) if name is not None), None)
+        if changed is not None:
+            raise UserError(f"{changed} changed during training: checkpoints do not save it, so --resume would "
+                            "lose it, and the seeds of --num_seeds share it; keep state that changes in the Agent, "
+                            "as a buffer (self.register_buffer), a parameter or an optimizer of its own "
+                            f"({TRAINER}.py's docstring, 'A copy's contract')")
 
 
 def plain_data(value) -> bool:
-    if isinstance(value, (list, tuple)):
+    """Data that UnsavedState compares: numbers, strings, tensors and arrays, and containers of them."""
+    if isinstance(value, (list, tuple, set, frozenset, deque)):
         return all(plain_data(item) for item in value)
     if isinstance(value, dict):
         return all(plain_data(item) for item in value.values())
@@ -2810,8 +2834,17 @@ def plain_data(value) -> bool:
 
 
 def same_data(a, b) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and a.dtype == b.dtype and (torch.equal(a, b) or a.is_floating_point() and bool(
+            ((a == b) | (a.isnan() & b.isnan())).all()))
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
     if isinstance(a, (torch.Tensor, np.ndarray)) or isinstance(b, (torch.Tensor, np.ndarray)):
-        return type(a) is type(b) and a.shape == b.shape and bool((a == b).all())
+        return False
+    if isinstance(a, (set, frozenset)) and isinstance(b, (set, frozenset)):
+        return a == b
+    if isinstance(a, deque) and isinstance(b, deque):
+        return same_data(list(a), list(b))
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(same_data(x, y) for x, y in zip(a, b))
     if isinstance(a, dict) and isinstance(b, dict):
@@ -2977,8 +3010,9 @@ def cli(argv: Optional[list[str]] = None) -> int:
         # a copy that removed a flag from Args: the line that still reads it
         where = [f"line {frame.lineno} ({frame.name})" for frame in traceback.extract_tb(e.__traceback__)
                  if frame.filename == __file__] or ["a line"]
-        print(f"error: {TRAINER}.py's Args has no {e.name}, which {where[-1]} reads: keep the flag in Args, or "
-              "change what reads it", file=sys.stderr)
+        rank, _, num_ranks, _ = torchrun_ranks()
+        print(f"error{'' if num_ranks == 1 else f' (rank {rank})'}: {TRAINER}.py's Args has no {e.name}, which "
+              f"{where[-1]} reads: keep the flag in Args, or change what reads it", file=sys.stderr)
         return 2
 
 

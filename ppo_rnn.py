@@ -2336,8 +2336,9 @@ def cli(argv: Optional[list[str]] = None) -> int:
         # a copy that removed a flag from Args: the line that still reads it
         where = [f"line {frame.lineno} ({frame.name})" for frame in traceback.extract_tb(e.__traceback__)
                  if frame.filename == __file__] or ["a line"]
-        print(f"error: {TRAINER}.py's Args has no {e.name}, which {where[-1]} reads: keep the flag in Args, or "
-              "change what reads it", file=sys.stderr)
+        rank, _, num_ranks, _ = torchrun_ranks()
+        print(f"error{'' if num_ranks == 1 else f' (rank {rank})'}: {TRAINER}.py's Args has no {e.name}, which "
+              f"{where[-1]} reads: keep the flag in Args, or change what reads it", file=sys.stderr)
         return 2
 
 

@@ -8,8 +8,10 @@ import dataclasses
 import importlib.util
 import re
 import sys
+from collections import deque
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -175,3 +177,91 @@ def test_after_an_update_every_seed_steps_again():
         assert optimizer.going == [False, True]
         break  # an update cut short by its caller
     assert optimizer.going == [True, True] and bool(optimizer.stepping.all())
+
+
+def test_own_optimizers_are_refused_under_torchrun(monkeypatch):
+    """Their gradients are not averaged over the ranks: one error line, not ranks that part."""
+    agent = torch.nn.Linear(2, 1)
+    agent.extra_optimizer = torch.optim.Adam(agent.parameters())
+    monkeypatch.setattr(ppo, "world_size", lambda: 2)
+    with pytest.raises(ppo.UserError, match=r"own optimizers \(extra_optimizer\) do not work under torchrun"):
+        ppo.make_optimizer(agent, ppo.Args())
+
+
+class WithOwnOptimizer(torch.nn.Module):
+    """A network with a parameter of its own optimizer's, as a copy's Agent has one."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(2, 1)
+        self.coef = torch.nn.Parameter(torch.zeros(()))
+        self.coef_optimizer = torch.optim.Adam([self.coef], lr=0.1)
+
+
+def test_an_own_optimizers_parameters_are_its_alone_under_num_seeds():
+    """PPO's optimizer neither steps nor clears the own optimizer's parameter, with one seed or many; the same
+    optimizer under two names is one; a tensor that is no parameter of the Agent is refused under --num_seeds."""
+    for num_seeds in (1, 2):
+        agent = ppo.stack_seeds([WithOwnOptimizer() for _ in range(num_seeds)])
+        agent.alias = agent.coef_optimizer
+        if num_seeds > 1:
+            agent.generators = [torch.Generator().manual_seed(seed) for seed in range(num_seeds)]
+        optimizer = ppo.make_optimizer(agent, ppo.Args())
+        assert list(ppo.own_optimizers(agent)) == ["coef_optimizer"]
+        assert not any(p is agent.coef for group in optimizer.param_groups for p in group["params"])
+        agent.coef.grad = torch.ones_like(agent.coef)
+        optimizer.zero_grad()
+        assert agent.coef.grad is not None, num_seeds
+        agent.coef_optimizer.step()
+        assert bool((agent.coef != 0).all()), num_seeds
+    loose = WithOwnOptimizer()
+    loose.coef_optimizer = torch.optim.Adam([torch.zeros(1, requires_grad=True)])
+    with pytest.raises(ppo.UserError, match="steps a tensor that is none of the Agent's parameters"):
+        ppo.stack_seeds([loose, WithOwnOptimizer()])
+
+
+def test_what_unsaved_state_compares():
+    """Constant values (NaN included) are unchanged; containers are compared by content; a learning-rate scheduler
+    on the Agent, whose state checkpoints do not save, is refused; an optimizer made after PPO's too."""
+    assert ppo.same_data(torch.tensor([float("nan"), 1.0]), torch.tensor([float("nan"), 1.0]))
+    assert ppo.same_data(np.array([np.nan]), np.array([np.nan])) and not ppo.same_data(torch.zeros(1), np.zeros(1))
+    assert not ppo.same_data(deque([1, 2]), deque([1, 3])) and ppo.same_data({1, 2}, {2, 1})
+    agent = WithOwnOptimizer()
+    optimizer = ppo.make_optimizer(agent, ppo.Args())
+    agent.late_optimizer = torch.optim.Adam([agent.coef])
+    with pytest.raises(ppo.UserError, match=r"optimizers \['late_optimizer'\] came after the PPO optimizer"):
+        optimizer.state_dict()
+    agent.scheduler = torch.optim.lr_scheduler.LinearLR(agent.coef_optimizer)
+    with pytest.raises(ppo.UserError, match="WithOwnOptimizer.scheduler is a learning-rate scheduler"):
+        ppo.UnsavedState(agent, ppo.Args())
+
+
+def test_frozen_and_unused_parameters_under_num_seeds():
+    """A frozen network (RND's target: requires_grad_(False)) stays frozen in the stack, and PPO's optimizer leaves
+    it out; a parameter the loss does not reach (an idle head) gets no step and no crash; a stacked network takes
+    inputs of any leading shape after the seeds' dimension."""
+    class Network(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+            self.target = torch.nn.Linear(2, 1).requires_grad_(False)
+            self.idle = torch.nn.Linear(2, 1)
+
+        def forward(self, x):
+            return self.net(x)
+    agent = ppo.stack_seeds([Network() for _ in range(2)])
+    agent.generators = [torch.Generator().manual_seed(seed) for seed in range(2)]
+    assert not agent.target.weight.requires_grad and agent.idle.weight.requires_grad
+    optimizer = ppo.make_optimizer(agent, ppo.Args())
+    assert not any(p is agent.target.weight for group in optimizer.param_groups for p in group["params"])
+    idle, target = agent.idle.weight.detach().clone(), agent.target.weight.detach().clone()
+    x = torch.randn(2, 4, 5, 2)
+    assert agent(x).shape == (2, 4, 5, 1)
+    alone = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+    alone.load_state_dict({key[4:]: value[1] for key, value in agent.state_dict().items() if key.startswith("net.")})
+    torch.testing.assert_close(agent(x)[1], alone(x[1]))
+    loss = (agent(x) - agent.target(x)).pow(2).mean((-3, -2, -1))
+    optimizer.zero_grad()
+    loss.sum().backward()
+    optimizer.step(loss, 0.5)
+    assert torch.equal(agent.idle.weight, idle) and torch.equal(agent.target.weight, target)

@@ -108,10 +108,11 @@ def test_no_false_verdict_on_an_env_whose_episodes_do_not_resume_alike(tmp_path,
     """A Gymnasium env starts other episodes after a resume (and float rounding may flip a discrete action): an
     unchanged copy passes, each row saying where it was checked (on the env, or on the test env of the same action
     space where the stock ppo.py's runs fail the check on the env too)."""
-    copy = tmp_path / "my_stock.py"
-    copy.write_text((REPO / "ppo.py").read_text())
+    copy = tmp_path / "my_stock.py"  # with a flag of its own, which the stock ppo.py's runs are not given
+    copy.write_text((REPO / "ppo.py").read_text().replace(
+        '    seed: int = 1\n', '    seed: int = 1\n    my_coef: float = 0.0\n    """a flag of the copy\'s"""\n'))
     result = run_python([str(REPO / "scripts/verify_copy.py"), str(copy), "--env_id", env_id, "--checks", "resume",
-                         "seeds"], tmp_path, timeout=600)
+                         "seeds", "--flags", "--my_coef 0.1"], tmp_path, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     found = rows(result.stdout)
     assert found["resume"][0] == found["seeds"][0] == "holds", result.stdout
@@ -128,7 +129,8 @@ def test_flags_with_or_without_values_and_bad_ones_in_one_line(tmp_path):
     assert taken.returncode == 0 and rows(taken.stdout)["trains"][0] == "holds", taken.stdout + taken.stderr
     for argv, says in ((["--flags", "--bogus 1"], "error: --flags '--bogus 1': Unrecognized options: --bogus, 1"),
                        (["--flags=--hidden_sizes x"], "error: --flags '--hidden_sizes x': "),
-                       ([], "error: pomdp.py is not a copy of a trainer")):
+                       ([], "error: pomdp.py is not a copy of a trainer"),
+                       (["--checks", "speed"], "error: argument --checks: invalid choice: 'speed'")):
         target = str(REPO / "pomdp.py") if not argv else str(copy)
         result = run_python([script, target, *argv], tmp_path)
         assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
