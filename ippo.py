@@ -909,23 +909,22 @@ def progress_items(prefix: str, means: dict[str, float]) -> dict[str, float]:
 # the critic sees, evaluation's random stream
 # ---------------------------------------------------------------------------------------------
 
-def settings(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: int) -> dict:
-    """What the flags leave to the task, settled once (validate() calls it and checks the result; its keys are Setup's
-    fields): the episodes' time limit (the task's own unless --max_episode_steps), --anneal_lr as the linear schedule,
-    the bootstrap rule (auto: always for ManiSkill tasks, whose defaults are tuned with it, truncated otherwise;
-    docs/bootstrap.md), the evaluation's length (the time limit unless --num_eval_steps) and the iterations of
-    num_ranks processes; a ManiSkill task's agents observe its full state unless --agent_obs=local."""
-    if maniskill:
-        args.agent_obs = args.agent_obs or "full"
-    if args.max_episode_steps is None:
-        args.max_episode_steps = time_limit
-    if args.anneal_lr:
-        args.lr_schedule = "linear"
+def settings(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: int) -> tuple[Args, dict]:
+    """What the flags leave to the task, settled once (validate() calls it and checks the result): the run's Args,
+    with the episodes' time limit (the task's own unless --max_episode_steps) and --anneal_lr as the linear
+    schedule, and a ManiSkill task's agents observing its full state unless --agent_obs=local; and what follows from
+    them (Setup's fields): the bootstrap rule (auto: always for ManiSkill tasks, whose defaults are tuned with it,
+    truncated otherwise; docs/bootstrap.md), the evaluation's length (the time limit unless --num_eval_steps) and the
+    iterations of num_ranks processes."""
+    args = dataclasses.replace(
+        args, max_episode_steps=time_limit if args.max_episode_steps is None else args.max_episode_steps,
+        lr_schedule="linear" if args.anneal_lr else args.lr_schedule,
+        agent_obs=args.agent_obs or "full" if maniskill else args.agent_obs)
     bootstrap_rule = args.bootstrap_at_done
     if bootstrap_rule == "auto":
         bootstrap_rule = "always" if maniskill else "truncated"
-    return dict(bootstrap_rule=bootstrap_rule, num_eval_steps=args.num_eval_steps or args.max_episode_steps,
-                num_iterations=args.total_timesteps // (args.num_envs * args.num_steps * num_ranks))
+    return args, dict(bootstrap_rule=bootstrap_rule, num_eval_steps=args.num_eval_steps or args.max_episode_steps,
+                      num_iterations=args.total_timesteps // (args.num_envs * args.num_steps * num_ranks))
 
 
 # Copied from ppo.py
@@ -1490,7 +1489,7 @@ def main(args: Args) -> int:
     time_limit_from = None  # where the default came from, for the run's first line; None: given, or none at all
     if args.max_episode_steps is None and args.env_id.startswith(PZ_PREFIX):
         time_limit, time_limit_from = pettingzoo_time_limit(args.env_id, parse_env_kwargs(args.env_kwargs, False))
-    derived = validate(args, maniskill, time_limit, num_ranks, local_ranks)
+    args, derived = validate(args, maniskill, time_limit, num_ranks, local_ranks)
     num_iterations, num_eval_steps = derived["num_iterations"], derived["num_eval_steps"]
 
     resume_state = None
@@ -1606,9 +1605,9 @@ FLAG_RULES = (
 
 
 def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: int = 1,
-             local_ranks: int = 1) -> dict:
+             local_ranks: int = 1) -> tuple[Args, dict]:
     """Check every flag's range and what settings() makes of them; return settings() of the num_ranks processes
-    (local_ranks of them on this machine)."""
+    (local_ranks of them on this machine): the run's Args and Setup's fields."""
     for flags, ok, rule in FLAG_RULES:
         for flag in flags:
             if not ok(getattr(args, flag)):
@@ -1635,7 +1634,7 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
                         f"({args.max_learning_rate})")
     if args.anneal_lr and args.lr_schedule not in ("constant", "linear"):
         raise UserError(f"--anneal_lr means --lr_schedule=linear and conflicts with --lr_schedule={args.lr_schedule}")
-    derived = settings(args, maniskill, time_limit, num_ranks)
+    args, derived = settings(args, maniskill, time_limit, num_ranks)
     if args.track and importlib.util.find_spec("wandb") is None:
         raise UserError("--track logs to Weights and Biases, which is not installed: pip install wandb")
     if args.checkpoint is not None and args.resume is not None:
@@ -1682,7 +1681,7 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
                             f"--num_envs={num_envs} --num_eval_envs={num_eval_envs} --num_minibatches={minibatches} "
                             "(with --resume: a new run with --checkpoint), or a machine with CUDA for the GPU "
                             "simulation")
-    return derived
+    return args, derived
 
 
 # Copied from ppo.py

@@ -218,7 +218,7 @@ def test_gpu_path_default_flags_build(tmp_path, gpu_sized_envs, trainer):
     """`python ppo.py --env_id=PickCube-v1` on a GPU: 512 training envs, 8 evaluation envs with video. (ppo_rnn.py's
     make_envs is a checked copy of ppo.py's; its own validate() of the GPU defaults: the torchrun test below.)"""
     args = trainer.Args(env_id="PickCube-v1", save_train_video_freq=10, critic_obs=trainer is ppo_rgb)
-    trainer.validate(args, maniskill=True, time_limit=50)
+    args, _ = trainer.validate(args, maniskill=True, time_limit=50)
     envs = trainer.make_envs(args, True, torch.device("cpu"), evaluation=False, run_dir=tmp_path, num_eval_steps=50)
     eval_envs = trainer.make_envs(args, True, torch.device("cpu"), evaluation=True, run_dir=tmp_path, num_eval_steps=50)
     try:
@@ -248,7 +248,7 @@ def test_gpu_path_puts_the_seeds_in_blocks_of_one_simulation(tmp_path, gpu_sized
     the env seeds that ManiSkill gives a run of seed + i alone; each seed's 2 evaluation envs a simulation of its own,
     with its videos in its run directory."""
     args = ppo.Args(env_id="PickCube-v1", num_seeds=4, num_envs=16, num_eval_envs=2, num_minibatches=4)
-    ppo.validate(args, maniskill=True, time_limit=50)
+    args, _ = ppo.validate(args, maniskill=True, time_limit=50)
     envs = ppo.make_envs(args, True, torch.device("cpu"), evaluation=False, run_dir=tmp_path, num_eval_steps=50)
     eval_envs = ppo.make_envs(args, True, torch.device("cpu"), evaluation=True, run_dir=tmp_path, num_eval_steps=50)
     try:
@@ -277,7 +277,7 @@ def test_gpu_path_puts_the_seeds_in_blocks_of_one_simulation(tmp_path, gpu_sized
 def test_gpu_path_under_torchrun_simulates_on_the_rank_gpu(tmp_path, gpu_sized_envs, monkeypatch, trainer, time_limit):
     """Rank 3 of 4 on a node: its envs simulate and render on cuda:3, and the run takes a quarter of the iterations."""
     args = trainer.Args(capture_video=False)
-    derived = trainer.validate(args, maniskill=True, time_limit=time_limit, num_ranks=4, local_ranks=4)
+    args, derived = trainer.validate(args, maniskill=True, time_limit=time_limit, num_ranks=4, local_ranks=4)
     assert derived["num_iterations"] == args.total_timesteps // (args.num_envs * args.num_steps * 4)
     monkeypatch.setattr(trainer, "TorchVecEnv", lambda env, *rest, **kwargs: env)  # its buffers would need the GPU
     monkeypatch.setattr(trainer.torch.cuda, "is_available", lambda: True)
@@ -298,7 +298,7 @@ def test_gpu_path_under_torchrun_simulates_on_the_rank_gpu(tmp_path, gpu_sized_e
 def test_ippo_gpu_path_default_flags_build(tmp_path, gpu_sized_envs):
     """`python ippo.py` (TwoRobotPickCube-v1) on a GPU: 512 training envs, 8 evaluation envs with video."""
     args = ippo.Args(save_train_video_freq=10)
-    ippo.validate(args, maniskill=True, time_limit=100)
+    args, _ = ippo.validate(args, maniskill=True, time_limit=100)
     envs = ippo.make_envs(args, True, torch.device("cpu"), evaluation=False, run_dir=tmp_path, num_eval_steps=100)
     eval_envs = ippo.make_envs(args, True, torch.device("cpu"), evaluation=True, run_dir=tmp_path, num_eval_steps=100)
     try:
