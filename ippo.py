@@ -919,7 +919,7 @@ def settings(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     args = dataclasses.replace(
         args, max_episode_steps=time_limit if args.max_episode_steps is None else args.max_episode_steps,
         lr_schedule="linear" if args.anneal_lr else args.lr_schedule,
-        agent_obs=args.agent_obs or "full" if maniskill else args.agent_obs)
+        agent_obs=(args.agent_obs or "full") if maniskill else args.agent_obs)
     bootstrap_rule = args.bootstrap_at_done
     if bootstrap_rule == "auto":
         bootstrap_rule = "always" if maniskill else "truncated"
@@ -2553,7 +2553,7 @@ def mean_over_ranks(x: torch.Tensor) -> torch.Tensor:
 def average_gradients(agent: nn.Module, loss_finite: torch.Tensor) -> torch.Tensor:
     """Replace each rank's gradients by their mean over all ranks, in one all-reduce (every rank then clips and steps
     alike); returns whether every rank's loss was finite."""
-    grads = [p.grad for p in agent.parameters()]
+    grads = [p.grad for p in agent.parameters() if p.grad is not None]  # a frozen or idle part has none, on every rank
     flat = mean_over_ranks(torch.cat([g.flatten() for g in grads] + [(~loss_finite).float().reshape(1)]))
     offset = 0
     for g in grads:

@@ -589,7 +589,7 @@ class PPOOptimizer(torch.optim.Adam):
     carries theirs, so that checkpoints save, and --resume restores, every optimizer of the run."""
 
     def __init__(self, agent: nn.Module, lr: float):
-        self.agent, self.own_names = agent, list(own_optimizers(agent))
+        self.agent, self.own = agent, list(own_optimizers(agent).values())
         # fused: one kernel per parameter for the whole Adam step, on the CPU as on the GPU; it rounds differently
         # from torch's default by about one float32 ulp per step, and takes a third of its time for small networks.
         super().__init__(self.parameter_groups(agent), lr=lr, eps=1e-5, fused=True)
@@ -600,9 +600,6 @@ class PPOOptimizer(torch.optim.Adam):
 
     def state_dict(self) -> dict:
         own = {name: optimizer.state_dict() for name, optimizer in own_optimizers(self.agent).items()}
-        if list(own) != self.own_names:  # one the PPO optimizer also steps, and --resume would not find
-            raise UserError(f"the Agent's optimizers {sorted(set(own) - set(self.own_names))} came after the PPO "
-                            "optimizer: create the Agent's own optimizers in Agent.__init__")
         return {**super().state_dict(), **({"own_optimizers": own} if own else {})}
 
     def load_state_dict(self, state_dict: dict):
@@ -932,6 +929,10 @@ class SeedLinear(nn.Linear):
     x of shape (seeds, ..., in), each seed's rows to its own weights."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() < 2 or x.shape[0] != self.weight.shape[0]:
+            raise UserError(f"a stacked nn.Linear of {self.weight.shape[0]} seeds takes (seeds, ..., in), not "
+                            f"{tuple(x.shape)}: give a network of the copy's rows (buf.rows(x), a minibatch), seed "
+                            f"first ({TRAINER}.py's docstring, 'A copy's contract')")
         rows = x.reshape(x.shape[0], -1, x.shape[-1])  # (seeds, rows, in) itself: a view, the same numbers
         return torch.baddbmm(self.bias.unsqueeze(-2), rows, self.weight.transpose(-1, -2)).view(*x.shape[:-1], -1)
 
@@ -1374,7 +1375,7 @@ class Run:
             # After the envs are built and reset, so that each rank's random stream continues where it stopped.
             set_rng_states(self.resume_state["rng"] if rank == 0 else self.resume_state["other_ranks_rng"][rank - 1],
                            setup.device)
-        self.unsaved = UnsavedState(self.agent, args)
+        self.unsaved = UnsavedState(self.agent, args, self.optimizer)
         self.log = RunLog(args, setup, self.resume_state)
         self.progress = tqdm(total=setup.num_iterations, initial=self.start_iteration, desc=setup.run_name,
                              dynamic_ncols=True, mininterval=1.0, disable=rank != 0)
@@ -2792,8 +2793,8 @@ class UnsavedState:
     run's settings as given), the Agent's Python attributes, this file's module variables. refuse_changes() names the
     first that changed since the run began, in one error line."""
 
-    def __init__(self, agent: nn.Module, args: Args):
-        self.agent, self.args = agent, args
+    def __init__(self, agent: nn.Module, args: Args, optimizer: PPOOptimizer):
+        self.agent, self.args, self.optimizer = agent, args, optimizer
         self.before = copy.deepcopy(self.values())
         for name, module in agent.named_modules(prefix=type(agent).__name__):
             for key, value in vars(module).items():
@@ -2813,6 +2814,10 @@ class UnsavedState:
 
     def refuse_changes(self):
         """Every rank stops alike (rank 0 alone evaluates, and may change what the others do not)."""
+        if [id(own) for own in own_optimizers(self.agent).values()] != [id(own) for own in self.optimizer.own]:
+            raise UserError("the Agent's own optimizers are not those it had when the PPO optimizer was made, which "
+                            "steps the parameters of any made later too and which --resume would not restore: make "
+                            "them once, in Agent.__init__")
         changed = next((name for name, value in self.values().items()
                         if name not in self.before or not same_data(value, self.before[name])), None)
         changed = next((name for name in gather_objects(changed) if name is not None), None)
@@ -2837,7 +2842,7 @@ def same_data(a, b) -> bool:
         return a.shape == b.shape and a.dtype == b.dtype and (torch.equal(a, b) or a.is_floating_point() and bool(
             ((a == b) | (a.isnan() & b.isnan())).all()))
     if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
-        return a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
+        return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
     if isinstance(a, (torch.Tensor, np.ndarray)) or isinstance(b, (torch.Tensor, np.ndarray)):
         return False
     if isinstance(a, (set, frozenset)) and isinstance(b, (set, frozenset)):
@@ -2885,7 +2890,7 @@ def mean_over_ranks(x: torch.Tensor) -> torch.Tensor:
 def average_gradients(agent: nn.Module, loss_finite: torch.Tensor) -> torch.Tensor:
     """Replace each rank's gradients by their mean over all ranks, in one all-reduce (every rank then clips and steps
     alike); returns whether every rank's loss was finite."""
-    grads = [p.grad for p in agent.parameters()]
+    grads = [p.grad for p in agent.parameters() if p.grad is not None]  # a frozen or idle part has none, on every rank
     flat = mean_over_ranks(torch.cat([g.flatten() for g in grads] + [(~loss_finite).float().reshape(1)]))
     offset = 0
     for g in grads:

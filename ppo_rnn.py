@@ -2204,7 +2204,7 @@ def mean_over_ranks(x: torch.Tensor) -> torch.Tensor:
 def average_gradients(agent: nn.Module, loss_finite: torch.Tensor) -> torch.Tensor:
     """Replace each rank's gradients by their mean over all ranks, in one all-reduce (every rank then clips and steps
     alike); returns whether every rank's loss was finite."""
-    grads = [p.grad for p in agent.parameters()]
+    grads = [p.grad for p in agent.parameters() if p.grad is not None]  # a frozen or idle part has none, on every rank
     flat = mean_over_ranks(torch.cat([g.flatten() for g in grads] + [(~loss_finite).float().reshape(1)]))
     offset = 0
     for g in grads:

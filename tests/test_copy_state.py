@@ -225,15 +225,18 @@ def test_what_unsaved_state_compares():
     on the Agent, whose state checkpoints do not save, is refused; an optimizer made after PPO's too."""
     assert ppo.same_data(torch.tensor([float("nan"), 1.0]), torch.tensor([float("nan"), 1.0]))
     assert ppo.same_data(np.array([np.nan]), np.array([np.nan])) and not ppo.same_data(torch.zeros(1), np.zeros(1))
+    assert ppo.plain_data(deque([1.0, torch.ones(1)])) and ppo.plain_data({1, 2}) and not ppo.plain_data([object()])
     assert not ppo.same_data(deque([1, 2]), deque([1, 3])) and ppo.same_data({1, 2}, {2, 1})
     agent = WithOwnOptimizer()
     optimizer = ppo.make_optimizer(agent, ppo.Args())
-    agent.late_optimizer = torch.optim.Adam([agent.coef])
-    with pytest.raises(ppo.UserError, match=r"optimizers \['late_optimizer'\] came after the PPO optimizer"):
-        optimizer.state_dict()
+    unsaved = ppo.UnsavedState(agent, ppo.Args(), optimizer)
+    unsaved.refuse_changes()
+    agent.coef_optimizer = torch.optim.Adam([agent.coef])  # remade: PPO's optimizer knew the first
+    with pytest.raises(ppo.UserError, match="own optimizers are not those it had when the PPO optimizer was made"):
+        unsaved.refuse_changes()
     agent.scheduler = torch.optim.lr_scheduler.LinearLR(agent.coef_optimizer)
     with pytest.raises(ppo.UserError, match="WithOwnOptimizer.scheduler is a learning-rate scheduler"):
-        ppo.UnsavedState(agent, ppo.Args())
+        ppo.UnsavedState(agent, ppo.Args(), optimizer)
 
 
 def test_frozen_and_unused_parameters_under_num_seeds():
@@ -257,6 +260,8 @@ def test_frozen_and_unused_parameters_under_num_seeds():
     idle, target = agent.idle.weight.detach().clone(), agent.target.weight.detach().clone()
     x = torch.randn(2, 4, 5, 2)
     assert agent(x).shape == (2, 4, 5, 1)
+    with pytest.raises(ppo.UserError, match=r"takes \(seeds, \.\.\., in\), not \(3, 2, 2\)"):
+        agent(torch.randn(3, 2, 2))  # a rollout tensor, its steps first
     alone = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
     alone.load_state_dict({key[4:]: value[1] for key, value in agent.state_dict().items() if key.startswith("net.")})
     torch.testing.assert_close(agent(x)[1], alone(x[1]))
