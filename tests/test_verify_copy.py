@@ -137,3 +137,13 @@ def test_flags_with_or_without_values_and_bad_ones_in_one_line(tmp_path):
         result = run_python([script, target, *argv], tmp_path)
         assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
         assert result.stderr.startswith(says), result.stderr
+
+
+def test_no_false_verdict_on_a_recurrent_copy_on_pendulum(tmp_path):
+    """The same for ppo_rnn.py's copies (ppo_rgb.py refuses a vector env, ippo.py needs agents)."""
+    copy = tmp_path / "my_rnn.py"
+    copy.write_text((REPO / "ppo_rnn.py").read_text())
+    result = run_python([str(REPO / "scripts/verify_copy.py"), str(copy), "--env_id", "Pendulum-v1", "--checks",
+                         "resume"], tmp_path, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert rows(result.stdout)["resume"][0] == "holds", result.stdout
