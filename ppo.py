@@ -655,10 +655,12 @@ class PPOOptimizer(torch.optim.Adam):
 def own_optimizers(agent: nn.Module) -> dict[str, torch.optim.Optimizer]:
     """The optimizers that the Agent and its modules hold as attributes (a copy's own, self.ent_coef_optimizer =
     torch.optim.Adam([self.log_ent_coef])), by name."""
-    found = {f"{name}.{key}".lstrip("."): value for name, module in agent.named_modules()
-             for key, value in vars(module).items() if isinstance(value, torch.optim.Optimizer)}
-    return {name: value for name, value in found.items()  # one optimizer under two names is one
-            if next(first for first, other in found.items() if other is value) == name}
+    found = {}
+    for name, module in agent.named_modules():
+        for key, value in vars(module).items():
+            if isinstance(value, torch.optim.Optimizer) and all(value is not other for other in found.values()):
+                found[f"{name}.{key}".lstrip(".")] = value  # one optimizer under two names is one, by its first
+    return found
 
 
 def ppo_parameters(agent: nn.Module) -> list[nn.Parameter]:
@@ -1056,9 +1058,7 @@ class SeedOptimizer(PPOOptimizer):
             raise UserError(f"the loss has shape {tuple(loss.shape)}, not one value per seed "
                             f"{tuple(self.stepping.shape)}: under --num_seeds ppo_loss() reduces each term over its "
                             f"rows alone (.mean(-1)) ({TRAINER}.py's docstring, 'A copy's contract')")
-        for i, (group, go) in enumerate(zip(self.param_groups, self.going)):
-            for view, p in zip(group["params"], self.stacked):  # a stopped seed's views get no gradient
-                view.grad = p.grad[i] if go and p.grad is not None else None  # None: a part the loss left out
+        give_seeds_gradients([group["params"] for group in self.param_groups], self.stacked, self.going)
         grad_norms = torch.stack([nn.utils.clip_grad_norm_(group["params"], max_grad_norm)
                                   for group, go in zip(self.param_groups, self.going) if go])
         loss_finite = torch.isfinite(loss).all()
@@ -1090,26 +1090,28 @@ class SeedSteps:
         super().zero_grad(set_to_none)
 
     def step(self, closure=None):
-        for i, go in enumerate(self.seed_optimizer.going):
-            for view, p in zip(self.views[i], self.stacked):
-                view.grad = p.grad[i] if go and p.grad is not None else None
+        give_seeds_gradients(self.views, self.stacked, self.seed_optimizer.going)
         return super().step(closure)
 
 
 def split_by_seed(optimizer: torch.optim.Optimizer, seed_optimizer: SeedOptimizer):
     """Make a fresh optimizer over stacked parameters a SeedSteps of itself, in place."""
-    num_seeds = len(seed_optimizer.generators)
     groups = optimizer.param_groups
+    seeds_groups = [[{**group, "params": [nn.Parameter(p.detach()[i]) for p in group["params"]]} for group in groups]
+                    for i in range(len(seed_optimizer.generators))]
     optimizer.stacked = [p for group in groups for p in group["params"]]
-    optimizer.views = [[nn.Parameter(p.detach()[i]) for p in optimizer.stacked] for i in range(num_seeds)]
-    optimizer.param_groups, k = [], 0
-    for i in range(num_seeds):
-        for group in groups:
-            optimizer.param_groups.append({**group, "params": optimizer.views[i][k:k + len(group["params"])]})
-            k += len(group["params"])
-        k = 0
+    optimizer.views = [[view for group in seed_groups for view in group["params"]] for seed_groups in seeds_groups]
+    optimizer.param_groups = [group for seed_groups in seeds_groups for group in seed_groups]
     optimizer.seed_optimizer = seed_optimizer
     optimizer.__class__ = type(f"Seed{type(optimizer).__name__}", (SeedSteps, type(optimizer)), {})
+
+
+def give_seeds_gradients(views: list[list[nn.Parameter]], stacked: list[nn.Parameter], going: list[bool]):
+    """Seed i's views (views[i], of the stacked parameters in their order) get seed i's part of their gradients; a
+    seed that stopped, and a part the loss left out, none (so no step)."""
+    for i, go in enumerate(going):
+        for view, p in zip(views[i], stacked):
+            view.grad = p.grad[i] if go and p.grad is not None else None
 
 
 def policy_step_of(agent: Agent):

@@ -62,18 +62,24 @@ CHECKS = ("trains", "same_seed", "resume", "seeds", "evaluates", "exports")
 ITERATIONS, STOP_AFTER = 4, 2
 EXPORT_STEPS = 10
 NUM_ENVS = 3  # not the number of seeds of the seeds check: a buffer broadcast against the wrong dimension fails
-# Runs the copy with its update() wrapped to send this process SIGTERM after iteration STOP_AFTER's: the trainer
-# saves at the end of that iteration and exits, as a run stopped by a scheduler does. Then it writes to REPORT where
-# the copy created each optimizer whose state (Adam's moments) the checkpoint it saved does not hold.
-STOPPED_RUN = """
-import importlib.util, json, os, signal, sys, traceback
-import torch
-path, stop_after, report, checkpoint, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5:]
+# The harnesses' start: the copy (sys.argv[1]) imported as a module of its own name, as a user's python my_idea.py runs
+# it, so that they can wrap its functions.
+IMPORT_COPY = """
+import importlib.util, os, sys
+path = sys.argv[1]
 spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
 copy = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = copy
 sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
 spec.loader.exec_module(copy)
+"""
+# Runs the copy with its update() wrapped to send this process SIGTERM after iteration STOP_AFTER's: the trainer
+# saves at the end of that iteration and exits, as a run stopped by a scheduler does. Then it writes to REPORT where
+# the copy created each optimizer whose state (Adam's moments) the checkpoint it saved does not hold.
+STOPPED_RUN = IMPORT_COPY + """
+import json, signal, traceback
+import torch
+stop_after, report, checkpoint, argv = int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5:]
 update, calls, created = copy.update, [], []
 def update_then_stop(*args, **kwargs):
     stats = update(*args, **kwargs)
@@ -106,15 +112,9 @@ sys.exit(status)
 # Runs the copy as it is, recording its last evaluation where the evaluation envs (TorchVecEnv) hand the actions to the
 # Gymnasium vector env: the observations the policy acted on, the episodes' ends, the actions the envs received. The
 # export check replays them: an exported policy must act as training's own evaluation acted.
-RECORDED_RUN = """
-import importlib.util, os, sys
+RECORDED_RUN = IMPORT_COPY + """
 import numpy as np, torch
-path, record, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
-spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
-copy = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = copy
-sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-spec.loader.exec_module(copy)
+record, argv = sys.argv[2], sys.argv[3:]
 make_envs, evaluation = copy.make_envs, {}
 def cloned(obs):
     return {key: value.cpu().clone() for key, value in obs.items()} if isinstance(obs, dict) else obs.cpu().clone()
