@@ -14,7 +14,7 @@ its own indentation:
 A definition is a def or a class (its decorators and every line indented below it, comments included), or a run of
 module-level assignments (NAME = ...) up to the first blank line. A copy must equal its source's text exactly,
 comments and blank lines inside it included, re-indented when it stands at another depth. A copy of a copy is
-checked against its first source; a cycle of copies is refused. Every .py file at the checkout's root is read.
+checked against its first source; a cycle of copies is refused.
 
 An unmarked definition that has a near-twin of the same name in another of those files (difflib ratio >= 0.9) must
 be a marked copy or be named, with its reason, in scripts/intended_differences.txt: the check fails on a new one.
@@ -24,7 +24,10 @@ be a marked copy or be named, with its reason, in scripts/intended_differences.t
     python scripts/check_copies.py --report # the unmarked near-twins, listed or not, with their similarity
     python scripts/check_copies.py --root DIR   # the files of another checkout (the tests' drifted copies)
 
-A researcher's own copy (cp ppo.py my_idea.py) is checked only if it stands at the root and carries markers.
+The checked files are the project's own at the checkout's root (OWN_FILES) and any other .py file there that
+declares itself with a line of its own reading exactly DECLARATION (a new trainer, until it joins OWN_FILES). A
+researcher's copy (cp ppo_rnn.py my_idea.py) keeps its source's marks but is its own file: it is not checked, and
+its edits of a marked definition are neither reported nor overwritten by --fix.
 """
 
 import argparse
@@ -41,6 +44,8 @@ LOOSE_MARKER = re.compile(r"\bcopied\s+from\b", re.IGNORECASE)  # any comment sa
 MARKER = re.compile(r"#\s*Copied from (?P<source>[\w./-]+?)(?::\s*(?P<name>[\w.]+))?(?:\s+with\s+(?P<pairs>.+?))?\s*$")
 PAIR = re.compile(r"(?P<old>\S+?)->(?P<new>\S*)")
 ALLOWED = "intended_differences.txt"
+OWN_FILES = ("ppo.py", "ppo_rnn.py", "ppo_rgb.py", "ippo.py", "ppo_eval.py")
+DECLARATION = "# check_copies: this file's marks are checked"
 NEAR_TWIN = 0.9
 UNLIKE = 0.5  # a drifted copy less alike than this is named as perhaps marked by mistake
 FIX_PASSES = 5  # a copy nested in a class that is copied elsewhere settles in a second pass; more is refused
@@ -252,7 +257,7 @@ class Checkout:
         name in a file before it (ppo.py first, then by name; files with marks only); a method only where its class
         is no near-twin."""
         marked = [file for file in self.files if any(d.marker for d in self.read(file)[1].values())]
-        # a file without marks (a researcher's cp ppo.py my_idea.py) is its own: only ppo.py is a source regardless
+        # a checked file without marks copies nothing: only ppo.py is a source regardless
         order = sorted({"ppo.py", *marked} & self.files.keys(), key=lambda file: (file != "ppo.py", file))
         found = []
         for position, file in enumerate(order):
@@ -302,9 +307,15 @@ def intended_differences(root: Path) -> dict[tuple[str, str], str]:
     return listed
 
 
+def checked_files(root: Path) -> list[str]:
+    """The project's own files at root, and those that declare themselves (DECLARATION)."""
+    return sorted(path.name for path in root.glob("*.py")
+                  if path.name in OWN_FILES or DECLARATION in path.read_text().splitlines())
+
+
 def check(root: Path, fix: bool, report: bool) -> int:
     checkout = Checkout(root)
-    files = sorted(path.name for path in root.glob("*.py"))
+    files = checked_files(root)
     drifted, first_pass = 0, []  # what the first pass found, printed once --fix has written it
     for _ in range(FIX_PASSES if fix else 1):
         checkout.files.clear()

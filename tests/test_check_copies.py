@@ -245,13 +245,13 @@ def test_fix_never_writes_a_file_that_does_not_parse(tmp_path):
 
 def test_copies_of_copies_settle_in_any_file_order_and_cycles_are_refused(tmp_path):
     # a.py copies from zz.py, which copies from ppo.py: a.py's source comes after it
-    copy = ("# Copied from {}\ndef bootstrap(x):\n    return x + LOG_TWO\n"
-            "    # a closing comment belongs to the function\n")
+    copy = ("# check_copies: this file's marks are checked\n# Copied from {}\ndef bootstrap(x):\n"
+            "    return x + LOG_TWO\n    # a closing comment belongs to the function\n")
     root = tiny(tmp_path, {"a.py": copy.format("zz.py"), "zz.py": copy.format("ppo.py")})
     assert check(root).returncode == 0
     (root / "ppo.py").write_text(SOURCE.replace("x + LOG_TWO", "x + 2 * LOG_TWO"))
     result = check(root)
-    assert "a.py:2 bootstrap differs" in result.stdout and "zz.py:2 bootstrap differs" in result.stdout
+    assert "a.py:3 bootstrap differs" in result.stdout and "zz.py:3 bootstrap differs" in result.stdout
     assert check(root, "--fix").returncode == 0 and check(root).returncode == 0
     assert "2 * LOG_TWO" in (root / "a.py").read_text()
     (root / "zz.py").write_text(copy.format("a.py"))  # a.py <-> zz.py, drifting alike
@@ -259,12 +259,28 @@ def test_copies_of_copies_settle_in_any_file_order_and_cycles_are_refused(tmp_pa
     assert cycle.returncode == 2 and "a cycle of copies" in cycle.stderr
 
 
-def test_every_python_file_at_the_root_is_checked(tmp_path):
+def test_a_new_trainer_is_checked_once_it_declares_itself(tmp_path):
     copy = ("# Copied from ppo.py\ndef bootstrap(x):\n    return x + LOG_TWO\n"
             "    # a closing comment belongs to the function\n")
-    root = tiny(tmp_path, {"ppo_new_trainer.py": copy})
+    root = tiny(tmp_path, {"ppo_new_trainer.py": copy.replace("+", "-")})
+    assert check(root).returncode == 0  # not the project's own, not declared: not checked
+    (root / "ppo_new_trainer.py").write_text("# check_copies: this file's marks are checked\n" + copy)
     drift_is_caught_and_fixed(root, "ppo_new_trainer.py", lambda text: text.replace("+", "-"),
-                              "ppo_new_trainer.py:2 bootstrap")
+                              "ppo_new_trainer.py:3 bootstrap")
+
+
+@pytest.mark.parametrize("trainer", ("ppo.py", *SIBLINGS))
+def test_a_researchers_copy_of_any_trainer_is_its_own_file(tmp_path, trainer):
+    root = checkout(tmp_path)
+    text = (root / trainer).read_text()
+    (root / "my_idea.py").write_text(text)  # cp ppo_rnn.py my_idea.py: the marks and near-twins of a sibling
+    assert check(root).returncode == 0, check(root).stdout
+    edited = text.replace("        return terminated | truncated\n", "        return terminated  # my idea\n", 1)
+    assert edited != text
+    (root / "my_idea.py").write_text(edited)  # a marked definition of the siblings, bootstrap_mask()
+    result = check(root, "--fix")  # the researcher's edit is theirs: neither reported nor overwritten
+    assert result.returncode == 0 and "my_idea.py" not in result.stdout
+    assert (root / "my_idea.py").read_text() == edited
 
 
 def test_module_constants_are_copied_as_a_block_of_assignments(tmp_path):
@@ -324,10 +340,10 @@ def test_a_copy_renamed_by_its_replacements_settles(tmp_path):
 def test_fix_writes_every_file_or_none(tmp_path):
     good = "# Copied from ppo.py\ndef bootstrap(x):\n    return x - LOG_TWO\n"
     bad = "# Copied from ppo.py with +->+(\ndef bootstrap(x):\n    return x - LOG_TWO\n"
-    root = tiny(tmp_path, {"a.py": good, "b.py": bad})
+    root = tiny(tmp_path, {"ippo.py": good, "ppo_rnn.py": bad})
     result = check(root, "--fix")
     assert result.returncode == 2 and "(fixed)" not in result.stdout
-    assert (root / "a.py").read_text() == good and (root / "b.py").read_text() == bad
+    assert (root / "ippo.py").read_text() == good and (root / "ppo_rnn.py").read_text() == bad
 
 
 def test_a_run_of_constants_ends_at_code(tmp_path):
