@@ -939,12 +939,40 @@ class SeedLinear(nn.Linear):
         return torch.baddbmm(self.bias.unsqueeze(-2), rows, self.weight.transpose(-1, -2)).view(*x.shape[:-1], -1)
 
 
+class SeedEach:
+    """A layer of torch.nn other than nn.Linear (nn.LSTM, nn.GRU, nn.Conv2d, nn.LayerNorm, ...) of --num_seeds
+    networks, its parameters and buffers stacked: each seed's part of the inputs (the first dimension of each tensor,
+    and of each tensor in a tuple) through the layer with that seed's parameters, in turn, the outputs stacked."""
+
+    def forward(self, *inputs):
+        if self.one_seed:  # functional_call's call below
+            return super().forward(*inputs)
+        tensors = {**dict(self.named_parameters()), **dict(self.named_buffers())}
+        outputs = []
+        self.one_seed = True
+        try:
+            for i in range(next(iter(tensors.values())).shape[0]):
+                outputs.append(torch.func.functional_call(self, {name: t[i] for name, t in tensors.items()},
+                                                          tuple(seed_part(x, i) for x in inputs)))
+        finally:
+            self.one_seed = False
+        return stacked_parts(outputs)
+
+
+def seed_part(x, i: int):
+    return x[i] if isinstance(x, torch.Tensor) else type(x)(seed_part(y, i) for y in x) if isinstance(x, tuple) else x
+
+
+def stacked_parts(parts: list):
+    return torch.stack(parts) if isinstance(parts[0], torch.Tensor) else type(parts[0])(map(stacked_parts, zip(*parts)))
+
+
 def stack_seeds(modules: list[nn.Module]) -> nn.Module:
     """--num_seeds: one module of the seeds' modules (alike but for their values), each parameter and buffer (but
     integer buffers left out of the state dict, which describe the structure) stacked on a new first dimension, seed
-    i's at index i: seed i's state dict is every tensor's [i]. Its nn.Linear layers become SeedLinear; inputs and
-    outputs carry the seed dimension first. The optimizers a module holds (own_optimizers()) step the stacked
-    parameters. One module is returned as it is."""
+    i's at index i: seed i's state dict is every tensor's [i]. Its nn.Linear layers become SeedLinear, torch.nn's
+    other layers with parameters SeedEach; inputs and outputs carry the seed dimension first. The optimizers a module
+    holds (own_optimizers()) step the stacked parameters. One module is returned as it is."""
     if len(modules) == 1:
         return modules[0]
     stacked, stacked_of = copy.deepcopy(modules[0]), {}
@@ -959,6 +987,9 @@ def stack_seeds(modules: list[nn.Module]) -> nn.Module:
                 module._buffers[key] = torch.stack([seed._buffers[key] for seed in seeds])
         if type(module) is nn.Linear:
             module.__class__ = SeedLinear  # the same parameters, stacked above
+        elif type(module).__module__.startswith("torch.nn.") and module._parameters:
+            module.__class__ = type(f"Seed{type(module).__name__}", (SeedEach, type(module)), {})
+            module.one_seed = False
     for name, own in own_optimizers(stacked).items():  # fresh ones: no state yet, which would refer to parameters
         for group in own.param_groups:
             if any(id(p) not in stacked_of for p in group["params"]):
@@ -1122,10 +1153,10 @@ def policy_step_of(agent: Agent):
         return agent.get_action_and_value
     checked = []
 
-    def each_seed_draws(obs: torch.Tensor):
+    def each_seed_draws(obs: torch.Tensor, *more_inputs):
         before = None if checked else rng_states(obs.device)
         with PerSeedDraws(agent.generators):
-            result = agent.get_action_and_value(obs)
+            result = agent.get_action_and_value(obs, *more_inputs)
         if not checked:
             if {"torch", "cuda"} & set(moved_generators(before, rng_states(obs.device))):
                 raise UserError("the policy draws from torch's default generator with what --num_seeds cannot give "
@@ -2543,7 +2574,7 @@ def print_how_to_resume(signum: int, checkpoint: Optional[Path], iteration: int,
 # The flags that some of the trainers have, and which: a trainer given another's says so (tests/test_copy.py keeps this
 # equal to the trainers' Args).
 FLAGS_OF_SOME_TRAINERS = {
-    "num_seeds": "ppo.py", "critic_obs": "ppo.py, ppo_rnn.py and ppo_rgb.py",
+    "num_seeds": "ppo.py and ppo_rnn.py", "critic_obs": "ppo.py, ppo_rnn.py and ppo_rgb.py",
     "hidden_sizes": "ppo.py, ppo_rgb.py and ippo.py",
     "rnn_type": "ppo_rnn.py", "rnn_hidden_size": "ppo_rnn.py", "rnn_num_layers": "ppo_rnn.py", "seq_len": "ppo_rnn.py",
     "shared_rnn": "ppo_rnn.py",

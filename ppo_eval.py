@@ -477,6 +477,9 @@ class DeployedPolicy(nn.Module):
         self.agent = agent
         self.agent_index = agent_index
         self.recurrent = hasattr(agent, "initial_state")
+        # ppo_rnn.py's sequences are (batch, time, ...), as its nn.LSTM(batch_first=True) takes them; those of its
+        # earlier copies, (time, batch, ...)
+        self.time_dim = 1 if any(getattr(module, "batch_first", False) for module in agent.modules()) else 0
         self.keys = [key for key in envs.obs_layout if key != "critic"] if hasattr(envs, "obs_layout") else None
         self.obs_dim = getattr(agent, "obs_dim", None)  # the actor's first dims of ppo.py's and ppo_rnn.py's
         self.box = hasattr(envs, "action_low")
@@ -506,9 +509,9 @@ class DeployedPolicy(nn.Module):
         agent = self.agent
         if self.recurrent:
             obs, state, episode_start = inputs
-            action, state = agent.get_action(agent.normalize_obs(obs)[None], state, episode_start[None],
-                                             deterministic=True)
-            return action[0], state
+            action, state = agent.get_action(agent.normalize_obs(obs).unsqueeze(self.time_dim), state,
+                                             episode_start.unsqueeze(self.time_dim), deterministic=True)
+            return action.select(self.time_dim, 0), state
         obs = dict(zip(self.keys, inputs)) if self.keys else inputs[0]
         if self.agent_index is not None:  # every agent's actor sees only its own row: give each this observation
             obs = nn.functional.pad(obs, (0, self.row_dim - self.obs_dim))[:, None].expand(-1, agent.num_agents, -1)

@@ -648,7 +648,6 @@ def random_shift(images: torch.Tensor, pad: int) -> torch.Tensor:
     return padded[torch.arange(num, device=images.device)[:, None, None], rows, columns].to(images.dtype)
 
 
-# Copied from ppo_rnn.py
 def minibatch_indices(batch_size: int, minibatch_size: int, epochs: int, device: torch.device):
     """Each epoch a new permutation of the batch, cut into minibatches; drawn as needed, so that an update stopped
     early draws no further permutations from the random stream."""
@@ -1763,7 +1762,6 @@ class TorchEnvContract:
         self.env.close()
 
 
-# Copied from ppo_rnn.py
 def make_torch_native_envs(args: Args, num_envs: int, device: torch.device) -> TorchVecEnv:
     return TorchVecEnv(make_torch_native_env(args, num_envs, device), device, torch_native=True)
 
@@ -1905,7 +1903,6 @@ def open_run(args: Args, setup: Setup, resume_state: Optional[dict], announce: b
     return writer
 
 
-# Copied from ppo_rnn.py
 def checkpoint_states(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: torch.optim.Optimizer,
                       reward_normalizer: Optional[RewardNormalizer], global_step: int,
                       iteration: int) -> list[tuple[Path, dict]]:
@@ -1978,7 +1975,7 @@ def print_how_to_resume(signum: int, checkpoint: Optional[Path], iteration: int,
 
 # Copied from ppo.py
 FLAGS_OF_SOME_TRAINERS = {
-    "num_seeds": "ppo.py", "critic_obs": "ppo.py, ppo_rnn.py and ppo_rgb.py",
+    "num_seeds": "ppo.py and ppo_rnn.py", "critic_obs": "ppo.py, ppo_rnn.py and ppo_rgb.py",
     "hidden_sizes": "ppo.py, ppo_rgb.py and ippo.py",
     "rnn_type": "ppo_rnn.py", "rnn_hidden_size": "ppo_rnn.py", "rnn_num_layers": "ppo_rnn.py", "seq_len": "ppo_rnn.py",
     "shared_rnn": "ppo_rnn.py",

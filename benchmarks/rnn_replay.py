@@ -42,8 +42,8 @@ def main():
     obs_dim, action_dim, steps, batch = 42, 8, args.seq_len, args.sequences  # PickCube's spaces
     agent = ppo_rnn.Agent(obs_dim, {"type": "Box", "shape": [action_dim]}, False, False, "tanh", -0.5, args.rnn_type,
                           args.hidden_size, 1, False).to(device)
-    obs, actions = torch.randn(steps, batch, obs_dim), torch.randn(steps, batch, action_dim)
-    starts = torch.rand(steps, batch) < 1.0 / args.episode_len
+    obs, actions = torch.randn(batch, steps, obs_dim), torch.randn(batch, steps, action_dim)  # (batch, time, ...)
+    starts = torch.rand(batch, steps) < 1.0 / args.episode_len
     state = torch.randn(agent.initial_state(batch, device).shape)
     obs, actions, starts, state = (x.to(device) for x in (obs, actions, starts, state))
     seconds = []
@@ -56,7 +56,7 @@ def main():
             torch.cuda.synchronize()
         if repeat > 0:
             seconds.append(time.perf_counter() - start)
-    inside = starts[1:]
+    inside = starts[:, 1:].T
     print("| sequences x steps | RNN | device | replay | starts inside | steps with a start | forward+backward "
           "(median) |")
     print("|---|---|---|---|---:|---:|---:|")

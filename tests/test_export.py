@@ -149,13 +149,13 @@ def test_exported_recurrent_policy_carries_its_state_through_episodes(tmp_path, 
         starts_seen = 0
         for _ in range(24):
             with torch.no_grad():
-                action, state = agent.get_action(agent.normalize_obs(obs)[None], state, start[None],
+                action, state = agent.get_action(agent.normalize_obs(obs)[:, None], state, start[:, None],
                                                  deterministic=True)
             exported_action, exported_state = run({"obs": obs.numpy(), "rnn_state": exported_state,
                                                    "episode_start": start.numpy()})
-            assert_acts_as(exported_action, to_env(action[0], space), space)
+            assert_acts_as(exported_action, to_env(action[:, 0], space), space)
             np.testing.assert_allclose(exported_state, state.numpy(), atol=1e-5, rtol=0)
-            obs, _, terminated, truncated, _, _ = envs.step(action[0])
+            obs, _, terminated, truncated, _, _ = envs.step(action[:, 0])
             start = terminated | truncated
             starts_seen += int(start.sum())
         assert starts_seen == 4  # every env began a second episode on the way
@@ -216,14 +216,14 @@ def test_a_privileged_critics_policy_takes_the_actors_observation_alone(tmp_path
         exported_state, start = state.numpy(), torch.ones(4, dtype=torch.bool)
         for _ in range(20):
             with torch.no_grad():
-                action, state = agent.get_action(agent.normalize_obs(obs)[None], state, start[None],
+                action, state = agent.get_action(agent.normalize_obs(obs)[:, None], state, start[:, None],
                                                  deterministic=True)
             exported_action, exported_state = run({"obs": obs[:, :2].numpy(), "rnn_state": exported_state,
                                                    "episode_start": start.numpy()})
-            np.testing.assert_allclose(exported_action, to_env(action[0], envs.single_action_space).numpy(),
+            np.testing.assert_allclose(exported_action, to_env(action[:, 0], envs.single_action_space).numpy(),
                                        atol=1e-5, rtol=0)
             np.testing.assert_allclose(exported_state, state.numpy(), atol=1e-5, rtol=0)
-            obs, _, terminated, truncated, _, _ = envs.step(action[0])
+            obs, _, terminated, truncated, _, _ = envs.step(action[:, 0])
             start = terminated | truncated
         envs.close()
         return

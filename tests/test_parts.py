@@ -128,9 +128,9 @@ def test_written_out_gaussian_is_torch_normal_bit_for_bit(trainer):
         agent.actor_logstd.copy_(torch.randn_like(agent.actor_logstd))
     obs = torch.randn(32, 3)
     if trainer is ppo_rnn:  # one step of 32 envs from a zero state
-        state, starts = agent.initial_state(32, torch.device("cpu")), torch.ones(1, 32, dtype=torch.bool)
-        policy = lambda action=None: agent.get_action_and_value(obs[None], state, starts, action)  # noqa: E731
-        actor_mean = lambda: agent.actor(agent.cores(obs[None], state, starts)[0])  # noqa: E731
+        state, starts = agent.initial_state(32, torch.device("cpu")), torch.ones(32, 1, dtype=torch.bool)
+        policy = lambda action=None: agent.get_action_and_value(obs[:, None], state, starts, action)  # noqa: E731
+        actor_mean = lambda: agent.actor(agent.cores(obs[:, None], state, starts)[0])  # noqa: E731
     else:
         policy = lambda action=None: agent.get_action_and_value(obs, action)  # noqa: E731
         actor_mean = lambda: agent.actor(obs)  # noqa: E731

@@ -45,41 +45,41 @@ def test_replay_equals_step_by_step_and_resets_are_fresh_starts(monkeypatch, rnn
     monkeypatch.setattr(ppo_rnn, "PACKED_REPLAY_DEVICES", ("cpu",) if packed else ())
     agent = make_agent(rnn_type, shared_rnn)
     steps, num_envs = 12, 3
-    obs, actions = torch.randn(steps, num_envs, 3), torch.randn(steps, num_envs, 2)
-    starts = torch.zeros(steps, num_envs, dtype=torch.bool)
-    starts[0, :2] = True  # env 2 continues an episode from before the sequence, with its carried state
-    starts[4, 0] = starts[7, 1] = starts[7, 2] = True
+    obs, actions = torch.randn(num_envs, steps, 3), torch.randn(num_envs, steps, 2)  # (batch, time, ...)
+    starts = torch.zeros(num_envs, steps, dtype=torch.bool)
+    starts[:2, 0] = True  # env 2 continues an episode from before the sequence, with its carried state
+    starts[0, 4] = starts[1, 7] = starts[2, 7] = True
     carried = torch.randn(agent.initial_state(num_envs, torch.device("cpu")).shape)
 
     with torch.no_grad():
         state, stepped = carried, []
         for t in range(steps):
-            _, logprob, _, value, state = agent.get_action_and_value(obs[t:t + 1], state, starts[t:t + 1],
-                                                                     actions[t:t + 1])
-            stepped.append((logprob[0], value[0]))
+            _, logprob, _, value, state = agent.get_action_and_value(obs[:, t:t + 1], state, starts[:, t:t + 1],
+                                                                     actions[:, t:t + 1])
+            stepped.append((logprob[:, 0], value[:, 0]))
         _, logprob, _, value, replay_state = agent.get_action_and_value(obs, carried, starts, actions)
-    torch.testing.assert_close(logprob, torch.stack([lp for lp, _ in stepped]), rtol=0, atol=1e-6)
-    torch.testing.assert_close(value, torch.stack([v for _, v in stepped]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(logprob, torch.stack([lp for lp, _ in stepped], 1), rtol=0, atol=1e-6)
+    torch.testing.assert_close(value, torch.stack([v for _, v in stepped], 1), rtol=0, atol=1e-6)
     torch.testing.assert_close(replay_state, state, rtol=0, atol=1e-6)
 
     with torch.no_grad():
         # env 0 from its start at step 4 on, alone, from a zero state and with no start flag
         _, fresh_logprob, _, fresh_value, _ = agent.get_action_and_value(
-            obs[4:, :1], agent.initial_state(1, torch.device("cpu")), torch.zeros(steps - 4, 1, dtype=torch.bool),
-            actions[4:, :1])
-        torch.testing.assert_close(logprob[4:, 0], fresh_logprob[:, 0], rtol=0, atol=1e-6)
-        torch.testing.assert_close(value[4:, 0], fresh_value[:, 0], rtol=0, atol=1e-6)
+            obs[:1, 4:], agent.initial_state(1, torch.device("cpu")), torch.zeros(1, steps - 4, dtype=torch.bool),
+            actions[:1, 4:])
+        torch.testing.assert_close(logprob[0, 4:], fresh_logprob[0], rtol=0, atol=1e-6)
+        torch.testing.assert_close(value[0, 4:], fresh_value[0], rtol=0, atol=1e-6)
         # env 2 continues its episode from the carried state until its start at step 7; env 0 starts at step 0
         other = carried.clone()
         other[:, 0] += 1.0
         other[:, 2] += 1.0
         _, logprob_other, _, value_other, _ = agent.get_action_and_value(obs, other, starts, actions)
-        assert torch.equal(logprob_other[:, :2], logprob[:, :2]) and torch.equal(value_other[:, :2], value[:, :2])
-        assert ((value_other[:7, 2] - value[:7, 2]).abs() > 1e-4).all()
-        torch.testing.assert_close(value_other[7:, 2], value[7:, 2], rtol=0, atol=1e-6)
+        assert torch.equal(logprob_other[:2], logprob[:2]) and torch.equal(value_other[:2], value[:2])
+        assert ((value_other[2, :7] - value[2, :7]).abs() > 1e-4).all()
+        torch.testing.assert_close(value_other[2, 7:], value[2, 7:], rtol=0, atol=1e-6)
         # a mutation: the reset one step late
         shifted = torch.zeros_like(starts)
-        shifted[0], shifted[1:] = starts[0], starts[:-1]
+        shifted[:, 0], shifted[:, 1:] = starts[:, 0], starts[:, :-1]
         _, _, _, value_shifted, _ = agent.get_action_and_value(obs, carried, shifted, actions)
         assert (value_shifted - value).abs().max() > 1e-2
 
@@ -122,8 +122,8 @@ def test_the_ratio_check_catches_a_reset_one_step_late(tmp_path, monkeypatch):
     forward = ppo_rnn.RecurrentCore.forward
 
     def late_reset(self, obs, state, episode_starts):
-        if obs.shape[0] > 1:  # the update's replay; the rollout steps one observation at a time
-            episode_starts = torch.cat((episode_starts[:1], episode_starts[:-1]))
+        if obs.shape[-2] > 1:  # the update's replay; the rollout steps one observation at a time
+            episode_starts = torch.cat((episode_starts[..., :1], episode_starts[..., :-1]), -1)
         return forward(self, obs, state, episode_starts)
 
     monkeypatch.setattr(ppo_rnn.RecurrentCore, "forward", late_reset)
@@ -143,10 +143,10 @@ def test_final_value_comes_from_the_ended_episodes_memory(tmp_path, monkeypatch,
     PointMassEnds episodes alternate: a termination after 8 steps (final count 9), a truncation at 16 (count 17)."""
     def counting_forward(self, obs, state, episode_starts):
         outputs = []
-        for t in range(obs.shape[0]):
-            state = torch.where(episode_starts[t][None, :, None], 0.0, state) + 1.0
+        for t in range(obs.shape[-2]):
+            state = torch.where(episode_starts[:, t][None, :, None], 0.0, state) + 1.0
             outputs.append(state[-1, :, :self.rnn.hidden_size])
-        return torch.stack(outputs), state
+        return torch.stack(outputs, 1), state
 
     monkeypatch.setattr(ppo_rnn.RecurrentCore, "forward", counting_forward)
     captured = spy_on_advantages(monkeypatch, ppo_rnn)
@@ -194,7 +194,7 @@ def test_evaluation_carries_and_resets_each_envs_memory(monkeypatch):
 
     def spy(self, obs, state, episode_starts, deterministic=False):
         assert deterministic
-        seen_starts.append(episode_starts[0].tolist())
+        seen_starts.append(episode_starts[:, 0].tolist())
         return get_action(self, obs, state, episode_starts, deterministic)
 
     monkeypatch.setattr(ppo_rnn.Agent, "get_action", spy)
