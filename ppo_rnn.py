@@ -499,8 +499,10 @@ class Agent(nn.Module):
         return self.value(features)
 
     def value(self, features: torch.Tensor) -> torch.Tensor:
-        value = self.critic(features).squeeze(-1)
-        return value if self.value_normalizer is None else self.value_normalizer.denormalize(value)
+        value = self.critic(features).squeeze(-1)  # (batch, time)
+        if self.value_normalizer is None:
+            return value
+        return self.value_normalizer.denormalize(value.flatten(-2)).view_as(value)  # as rows, which it takes
 
     def get_action(self, obs: torch.Tensor, state: torch.Tensor, episode_starts: torch.Tensor,
                    deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -529,7 +531,7 @@ class Agent(nn.Module):
         # the arithmetic at a rollout step's batch size (12% of the training time of one CPU env at CleanRL's
         # settings). The same operations, so the same numbers (tests/test_parts.py).
         mean = self.actor(actor_features)
-        std = self.actor_logstd.expand_as(mean).exp()
+        std = self.actor_logstd[..., None, :].expand_as(mean).exp()  # the (1, action_dim) of every (batch, time)
         if action is None:
             with torch.no_grad():
                 action = torch.normal(mean, std)

@@ -1,7 +1,8 @@
-"""Many seeds in one process against a process a seed (issue 38's must-have 4): ppo.py --num_seeds N against the same
-N seeds as runs of their own, two at a time (scripts/sweep.sh --jobs 2, on 2 cores), one measurement at a time.
+"""Many seeds in one process against a process a seed (issue 38's must-have 4): a trainer's --num_seeds N against the
+same N seeds as runs of their own, two at a time (scripts/sweep.sh --jobs 2, on 2 cores), one measurement at a time.
 
-    python benchmarks/seeds_speed.py                          # HalfCheetah-v4 and CartPole-v1, N = 1, 2, 4, 8, 16
+    python benchmarks/seeds_speed.py                          # every setting, N = 1, 2, 4, 8, 16
+    python benchmarks/seeds_speed.py --settings cartpolenovel_rnn --num_seeds 1 8   # ppo_rnn.py's row
     python benchmarks/seeds_speed.py --threads 1 2            # the one process also with --torch_threads 2
     python benchmarks/seeds_speed.py --settings cartpole --num_seeds 1 2 --total_timesteps 1024  # a check of it
 
@@ -25,7 +26,7 @@ from tests.util import machine  # noqa: E402
 
 # Short runs: evaluation (one env, 10 steps) and checkpoints kept out of the way of the training loop.
 COMMON = "--no_capture_video --no_save_model --eval_freq 1000000 --num_eval_envs 1 --num_eval_steps 10"
-SETTINGS = {  # name: (what it is, ppo.py's flags)
+SETTINGS = {  # name: (what it is, the trainer's flags; ppo.py's unless they name another)
     "halfcheetah": ("HalfCheetah-v4, CleanRL's MuJoCo settings (one env in-process, 2x64 networks)",
                     "--env_id HalfCheetah-v4 --num_envs 1 --num_steps 2048 --num_minibatches 32 --update_epochs 10 "
                     "--hidden_sizes 64 64 --log_std_init 0 --gamma 0.99 --gae_lambda 0.95 --norm_obs --norm_reward "
@@ -34,13 +35,20 @@ SETTINGS = {  # name: (what it is, ppo.py's flags)
                  "--env_id CartPole-v1 --num_envs 4 --num_steps 128 --num_minibatches 4 --update_epochs 4 --gamma 0.99 "
                  "--gae_lambda 0.95 --learning_rate 2e-3 --lr_schedule linear --target_kl None "
                  "--total_timesteps 30720"),
+    "cartpolenovel_rnn": ("ppo_rnn.py on pomdp:CartPoleNoVel-v1, docs/recurrent.md's command (8 envs in-process, "
+                          "LSTM 64)",
+                          "ppo_rnn.py --env_id pomdp:CartPoleNoVel-v1 --num_envs 8 --num_steps 64 --num_minibatches 4 "
+                          "--update_epochs 4 --gamma 0.99 --gae_lambda 0.95 --learning_rate 5e-4 --lr_schedule linear "
+                          "--target_kl None --clip_coef 0.1 --norm_obs --reward_scale 0.1 --rnn_hidden_size 64 "
+                          "--total_timesteps 20480"),
 }
 
 
 def run(flags: list[str], cwd: str) -> subprocess.Popen:
     log = Path(cwd) / f"{flags[-1]}.log"  # flags end with the run's name
+    trainer, flags = (flags[0], flags[1:]) if flags[0].endswith(".py") else ("ppo.py", flags)
     with open(log, "w") as stderr:
-        process = subprocess.Popen([sys.executable, str(REPO / "ppo.py"), *COMMON.split(), *flags], cwd=cwd,
+        process = subprocess.Popen([sys.executable, str(REPO / trainer), *COMMON.split(), *flags], cwd=cwd,
                                    stdout=subprocess.DEVNULL, stderr=stderr)
     process.log = log
     return process

@@ -10,7 +10,7 @@
 
 Runs are grouped into curves by name: --group is a regular expression whose first group (else whole match) names
 the curve; by default a trailing seed is dropped from the run name (`__seed3` as scripts/sweep.sh names runs, or
-the trainers' default `__{seed}__{unix time}`); a ppo.py --num_seeds run directory stands for its seeds' runs inside
+the trainers' default `__{seed}__{unix time}`); a --num_seeds run directory stands for its seeds' runs inside
 it (runs/RUN/RUN__seed{S}), a curve of as many runs. Each run's curve is interpolated onto the steps (or seconds)
 of the group's shortest run; the band is the 95% Student-t interval of the mean across the group's runs, and each
 run is drawn thin. The y-axis spans the runs' values (the band of two or three seeds can reach far beyond them).
@@ -58,7 +58,7 @@ def read_scalars(run_dir: Path, metric: str) -> tuple[np.ndarray, np.ndarray, np
 
 
 def seed_runs(run_dir: Path) -> list[Path]:
-    """The seeds' runs of a ppo.py --num_seeds run directory ({run_name}__seed{S} inside it, in seed order): its own
+    """The seeds' runs of a --num_seeds run directory ({run_name}__seed{S} inside it, in seed order): its own
     logs hold no scalars. Any other run directory is its own one run."""
     seed_name = re.compile(re.escape(run_dir.resolve().name) + r"__seed(\d+)")
     seeds = {int(m.group(1)): path for path in run_dir.iterdir()

@@ -8,7 +8,7 @@ their interquartile mean with its 95% stratified bootstrap interval; across task
     python scripts/summarize.py runs/*_*__seed* --group '_(\\w+?)__seed\\d+$' --tasks '^(.*?)_' \\
         --normalize Hopper-v5=0:3000 Walker2d-v5=0:4000 --compare ppo my_idea  # across tasks: IQM, ..., P(X > Y)
 
-Runs are grouped into rows as scripts/plot.py groups them into curves (--group); a ppo.py --num_seeds run directory
+Runs are grouped into rows as scripts/plot.py groups them into curves (--group); a --num_seeds run directory
 stands for its seeds' runs inside it (runs/RUN/RUN__seed{S}), a row of as many runs. "Final" is the last logged value
 of a run; std is over the group's runs (numpy's default, ddof=0, as CleanRL's benchmark tables report it).
 --by_run adds a column with each run's final value of the first metric, in the order of the run directories.

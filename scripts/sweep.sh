@@ -9,7 +9,7 @@
 #   scripts/sweep.sh --seeds "1 2 3 4 5" --one_process mujoco -- python ppo.py --env_id=Hopper-v5 ...  # ppo.py only
 #
 # Each run is named NAME[__flag=value...]__seed{S} and writes runs/<that name>, its output in runs/<that name>.log.
-# --one_process trains the seeds of each combination in one process (ppo.py --num_seeds; the seeds consecutive,
+# --one_process trains the seeds of each combination in one process (the trainer's --num_seeds; seeds consecutive,
 # F to L): runs/NAME[__flag=value...]__seedsF-L holds each seed's run, NAME[__flag=value...]__seedsF-L__seed{S}
 # (summarize.py and plot.py take runs/NAME[__flag=value...]__seedsF-L as those seeds' runs).
 # A run whose final checkpoint exists is skipped; one that was interrupted is resumed (--resume). Run it again after

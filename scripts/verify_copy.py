@@ -16,7 +16,8 @@ The checks, each run of the copy a process of its own in a temporary directory, 
               weights and buffers (the Agent's state, a copy's own included), every optimizer's state, reward
               normalizer, to the bit; and every optimizer the copy created holds no state that the checkpoint lacks
               (Adam's moments of an optimizer kept in a variable of train())
-  seeds       (a copy of ppo.py) --num_seeds 2 ends with each seed as its run alone, to float rounding
+  seeds       (a copy of a trainer with --num_seeds) --num_seeds 2 ends with each seed as its run alone, to float
+              rounding
   evaluates   ppo_eval.py evaluates the final checkpoint
   exports     the ONNX policy of ppo_eval.py --export gives the actions the envs received in the copy's own last
               evaluation in training (recorded where TorchVecEnv hands them to the Gymnasium vector env), its first
@@ -312,6 +313,7 @@ def main(argv=None) -> int:
               "my_idea.py)", file=sys.stderr)
         return 2
     kind = kind_of(module)
+    has_seeds = "num_seeds" in module.Args.__dataclass_fields__
     _, test_env, flags = KINDS[kind]
     env_id = args.env_id or test_env
     extra = shlex.split(args.flags)
@@ -331,7 +333,7 @@ def main(argv=None) -> int:
     checks, wanted = Checks(), set(args.checks)
     with tempfile.TemporaryDirectory() as directory:
         work = Path(directory)
-        results = run_jobs(jobs_of(str(copy), argv_on(env_id), wanted, kind == "ppo", work), work)
+        results = run_jobs(jobs_of(str(copy), argv_on(env_id), wanted, has_seeds, work), work)
         runs = work / "runs"
         trained = f"{ITERATIONS} iterations on {env_id}, the final checkpoint's numbers finite"
         first = results["first"]
@@ -347,7 +349,7 @@ def main(argv=None) -> int:
 
         if "same_seed" in wanted:
             check_same_seed(checks, results["again"], ckpt, runs)
-        for check in ("resume", "seeds") if kind == "ppo" else ("resume",):
+        for check in ("resume", "seeds") if has_seeds else ("resume",):
             if check in wanted:
                 failures = failures_of(check, copy, results, work)
                 how = HOW[check] + f", on {env_id}"
@@ -356,7 +358,7 @@ def main(argv=None) -> int:
                     failures, how = second_opinion(check, copy, kind, env_id, like, argv_on, extra, work, failures,
                                                    how)
                 checks.add(check, how, failures, FIXES[check])
-        if "seeds" in wanted and kind != "ppo":
+        if "seeds" in wanted and not has_seeds:
             checks.add("seeds", "", [], "", skipped=f"{kind}.py has no --num_seeds")
         if "evaluates" in wanted:
             evaluated = run([str(REPO / "ppo_eval.py"), str(runs / "first"), "--num_episodes", "2", "--trainer",
@@ -378,7 +380,7 @@ FIXES = {"resume": "keep state that changes training in the Agent (a buffer: sel
                    "of ppo.py also a parameter, or an optimizer of its own made in Agent.__init__: "
                    "self.my_optimizer = torch.optim.Adam(...)), which checkpoints save and --resume restores, not in "
                    "a variable of train() or an attribute of another object",
-         "seeds": "follow 'Shapes' of the contract (ppo.py's docstring): reduce over the last dimension, index "
+         "seeds": "follow 'Shapes' of the contract (the trainer's docstring): reduce over the last dimension, index "
                   "parameters and buffers from the end, compare statistics elementwise"}
 
 

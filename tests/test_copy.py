@@ -243,7 +243,7 @@ def test_a_trainer_given_another_trainers_flag_names_whose_it_is(tmp_path, capfd
         have = [file for file in modules if name in fields[file]]
         owners[name] = have[0] if len(have) == 1 else f"{', '.join(have[:-1])} and {have[-1]}"
     assert ppo.FLAGS_OF_SOME_TRAINERS == owners
-    refusal = refused_in_one_line(ppo_rnn, ["--num_seeds", "3"], tmp_path, capfd, whole_process=False)
-    assert refusal == "error: --num_seeds is a flag of ppo.py, not of ppo_rnn.py"
+    refusal = refused_in_one_line(ppo_rgb, ["--seq_len", "3"], tmp_path, capfd, whole_process=False)
+    assert refusal == "error: --seq_len is a flag of ppo_rnn.py, not of ppo_rgb.py"
     refusal = refused_in_one_line(ippo, ["--no_critic_obs"], tmp_path, capfd, whole_process=False)
     assert refusal == "error: --critic_obs is a flag of ppo.py, ppo_rnn.py and ppo_rgb.py, not of ippo.py"

@@ -34,14 +34,14 @@ def agent_and_policy(trainer):
     if trainer is ppo_rnn:
         agent = ppo_rnn.Agent(3, BOX, True, False, "tanh", 0.0, "lstm", 16, 1, False, critic_dim=4)
         agent.obs_normalizer.update(torch.randn(64, 7) * 3)
-        starts = torch.zeros(4, 8, dtype=torch.bool)
-        starts[0], starts[2, :4] = True, True
+        starts = torch.zeros(8, 4, dtype=torch.bool)  # 8 sequences of 4 steps
+        starts[:, 0], starts[:4, 2] = True, True
 
         def policy(actor_part, critic_part):
             obs = agent.normalize_obs(torch.cat([actor_part, critic_part], dim=-1))
             state = agent.initial_state(8, CPU)
-            return agent.get_action_and_value(obs, state, starts, actions.expand(4, 8, 2))[1:4]
-        return agent, policy, (4, 8, 3), (4, 8, 4)
+            return agent.get_action_and_value(obs, state, starts, actions[:, None].expand(8, 4, 2))[1:4]
+        return agent, policy, (8, 4, 3), (8, 4, 4)
     agent = ppo.Agent(3, BOX, True, False, (16, 16), "tanh", 0.0, critic_dim=4)
     agent.obs_normalizer.update(torch.randn(64, 7) * 3)
 

@@ -58,7 +58,7 @@ def test_values_come_back_in_the_rewards_units(trainer):
     agent.value_normalizer.var.fill_(100.0**2)
     obs = torch.randn(5, 2, 3) if trainer is ippo else torch.randn(5, 3)
     if trainer is ppo_rnn:
-        value = agent.get_value(obs[None], agent.initial_state(5, torch.device("cpu")), torch.ones(1, 5, dtype=bool))
+        value = agent.get_value(obs[:, None], agent.initial_state(5, torch.device("cpu")), torch.ones(5, 1, dtype=bool))
     else:
         value = agent.get_value(obs)
     torch.testing.assert_close(value, torch.full_like(value, 525.0))

@@ -1,5 +1,5 @@
-"""ppo.py --num_seeds: each seed of a batch trains as a run of that seed alone would, writes a run of its own that
-ppo_eval.py and the scripts take, and the batch stops and resumes as one run."""
+"""--num_seeds (ppo.py, ppo_rnn.py): each seed of a batch trains as a run of that seed alone would, writes a run of
+its own that ppo_eval.py and the scripts take, and the batch stops and resumes as one run."""
 
 import signal
 from concurrent.futures import ThreadPoolExecutor
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import ppo
+import ppo_rnn
 from tests.util import (REPO, assert_refused_as_in_use, fast_args, load, run_python, run_script, run_scripts, running,
                         scalars, sigterm_beside_full_run)
 
@@ -18,16 +19,22 @@ PER_SEED = dict(norm_obs=True, norm_reward=True, norm_value=True, lr_schedule="a
 ENVS = {"box": ("Pendulum-v1", PER_SEED), "discrete": ("CartPole-v1", {**PER_SEED, "lr_schedule": "linear"}),
         "multidiscrete": ("tests.envs:MultiDiscreteTargets-v0", {}),
         "multibinary": ("tests.envs:MultiBinaryTargets-v0", {})}
+# ppo_rnn.py's: sequences of 8 steps with episode starts inside them (24-step episodes), replayed from stored states
+RECURRENT = {"rnn_box": ("Pendulum-v1", {**PER_SEED, "seq_len": 8, "rnn_hidden_size": 16}),
+             "rnn_discrete": ("CartPole-v1", {**PER_SEED, "lr_schedule": "linear", "seq_len": 8, "rnn_type": "gru",
+                                              "rnn_hidden_size": 16})}
+TRAINERS = ["ppo.py", "ppo_rnn.py"]
 
 
-@pytest.mark.parametrize("kind", ENVS)
+@pytest.mark.parametrize("kind", [*ENVS, *RECURRENT])
 def test_each_seed_trains_as_a_run_of_that_seed_alone(tmp_path, kind):
     """Seeds 5, 6 and 7 in one process against seeds 5 and 7 alone: the same weights (to float rounding: a batch's
     layers multiply in one batched matmul), statistics, learning rates, KL stops and random draws. Any quantity
     shared between seeds, or a seed's random stream drawn on by another, would set them apart."""
-    env_id, flags = ENVS[kind]
-    results = run_scripts([("ppo.py", fast_args(env_id, "batch", seed=5, num_seeds=3, **flags))] +
-                          [("ppo.py", fast_args(env_id, f"alone{seed}", seed=seed, **flags)) for seed in (5, 7)],
+    trainer = "ppo_rnn.py" if kind in RECURRENT else "ppo.py"
+    env_id, flags = {**ENVS, **RECURRENT}[kind]
+    results = run_scripts([(trainer, fast_args(env_id, "batch", seed=5, num_seeds=3, **flags))] +
+                          [(trainer, fast_args(env_id, f"alone{seed}", seed=seed, **flags)) for seed in (5, 7)],
                           tmp_path)
     assert all(result.returncode == 0 for result in results), [result.stderr[-2000:] for result in results]
     for seed in (5, 7):
@@ -58,27 +65,28 @@ def test_each_seed_trains_as_a_run_of_that_seed_alone(tmp_path, kind):
     assert batch["args"]["num_seeds"] == 3 and batch["model"] == {} and batch["seed_rngs"] == []
     assert len(batch["optimizer"]["param_groups"]) == 3 and batch["optimizer"]["state"] == {}
     seed_size = (tmp_path / "runs/batch/batch__seed5/final_ckpt.pt").stat().st_size
-    assert (tmp_path / "runs/batch/final_ckpt.pt").stat().st_size < seed_size / 10
+    assert (tmp_path / "runs/batch/final_ckpt.pt").stat().st_size < seed_size / 4
 
 
-def test_sigterm_then_resume_of_seeds_equals_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_sigterm_then_resume_of_seeds_equals_uninterrupted_run(tmp_path, trainer):
     """SIGTERM saves every seed; --resume RUN continues them all, exactly, each seed's logs on one step axis."""
     iterations, signal_after = 60, 15
     argv = dict(total_timesteps=32 * iterations, eval_freq=signal_after, num_seeds=2, norm_obs=True, norm_reward=True,
-                norm_value=True, lr_schedule="adaptive")
+                norm_value=True, lr_schedule="adaptive", **({"rnn_hidden_size": 16} if trainer == "ppo_rnn.py" else {}))
     run = tmp_path / "runs/cut"
-    full, cut = sigterm_beside_full_run("ppo.py", fast_args("tests.envs:PointMass-v0", "full", **argv),
+    full, cut = sigterm_beside_full_run(trainer, fast_args("tests.envs:PointMass-v0", "full", **argv),
                                         fast_args("tests.envs:PointMass-v0", "cut", **argv),
                                         run / f"ckpt_{signal_after}.pt", tmp_path)
     assert full.returncode == 0, full.stderr
     assert cut.returncode == 128 + signal.SIGTERM, cut.stderr
-    assert "resume with: python " + str(REPO / "ppo.py") + " --resume runs/cut" in cut.stderr
+    assert "resume with: python " + str(REPO / trainer) + " --resume runs/cut" in cut.stderr
     saved = max(int(p.stem.split("_")[1]) for p in run.glob("ckpt_*.pt"))
     assert signal_after <= saved < iterations
     for seed in (1, 2):  # each seed's checkpoint of the same iteration, written before the batch's
         assert load(run / f"cut__seed{seed}/ckpt_{saved}.pt")["iteration"] == saved
 
-    resumed = run_script("ppo.py", ["--resume", "runs/cut"], tmp_path)
+    resumed = run_script(trainer, ["--resume", "runs/cut"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     for seed in (1, 2):
         a = load(tmp_path / f"runs/full/full__seed{seed}/final_ckpt.pt")
@@ -162,15 +170,16 @@ def test_a_seeds_run_directory_has_one_writer(tmp_path):
         assert_refused_as_in_use(run_script("ppo.py", ["--resume", "runs/busy/busy__seed2"], tmp_path), proc.pid)
 
 
-def test_a_seeds_run_evaluates_and_summarizes_as_a_run_alone(tmp_path):
-    trained = run_script("ppo.py", fast_args("tests.envs:PointMass-v0", "batch", num_seeds=2), tmp_path)
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_a_seeds_run_evaluates_and_summarizes_as_a_run_alone(tmp_path, trainer):
+    trained = run_script(trainer, fast_args("tests.envs:PointMass-v0", "batch", num_seeds=2), tmp_path)
     assert trained.returncode == 0, trained.stderr
     # one line for the run, one for its seeds' runs
     announced = [line for line in trained.stdout.splitlines() if line.startswith(("run ", "its "))]
     assert len(announced) == 2 and announced[0].startswith("run batch: runs/batch "), trained.stdout
     assert announced[1] == "its 2 seeds' runs: runs/batch/batch__seed1 to runs/batch/batch__seed2"
-    weightless = run_script("ppo.py", fast_args("tests.envs:PointMass-v0", "again",
-                                                checkpoint="runs/batch/final_ckpt.pt"), tmp_path)
+    weightless = run_script(trainer, fast_args("tests.envs:PointMass-v0", "again",
+                                               checkpoint="runs/batch/final_ckpt.pt"), tmp_path)
     assert weightless.returncode == 2 and weightless.stderr.count("\n") == 1, weightless.stderr
     assert "run batch's checkpoint holds no weights: each of its 2 seeds (--num_seeds) has its own" in weightless.stderr
     evaluated = run_script("ppo_eval.py", ["runs/batch/batch__seed2/final_ckpt.pt", "--num_episodes", "2"], tmp_path)
@@ -182,7 +191,7 @@ def test_a_seeds_run_evaluates_and_summarizes_as_a_run_alone(tmp_path):
     summary = run_script("scripts/summarize.py", ["runs/batch/batch__seed1", "runs/batch/batch__seed2"], tmp_path)
     assert summary.returncode == 0, summary.stderr
     assert "| batch | 2 |" in summary.stdout  # the seeds are one group, as runs of their own named __seed{N} are
-    alone = run_script("ppo.py", ["--resume", "runs/batch/batch__seed2", "--total_timesteps", str(32 * 6)], tmp_path)
+    alone = run_script(trainer, ["--resume", "runs/batch/batch__seed2", "--total_timesteps", str(32 * 6)], tmp_path)
     assert alone.returncode == 0, alone.stderr  # a seed's run continues alone too
     assert load(tmp_path / "runs/batch/batch__seed2/final_ckpt.pt")["iteration"] == 6
 
@@ -199,12 +208,13 @@ def test_seeds_on_maniskill_cpu_workers(tmp_path):
         assert [value for _, value in logged["eval/episodes"]] == [1.0, 1.0]
 
 
+@pytest.mark.parametrize("trainer", [ppo, ppo_rnn])
 @pytest.mark.parametrize("flag, given", [("torchrun", dict()), ("--compile", dict(compile=True)),
                                          ("--track", dict(track=True))])
-def test_num_seeds_refuses_what_it_does_not_do_yet(flag, given):
-    args = ppo.Args(env_id="CartPole-v1", num_seeds=2, num_envs=2, num_steps=16, num_minibatches=2, **given)
-    with pytest.raises(ppo.UserError, match=f"--num_seeds does not work with {flag} yet"):
-        ppo.validate(args, maniskill=False, time_limit=500, num_ranks=2 if flag == "torchrun" else 1)
+def test_num_seeds_refuses_what_it_does_not_do_yet(flag, given, trainer):
+    args = trainer.Args(env_id="CartPole-v1", num_seeds=2, num_envs=2, num_steps=16, num_minibatches=2, **given)
+    with pytest.raises(trainer.UserError, match=f"--num_seeds does not work with {flag} yet"):
+        trainer.validate(args, maniskill=False, time_limit=500, num_ranks=2 if flag == "torchrun" else 1)
 
 
 def test_num_seeds_beyond_numpys_seeds_is_refused_by_name():
@@ -256,3 +266,36 @@ def test_each_seed_draws_from_its_own_generator_inside_per_seed_draws():
 
     with pytest.raises(ppo.UserError, match="draws from torch's default generator"):
         ppo.policy_step_of(Noisy())(mean)
+
+
+@pytest.mark.parametrize("layer", ["lstm", "gru", "conv", "layer_norm"])
+def test_torch_layers_of_stacked_seeds_compute_each_seeds_own(layer):
+    """stack_seeds() on torch.nn layers other than nn.Linear (SeedEach): each seed's part of the output, the
+    recurrent state and the gradient is what that seed's own layer computes and receives, bit for bit."""
+    torch.manual_seed(0)
+    make = {"lstm": lambda: torch.nn.LSTM(3, 4, 2, batch_first=True),
+            "gru": lambda: torch.nn.GRU(3, 4, batch_first=True),
+            "conv": lambda: torch.nn.Conv2d(3, 4, 3), "layer_norm": lambda: torch.nn.LayerNorm(3)}[layer]
+    layers = [make() for _ in range(3)]
+    for one in layers:  # seeds apart in every parameter, LayerNorm's ones and zeros too
+        with torch.no_grad():
+            for parameter in one.parameters():
+                parameter.add_(torch.randn_like(parameter))
+    stacked = ppo_rnn.stack_seeds([torch.nn.Sequential(one) for one in layers])[0]
+    x = torch.randn(3, 2, 5, 3, 6, 6) if layer == "conv" else torch.randn(3, 2, 5, 3)
+    inputs = (x[:, 0],) if layer == "conv" else (x,)
+    if layer in ("lstm", "gru"):
+        state = torch.randn(3, 2 if layer == "lstm" else 1, 2, 4)
+        inputs += ((state, state + 1),) if layer == "lstm" else (state,)
+    output = stacked(*inputs)
+    output[0].sum().backward() if isinstance(output, tuple) else output.sum().backward()
+    for i, one in enumerate(layers):
+        alone = one(*ppo.seed_part(inputs, i))
+        assert all(torch.equal(a, b) for a, b in zip(tensors(alone), tensors(ppo.seed_part(output, i))))
+        (alone[0] if isinstance(alone, tuple) else alone).sum().backward()
+        for (name, parameter), stacked_parameter in zip(one.named_parameters(), stacked.parameters()):
+            assert torch.equal(parameter.grad, stacked_parameter.grad[i]), name
+
+
+def tensors(nested) -> list[torch.Tensor]:
+    return [nested] if isinstance(nested, torch.Tensor) else [t for part in nested for t in tensors(part)]

@@ -89,8 +89,8 @@ def test_the_stock_trainers_copies_keep_the_contract(tmp_path, trainer):
     if trainer == "ippo":
         pytest.importorskip("vmas")
     pytest.importorskip("onnxruntime")
-    checks = ["trains", "same_seed", "resume", "seeds", "evaluates", "exports"] if trainer == "ppo" else [
-        "resume", "exports"]
+    checks = {"ppo": ["trains", "same_seed", "resume", "seeds", "evaluates", "exports"],
+              "ppo_rnn": ["resume", "seeds", "exports"]}.get(trainer, ["resume", "exports"])
     result = verify(tmp_path, (REPO / f"{trainer}.py").read_text(), f"my_{trainer}", checks)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     found = rows(result.stdout)
@@ -144,6 +144,6 @@ def test_no_false_verdict_on_a_recurrent_copy_on_pendulum(tmp_path):
     copy = tmp_path / "my_rnn.py"
     copy.write_text((REPO / "ppo_rnn.py").read_text())
     result = run_python([str(REPO / "scripts/verify_copy.py"), str(copy), "--env_id", "Pendulum-v1", "--checks",
-                         "resume"], tmp_path, timeout=600)
+                         "resume", "seeds"], tmp_path, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-    assert rows(result.stdout)["resume"][0] == "holds", result.stdout
+    assert rows(result.stdout)["resume"][0] == rows(result.stdout)["seeds"][0] == "holds", result.stdout
