@@ -1146,6 +1146,42 @@ class SeedEach:
 
 
 # Copied from ppo.py
+class SeedRNN:
+    """An nn.LSTM or nn.GRU (batch_first, with biases, one direction) of --num_seeds networks, its weights stacked: its
+    equations step by step over the seeds' weights at once (torch.baddbmm), as SeedLinear batches nn.Linear, where a
+    call for each seed (SeedEach) would make as many calls as seeds. Inputs (seeds, batch, time, in) and the state
+    (seeds, num_layers, batch, hidden), an LSTM's as (h, c); each seed's numbers as its layer's, to float rounding."""
+
+    def forward(self, inputs: torch.Tensor, state):
+        lstm = isinstance(self, nn.LSTM)
+        h, c = state if lstm else (state, state)
+        layer_inputs, last_h, last_c = inputs, [], []
+        for layer in range(self.num_layers):
+            w_ih, w_hh, b_ih, b_hh = (getattr(self, f"{name}_l{layer}")
+                                      for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+            seeds, batch, steps, _ = layer_inputs.shape
+            gates_x = torch.baddbmm(b_ih[:, None], layer_inputs.flatten(1, 2), w_ih.transpose(1, 2))
+            gates_x = gates_x.view(seeds, batch, steps, -1)
+            h_t, c_t, outputs = h[:, layer], c[:, layer], []
+            for t in range(steps):
+                gates_h = torch.baddbmm(b_hh[:, None], h_t, w_hh.transpose(1, 2))
+                if lstm:  # nn.LSTM's gates: input, forget, cell, output
+                    i, f, g, o = (gates_x[:, :, t] + gates_h).chunk(4, -1)
+                    c_t = torch.sigmoid(f) * c_t + torch.sigmoid(i) * torch.tanh(g)
+                    h_t = torch.sigmoid(o) * torch.tanh(c_t)
+                else:  # nn.GRU's: reset, update, new
+                    (r_x, z_x, n_x), (r_h, z_h, n_h) = gates_x[:, :, t].chunk(3, -1), gates_h.chunk(3, -1)
+                    r, z = torch.sigmoid(r_x + r_h), torch.sigmoid(z_x + z_h)
+                    h_t = (1 - z) * torch.tanh(n_x + r * n_h) + z * h_t
+                outputs.append(h_t)
+            layer_inputs = torch.stack(outputs, 2)
+            last_h.append(h_t)
+            last_c.append(c_t)
+        h = torch.stack(last_h, 1)
+        return layer_inputs, ((h, torch.stack(last_c, 1)) if lstm else h)
+
+
+# Copied from ppo.py
 def seed_part(x, i: int):
     return x[i] if isinstance(x, torch.Tensor) else type(x)(seed_part(y, i) for y in x) if isinstance(x, tuple) else x
 
@@ -1159,8 +1195,9 @@ def stacked_parts(parts: list):
 def stack_seeds(modules: list[nn.Module]) -> nn.Module:
     """--num_seeds: one module of the seeds' modules (alike but for their values), each parameter and buffer (but
     integer buffers left out of the state dict, which describe the structure) stacked on a new first dimension, seed
-    i's at index i: seed i's state dict is every tensor's [i]. Its nn.Linear layers become SeedLinear, torch.nn's
-    other layers with parameters SeedEach; inputs and outputs carry the seed dimension first. The optimizers a module
+    i's at index i: seed i's state dict is every tensor's [i]. Its nn.Linear layers become SeedLinear, its nn.LSTM
+    and nn.GRU layers SeedRNN, torch.nn's other layers with parameters SeedEach; inputs and outputs carry the seed
+    dimension first. The optimizers a module
     holds (own_optimizers()) step the stacked parameters. One module is returned as it is."""
     if len(modules) == 1:
         return modules[0]
@@ -1176,6 +1213,9 @@ def stack_seeds(modules: list[nn.Module]) -> nn.Module:
                 module._buffers[key] = torch.stack([seed._buffers[key] for seed in seeds])
         if type(module) is nn.Linear:
             module.__class__ = SeedLinear  # the same parameters, stacked above
+        elif type(module) in (nn.LSTM, nn.GRU) and module.batch_first and module.bias and not module.bidirectional \
+                and not module.dropout and not getattr(module, "proj_size", 0):
+            module.__class__ = type(f"Seed{type(module).__name__}", (SeedRNN, type(module)), {})
         elif type(module).__module__.startswith("torch.nn.") and module._parameters:
             module.__class__ = type(f"Seed{type(module).__name__}", (SeedEach, type(module)), {})
             module.one_seed = False
