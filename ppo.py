@@ -940,9 +940,13 @@ class SeedLinear(nn.Linear):
 
 
 class SeedEach:
-    """A layer of torch.nn other than nn.Linear (nn.LSTM, nn.GRU, nn.Conv2d, nn.LayerNorm, ...) of --num_seeds
-    networks, its parameters and buffers stacked: each seed's part of the inputs (the first dimension of each tensor,
-    and of each tensor in a tuple) through the layer with that seed's parameters, in turn, the outputs stacked."""
+    """A layer of torch.nn other than nn.Linear (nn.Conv2d, nn.LayerNorm, ...) of --num_seeds networks, its parameters
+    and buffers stacked: each seed's part of the inputs (the first dimension of each tensor, and of each tensor in a
+    tuple) through the layer with that seed's parameters, in turn, the outputs stacked. Mixed in before the layer's
+    class (stack_seeds())."""
+
+    def flatten_parameters(self):  # an RNN's: cuDNN's one block of weights cannot hold stacked ones
+        pass
 
     def forward(self, *inputs):
         if self.one_seed:  # functional_call's call below
@@ -963,11 +967,18 @@ class SeedRNN:
     """An nn.LSTM or nn.GRU (batch_first, with biases, one direction) of --num_seeds networks, its weights stacked: its
     equations step by step over the seeds' weights at once (torch.baddbmm), as SeedLinear batches nn.Linear, where a
     call for each seed (SeedEach) would make as many calls as seeds. Inputs (seeds, batch, time, in) and the state
-    (seeds, num_layers, batch, hidden), an LSTM's as (h, c); each seed's numbers as its layer's, to float rounding."""
+    (seeds, num_layers, batch, hidden), an LSTM's as (h, c), zeros if none; each seed's numbers as its layer's, to
+    float rounding. Mixed in before the layer's class (stack_seeds()), whose parameters it reads."""
 
-    def forward(self, inputs: torch.Tensor, state):
+    def flatten_parameters(self):  # cuDNN's one block of weights cannot hold stacked ones; the equations need none
+        pass
+
+    def forward(self, inputs: torch.Tensor, state=None):
         lstm = isinstance(self, nn.LSTM)
-        h, c = state if lstm else (state, state)
+        if state is None:
+            zeros = inputs.new_zeros(inputs.shape[0], self.num_layers, inputs.shape[1], self.hidden_size)
+            state = (zeros, zeros) if lstm else zeros
+        h, c = state if lstm else (state, state)  # a GRU has no cell state: c is carried unused
         layer_inputs, last_h, last_c = inputs, [], []
         for layer in range(self.num_layers):
             w_ih, w_hh, b_ih, b_hh = (getattr(self, f"{name}_l{layer}")
@@ -1007,8 +1018,8 @@ def stack_seeds(modules: list[nn.Module]) -> nn.Module:
     integer buffers left out of the state dict, which describe the structure) stacked on a new first dimension, seed
     i's at index i: seed i's state dict is every tensor's [i]. Its nn.Linear layers become SeedLinear, its nn.LSTM
     and nn.GRU layers SeedRNN, torch.nn's other layers with parameters SeedEach; inputs and outputs carry the seed
-    dimension first. The optimizers a module
-    holds (own_optimizers()) step the stacked parameters. One module is returned as it is."""
+    dimension first. The optimizers a module holds (own_optimizers()) step the stacked parameters. One module is
+    returned as it is."""
     if len(modules) == 1:
         return modules[0]
     stacked, stacked_of = copy.deepcopy(modules[0]), {}

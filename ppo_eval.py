@@ -477,9 +477,9 @@ class DeployedPolicy(nn.Module):
         self.agent = agent
         self.agent_index = agent_index
         self.recurrent = hasattr(agent, "initial_state")
-        # ppo_rnn.py's sequences are (batch, time, ...), as its nn.LSTM(batch_first=True) takes them; those of its
-        # earlier copies, (time, batch, ...)
-        self.time_dim = 1 if any(getattr(module, "batch_first", False) for module in agent.modules()) else 0
+        # ppo_rnn.py's sequences are (batch, time, ...) (SEQUENCES_BATCH_FIRST); those of its earlier copies, which
+        # have no such line, (time, batch, ...)
+        self.time_dim = 1 if getattr(trainer, "SEQUENCES_BATCH_FIRST", False) else 0
         self.keys = [key for key in envs.obs_layout if key != "critic"] if hasattr(envs, "obs_layout") else None
         self.obs_dim = getattr(agent, "obs_dim", None)  # the actor's first dims of ppo.py's and ppo_rnn.py's
         self.box = hasattr(envs, "action_low")

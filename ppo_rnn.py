@@ -2,7 +2,7 @@
 
     python ppo_rnn.py --env_id=PickCube-v1                               # ManiSkill, GPU sim when CUDA is there
     python ppo_rnn.py --env_id=pomdp:CartPoleNoVel-v1 --num_envs=8 --num_steps=64 --num_minibatches=4  # any Gym id
-    python ppo_rnn.py --env_id=pomdp:CartPoleNoVel-v1 --num_envs=8 --num_steps=64 --num_seeds=5   # 5 seeds, 5 runs
+    python ppo_rnn.py --env_id=pomdp:CartPoleNoVel-v1 --num_envs=8 --num_steps=64 --num_minibatches=4 --num_seeds=5
     python ppo_rnn.py --resume runs/RUN_NAME                             # continue an interrupted run
     torchrun --standalone --nproc_per_node=4 ppo_rnn.py --env_id=PickCube-v1   # data parallel: 4 GPUs, 4 x 512 envs
 
@@ -277,6 +277,9 @@ def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.
 # torch's packed LSTM backward costs several times a plain call (3.5x, benchmarks/rnn_replay.py), more than a call
 # for each stretch between starts: there the replay makes those calls instead.
 PACKED_REPLAY_DEVICES = ("cuda",)
+# The Agent's sequences are (batch, time, ...): ppo_eval.py's export reads it (earlier copies of ppo_rnn.py have no
+# such line, and sequences (time, batch, ...)).
+SEQUENCES_BATCH_FIRST = True
 
 
 class RecurrentCore(nn.Module):
@@ -305,9 +308,11 @@ class RecurrentCore(nn.Module):
         where obs[:, t] is an episode's first observation. Returns the outputs (B, T, hidden_size) and the state after
         obs[:, -1]."""
         features = self.encoder(obs)
+        # zeroed where a sequence starts with an episode: starts (B,) against the state (num_layers, B, size)
         state = torch.where(episode_starts[..., None, :, 0, None], 0.0, state)
         num_steps = episode_starts.shape[-1]
-        starts_inside = episode_starts[..., 1:].flatten(0, -2).any(0)  # (T - 1,): where some sequence starts one
+        # (T - 1,): the steps after the first where some sequence (of any seed) starts an episode
+        starts_inside = episode_starts[..., 1:].flatten(0, -2).any(0)
         if num_steps == 1 or not starts_inside.any():
             return self.run_rnn(features, state)
         if obs.device.type not in PACKED_REPLAY_DEVICES or features.dim() > 3:  # a packed call runs one network
@@ -1126,9 +1131,13 @@ class SeedLinear(nn.Linear):
 
 # Copied from ppo.py
 class SeedEach:
-    """A layer of torch.nn other than nn.Linear (nn.LSTM, nn.GRU, nn.Conv2d, nn.LayerNorm, ...) of --num_seeds
-    networks, its parameters and buffers stacked: each seed's part of the inputs (the first dimension of each tensor,
-    and of each tensor in a tuple) through the layer with that seed's parameters, in turn, the outputs stacked."""
+    """A layer of torch.nn other than nn.Linear (nn.Conv2d, nn.LayerNorm, ...) of --num_seeds networks, its parameters
+    and buffers stacked: each seed's part of the inputs (the first dimension of each tensor, and of each tensor in a
+    tuple) through the layer with that seed's parameters, in turn, the outputs stacked. Mixed in before the layer's
+    class (stack_seeds())."""
+
+    def flatten_parameters(self):  # an RNN's: cuDNN's one block of weights cannot hold stacked ones
+        pass
 
     def forward(self, *inputs):
         if self.one_seed:  # functional_call's call below
@@ -1150,11 +1159,18 @@ class SeedRNN:
     """An nn.LSTM or nn.GRU (batch_first, with biases, one direction) of --num_seeds networks, its weights stacked: its
     equations step by step over the seeds' weights at once (torch.baddbmm), as SeedLinear batches nn.Linear, where a
     call for each seed (SeedEach) would make as many calls as seeds. Inputs (seeds, batch, time, in) and the state
-    (seeds, num_layers, batch, hidden), an LSTM's as (h, c); each seed's numbers as its layer's, to float rounding."""
+    (seeds, num_layers, batch, hidden), an LSTM's as (h, c), zeros if none; each seed's numbers as its layer's, to
+    float rounding. Mixed in before the layer's class (stack_seeds()), whose parameters it reads."""
 
-    def forward(self, inputs: torch.Tensor, state):
+    def flatten_parameters(self):  # cuDNN's one block of weights cannot hold stacked ones; the equations need none
+        pass
+
+    def forward(self, inputs: torch.Tensor, state=None):
         lstm = isinstance(self, nn.LSTM)
-        h, c = state if lstm else (state, state)
+        if state is None:
+            zeros = inputs.new_zeros(inputs.shape[0], self.num_layers, inputs.shape[1], self.hidden_size)
+            state = (zeros, zeros) if lstm else zeros
+        h, c = state if lstm else (state, state)  # a GRU has no cell state: c is carried unused
         layer_inputs, last_h, last_c = inputs, [], []
         for layer in range(self.num_layers):
             w_ih, w_hh, b_ih, b_hh = (getattr(self, f"{name}_l{layer}")
@@ -1197,8 +1213,8 @@ def stack_seeds(modules: list[nn.Module]) -> nn.Module:
     integer buffers left out of the state dict, which describe the structure) stacked on a new first dimension, seed
     i's at index i: seed i's state dict is every tensor's [i]. Its nn.Linear layers become SeedLinear, its nn.LSTM
     and nn.GRU layers SeedRNN, torch.nn's other layers with parameters SeedEach; inputs and outputs carry the seed
-    dimension first. The optimizers a module
-    holds (own_optimizers()) step the stacked parameters. One module is returned as it is."""
+    dimension first. The optimizers a module holds (own_optimizers()) step the stacked parameters. One module is
+    returned as it is."""
     if len(modules) == 1:
         return modules[0]
     stacked, stacked_of = copy.deepcopy(modules[0]), {}

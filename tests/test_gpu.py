@@ -64,6 +64,19 @@ def test_seeds_share_one_gpu_simulation(tmp_path):
         assert load(run / "final_ckpt.pt")["args"]["seed"] == seed
 
 
+@pytest.mark.parametrize("trainer", ["ppo", "ppo_rnn"])
+def test_seeds_train_on_cuda(tmp_path, trainer):
+    """--num_seeds 2 with the learner on CUDA and a Gymnasium env (ppo_rnn.py's stacked LSTM moved to the GPU, whose
+    cuDNN weights cannot hold stacked ones): each seed's run trains, evaluates and saves as a run of its own."""
+    flags = dict(num_seeds=2, total_timesteps=32 * 3, **({"seq_len": 8} if trainer == "ppo_rnn" else {}))
+    result = run_script(f"{trainer}.py", fast_args("Pendulum-v1", "seeds", **flags), tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for seed in (1, 2):
+        checkpoint = load(tmp_path / f"runs/seeds/seeds__seed{seed}/final_ckpt.pt")
+        assert checkpoint["args"]["seed"] == seed
+        assert all(torch.isfinite(value).all() for value in checkpoint["model"].values())
+
+
 @needs_gpu_simulation
 @pytest.mark.parametrize("trainer", TRAINERS)
 def test_compile_on_the_gpu(tmp_path, trainer):
