@@ -191,6 +191,8 @@ def test_a_seeds_run_evaluates_and_summarizes_as_a_run_alone(tmp_path, trainer):
     summary = run_script("scripts/summarize.py", ["runs/batch/batch__seed1", "runs/batch/batch__seed2"], tmp_path)
     assert summary.returncode == 0, summary.stderr
     assert "| batch | 2 |" in summary.stdout  # the seeds are one group, as runs of their own named __seed{N} are
+    plotted = run_script("scripts/plot.py", ["runs/batch", "--out", "plots"], tmp_path)
+    assert plotted.returncode == 0 and (tmp_path / "plots/eval_return.png").stat().st_size > 0, plotted.stderr
     alone = run_script(trainer, ["--resume", "runs/batch/batch__seed2", "--total_timesteps", str(32 * 6)], tmp_path)
     assert alone.returncode == 0, alone.stderr  # a seed's run continues alone too
     assert load(tmp_path / "runs/batch/batch__seed2/final_ckpt.pt")["iteration"] == 6

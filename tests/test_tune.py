@@ -39,10 +39,13 @@ def fast_polls(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
 
 
-def test_a_tiny_search_on_cartpole(tmp_path, fast_polls, capsys):
-    argv = ["--env_id", "CartPole-v1", "--trials", "2", "--seeds", "2", "--dir", "tuned", "--space",
-            "learning_rate=1e-4:1e-2:log", "num_minibatches=1,2", "--", "--num_envs", "2", "--num_steps", "32",
-            "--total_timesteps", "128", "--eval_freq", "2", "--num_eval_envs", "2"]
+@pytest.mark.parametrize("trainer", ["ppo.py", "ppo_rnn.py"])
+def test_a_tiny_search_on_cartpole(tmp_path, fast_polls, capsys, trainer):
+    """Each trial's seeds train in one process (--num_seeds), ppo_rnn.py's too."""
+    small = ["--rnn_hidden_size", "16"] if trainer == "ppo_rnn.py" else []
+    argv = ["--trainer", str(REPO / trainer), "--env_id", "CartPole-v1", "--trials", "2", "--seeds", "2", "--dir",
+            "tuned", "--space", "learning_rate=1e-4:1e-2:log", "num_minibatches=1,2", "--", "--num_envs", "2",
+            "--num_steps", "32", "--total_timesteps", "128", "--eval_freq", "2", "--num_eval_envs", "2", *small]
     assert tune.main(argv) == 0
     out = capsys.readouterr().out
     assert "| trial | learning_rate | num_minibatches | IQM | seeds | wall time (min) |" in out
@@ -53,7 +56,7 @@ def test_a_tiny_search_on_cartpole(tmp_path, fast_polls, capsys):
             f"trial_{trial.number}__seed1", f"trial_{trial.number}__seed2"}
     assert (tmp_path / "tuned/history.png").stat().st_size > 0
     best = out.split(BEST_COMMAND)[1].splitlines()[0]
-    assert best.startswith("python ") and "--num_seeds=2" in best and "--learning_rate=" in best
+    assert best.startswith(f"python {REPO / trainer} ") and "--num_seeds=2" in best and "--learning_rate=" in best
 
 
 def test_a_trial_worse_than_the_median_is_pruned_and_stopped(tmp_path, fast_polls):
