@@ -236,6 +236,7 @@ RESUME_CHANGEABLE_FIELDS = ("total_timesteps", "eval_freq", "checkpoint_freq", "
 # Agent: actor and critic, running normalization
 # ---------------------------------------------------------------------------------------------
 
+# Copied from ppo.py
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Module:
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -251,10 +252,12 @@ def mlp(in_dim: int, hidden_sizes: tuple[int, ...], activation: str, out_dim: in
     return nn.Sequential(*layers, layer_init(nn.Linear(width, out_dim), std=out_std))
 
 
+# Copied from ppo.py
 class RunningMeanStd(nn.Module):
-    """Running mean and variance in float64 (parallel-variance merge); buffers, so checkpoints carry them."""
+    """Running mean and variance in float64 (parallel-variance merge); buffers, so checkpoints carry them. Rows are
+    x's second-to-last dimension: where the buffers have a leading dimension (one statistic per network of a stack),
+    x has the same one before its rows."""
 
-    # Copied from ppo.py
     def __init__(self, dim: int, clip: float = 10.0):
         super().__init__()
         self.clip = clip
@@ -263,24 +266,23 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
 
     def update(self, x: torch.Tensor):
-        batch_var, batch_mean = torch.var_mean(x.double(), dim=0, correction=0)
-        batch_count = x.shape[0]
+        batch_var, batch_mean = torch.var_mean(x.double(), dim=-2, correction=0)
+        batch_count = x.shape[-2]
+        count = self.count.unsqueeze(-1)
         delta = batch_mean - self.mean
-        total = self.count + batch_count
+        total = count + batch_count
         self.mean += delta * batch_count / total
-        self.var.copy_((self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total)
-                       / total)
-        self.count.copy_(total)
+        self.var.copy_((self.var * count + batch_var * batch_count + delta**2 * count * batch_count / total) / total)
+        self.count.copy_(total.squeeze(-1))
 
-    # Copied from ppo.py
     def std(self) -> torch.Tensor:
         return torch.sqrt(self.var + 1e-8)
 
-    # Copied from ippo.py
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.clamp((x.double() - self.mean) / self.std(), -self.clip, self.clip).float()
+        dims = x.shape[-1]  # the first dims normalize alone too: the actor's part of a --critic_obs observation
+        return torch.clamp((x.double() - self.mean[..., None, :dims]) / self.std()[..., None, :dims], -self.clip,
+                           self.clip).float()
 
-    # Copied from ppo.py
     def denormalize(self, x: torch.Tensor) -> torch.Tensor:
         return (x.double() * self.std() + self.mean).float()
 
@@ -348,7 +350,7 @@ class DiscreteActions(nn.Module):
 
 
 class NatureCNN(nn.Module):
-    """The Nature DQN convolutions (ManiSkill's ppo_rgb.py encoder): images (N, H, W, C), scaled to [0, 1], to 256
+    """The Nature DQN convolutions (ManiSkill's ppo_rgb.py encoder): images (..., H, W, C), scaled to [0, 1], to 256
     features. Orthogonal init, as CleanRL's and SB3's: under torch's default init the features of Atari frames are
     25 times smaller, and so is the change of the policy's logits that an Adam step of the heads makes."""
 
@@ -357,7 +359,7 @@ class NatureCNN(nn.Module):
         height, width, channels = shape
         self.convs = nn.Sequential(layer_init(nn.Conv2d(channels, 32, 8, stride=4)), nn.ReLU(),
                                    layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-                                   layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten())
+                                   layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten(-3))
         with torch.no_grad():
             flat = self.convs(torch.zeros(1, channels, height, width)).shape[1]
         self.linear = nn.Sequential(layer_init(nn.Linear(flat, 256)), nn.ReLU())
@@ -367,7 +369,7 @@ class NatureCNN(nn.Module):
             images = images.float() / 255.0
         elif images.dtype == torch.int16:  # ManiSkill's depth, in millimetres
             images = images.float() / 1000.0
-        return self.linear(self.convs(images.permute(0, 3, 1, 2)))
+        return self.linear(self.convs(images.movedim(-1, -3)))  # channels first, as nn.Conv2d takes them
 
 
 class Encoder(nn.Module):
@@ -427,7 +429,7 @@ class Agent(nn.Module):
     def value(self, features: torch.Tensor, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.critic_obs:
             features = torch.cat([features, obs["critic"]], dim=-1)
-        value = self.critic(features).flatten()
+        value = self.critic(features).squeeze(-1)
         return value if self.value_normalizer is None else self.value_normalizer.denormalize(value)
 
     def get_action(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> torch.Tensor:
