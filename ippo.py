@@ -671,7 +671,6 @@ def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, a
     return logged
 
 
-# Copied from ppo_rgb.py
 def minibatch_indices(batch_size: int, minibatch_size: int, epochs: int, device: torch.device):
     """Each epoch a new permutation of the batch, cut into minibatches; drawn as needed, so that an update stopped
     early draws no further permutations from the random stream."""
@@ -2253,7 +2252,7 @@ def print_how_to_resume(signum: int, checkpoint: Optional[Path], iteration: int,
 
 # Copied from ppo.py
 FLAGS_OF_SOME_TRAINERS = {
-    "num_seeds": "ppo.py and ppo_rnn.py", "critic_obs": "ppo.py, ppo_rnn.py and ppo_rgb.py",
+    "num_seeds": "ppo.py, ppo_rnn.py and ppo_rgb.py", "critic_obs": "ppo.py, ppo_rnn.py and ppo_rgb.py",
     "hidden_sizes": "ppo.py, ppo_rgb.py and ippo.py",
     "rnn_type": "ppo_rnn.py", "rnn_hidden_size": "ppo_rnn.py", "rnn_num_layers": "ppo_rnn.py", "seq_len": "ppo_rnn.py",
     "shared_rnn": "ppo_rnn.py",

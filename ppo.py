@@ -32,7 +32,9 @@ A copy's contract (python scripts/verify_copy.py my_idea.py checks it in short r
   the end (self.mean[..., None, :]) and compares statistics elementwise (torch.where); where it does not, the first
   iteration stops with one error line naming the rule.
 - Random draws: the policy draws with torch.normal, torch.bernoulli, torch.multinomial or a Normal, Categorical or
-  Bernoulli's sample(); under --num_seeds each seed's from its own generator (PerSeedDraws), any other refused.
+  Bernoulli's sample(); update() draws its own (noise, an augmentation) inside optimizer.draws(), in place
+  (random_(), uniform_(), normal_()) on a tensor with the seed dimension first. Under --num_seeds each seed's from
+  its own generator (PerSeedDraws), any other refused.
 - State: a copy's own state lives in the Agent, in one place, __init__: modules, parameters, buffers (a coefficient,
   a counter: self.register_buffer, updated in place) and optimizers of its own, which PPOOptimizer leaves their
   parameters to. Checkpoints save all of it with the PPO optimizer's state, the reward normalizer and the random
@@ -623,6 +625,11 @@ class PPOOptimizer(torch.optim.Adam):
         """Whether the update stops here (over: the KL exceeds its target)."""
         return bool(over)
 
+    def draws(self) -> contextlib.AbstractContextManager:
+        """Where update() draws random numbers of its own (ppo_rgb.py's image shifts): under --num_seeds each seed's
+        from its own generator (SeedOptimizer)."""
+        return contextlib.nullcontext()
+
     def stepping_or(self, value: torch.Tensor, otherwise) -> torch.Tensor:
         """value (under --num_seeds: where a seed still steps, otherwise where it stopped)."""
         return value
@@ -1098,6 +1105,9 @@ class SeedOptimizer(PPOOptimizer):
         super().__init__(agent, lr)
         self.going = [True] * len(self.generators)  # stepping, read without waiting for the GPU
         self.stepping = torch.ones(len(self.generators), dtype=torch.bool, device=self.stacked[0].device)
+        self.scratch = torch.Generator(self.stepping.device)  # the draws of seeds that stopped, which a run alone skips
+        self.default_draws: Optional[dict] = None  # torch's default generators before the first update's draws
+        self.draws_checked = False
 
     def parameter_groups(self, agent: Agent) -> list[dict]:
         return [{"params": [nn.Parameter(p.detach()[i]) for p in self.stacked]} for i in range(len(self.generators))]
@@ -1109,6 +1119,8 @@ class SeedOptimizer(PPOOptimizer):
         self.minibatch_steps = torch.zeros(len(self.generators), dtype=torch.long, device=device)
         seeds = torch.arange(len(self.generators), device=device)[:, None]
         permutations = [None] * len(self.generators)
+        if not self.draws_checked:
+            self.default_draws = rng_states(device)
         try:
             for _ in range(epochs):  # a seed that stopped draws no further permutations
                 permutations = [torch.randperm(batch_size, generator=generator, device=device) if go else permutation
@@ -1130,6 +1142,9 @@ class SeedOptimizer(PPOOptimizer):
     def stepping_or(self, value: torch.Tensor, otherwise) -> torch.Tensor:
         return torch.where(self.stepping, value, otherwise)
 
+    def draws(self) -> PerSeedDraws:
+        return PerSeedDraws([generator if go else self.scratch for generator, go in zip(self.generators, self.going)])
+
     def zero_grad(self, set_to_none: bool = True):  # the stacked parameters: their views hold no gradient
         for p in self.stacked:
             p.grad = None
@@ -1139,10 +1154,16 @@ class SeedOptimizer(PPOOptimizer):
             raise UserError(f"the loss has shape {tuple(loss.shape)}, not one value per seed "
                             f"{tuple(self.stepping.shape)}: under --num_seeds ppo_loss() reduces each term over its "
                             f"rows alone (.mean(-1)) ({TRAINER}.py's docstring, 'A copy's contract')")
+        if not self.draws_checked:  # the first minibatch step: whatever update() drew came from the seeds' own
+            if {"torch", "cuda"} & set(moved_generators(self.default_draws, rng_states(self.stepping.device))):
+                raise UserError("update() draws from torch's default generator, which the seeds of --num_seeds "
+                                "share: draw inside optimizer.draws(), in place (random_(), uniform_(), normal_()) "
+                                f"({TRAINER}.py's docstring, 'A copy's contract')")
+            self.draws_checked = True
         give_seeds_gradients([group["params"] for group in self.param_groups], self.stacked, self.going)
         grad_norms = torch.stack([nn.utils.clip_grad_norm_(group["params"], max_grad_norm)
                                   for group, go in zip(self.param_groups, self.going) if go])
-        loss_finite = torch.isfinite(loss).all()
+        loss_finite = (torch.isfinite(loss) | ~self.stepping).all()  # a stopped seed's loss its run alone skips
         if not (loss_finite & torch.isfinite(grad_norms).all()):  # one wait for the GPU, not two
             raise NonFiniteError("gradient" if loss_finite else "loss",
                                  nonfinite_seeds([loss, *(p.grad for p in self.stacked)], len(self.generators)))
@@ -1204,11 +1225,12 @@ def policy_step_of(agent: Agent):
     checked = []
 
     def each_seed_draws(obs: torch.Tensor, *more_inputs):
-        before = None if checked else rng_states(obs.device)
+        device = agent.generators[0].device
+        before = None if checked else rng_states(device)
         with PerSeedDraws(agent.generators):
             result = agent.get_action_and_value(obs, *more_inputs)
         if not checked:
-            if {"torch", "cuda"} & set(moved_generators(before, rng_states(obs.device))):
+            if {"torch", "cuda"} & set(moved_generators(before, rng_states(device))):
                 raise UserError("the policy draws from torch's default generator with what --num_seeds cannot give "
                                 "each seed from its own: draw actions with torch.normal, torch.bernoulli, "
                                 "torch.multinomial or a Normal, Categorical or Bernoulli's sample() or rsample() "
@@ -1229,11 +1251,12 @@ def moved_generators(before: dict, after: dict) -> list[str]:
 
 class PerSeedDraws(torch.overrides.TorchFunctionMode):
     """Inside it, a stacked agent's random draws of SPLIT (torch.normal, torch.bernoulli, torch.multinomial, and the
-    in-place draws that torch.distributions' Normal, Categorical and Bernoulli sample with) draw each seed's part,
-    their tensors' first dimension cut in as many equal parts as seeds, from that seed's generator, in the order a run
-    of that seed alone draws it."""
+    in-place draws that torch.distributions' Normal, Categorical and Bernoulli sample with, and update()'s) draw each
+    seed's part, their tensors' first dimension cut in as many equal parts as seeds, from that seed's generator, in
+    the order a run of that seed alone draws it."""
 
-    IN_PLACE = {torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.bernoulli_, torch.Tensor.exponential_}
+    IN_PLACE = {torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.bernoulli_, torch.Tensor.exponential_,
+                torch.Tensor.random_}
     SPLIT = {torch.normal, torch.bernoulli, torch.multinomial, torch.Tensor.bernoulli, torch.Tensor.multinomial,
              *IN_PLACE}
 
@@ -1248,8 +1271,8 @@ class PerSeedDraws(torch.overrides.TorchFunctionMode):
         n = len(self.generators)
         tensors = [x for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)]
         if not tensors or any(x.dim() == 0 or x.shape[0] % n for x in tensors):
-            raise UserError(f"the policy draws with {func.__name__} from no tensor whose first dimension holds the "
-                            f"{n} seeds' blocks ({TRAINER}.py's docstring, 'A copy's contract')")
+            raise UserError(f"a draw of {func.__name__} on no tensor whose first dimension holds the "
+                            f"{n} seeds' parts ({TRAINER}.py's docstring, 'A copy's contract')")
 
         def part(x, i: int):
             return x.chunk(n)[i] if isinstance(x, torch.Tensor) else x
@@ -1297,7 +1320,9 @@ class SeedBlocks:
     def __getattr__(self, name: str):  # spaces, devices, video: the vector env's
         return getattr(self.envs, name)
 
-    def blocks(self, x: torch.Tensor) -> torch.Tensor:
+    def blocks(self, x: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor | dict[str, torch.Tensor]:
+        if isinstance(x, dict):  # an observation of ppo_rgb.py's
+            return {key: self.blocks(value) for key, value in x.items()}
         return x.reshape(self.num_seeds, self.block, *x.shape[1:])
 
     def reset(self, seed: Optional[int] = None) -> torch.Tensor:
@@ -2205,13 +2230,13 @@ class EnvBlocks:
     def reset(self, *, seed: Optional[list[int]] = None, options=None):
         # SeedBlocks gives each env's seed, and a block's first is the seed its run alone resets with
         seeds = [None] * len(self.blocks) if seed is None else seed[::self.blocks[0].num_envs]
-        return torch.cat([block.reset(seed=block_seed)[0] for block, block_seed in zip(self.blocks, seeds)]), {}
+        return concatenated([block.reset(seed=block_seed)[0] for block, block_seed in zip(self.blocks, seeds)]), {}
 
     def step(self, action: torch.Tensor):
         steps = [block.step(block_action) for block, block_action in zip(self.blocks, action.chunk(len(self.blocks)))]
-        obs, reward, terminated, truncated = (torch.cat(x) for x in zip(*(step[:4] for step in steps)))
+        obs, reward, terminated, truncated = (concatenated(x) for x in zip(*(step[:4] for step in steps)))
         infos = [step[4] for step in steps]
-        info = {"final_obs": torch.cat([block_info["final_obs"] for block_info in infos])}
+        info = {"final_obs": concatenated([block_info["final_obs"] for block_info in infos])}
         episodes = [block_info.get("final_info", {}).get("episode", {}) for block_info in infos]
         if episodes[0]:
             info["final_info"] = {"episode": {key: torch.cat([episode[key] for episode in episodes])
@@ -2221,6 +2246,13 @@ class EnvBlocks:
     def close(self):
         for block in self.blocks:
             block.close()
+
+
+def concatenated(blocks: list) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The blocks' tensors (or dicts of them, ppo_rgb.py's observations) one after another."""
+    if isinstance(blocks[0], dict):
+        return {key: torch.cat([block[key] for block in blocks]) for key in blocks[0]}
+    return torch.cat(blocks)
 
 
 def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluation: bool, video_dir: Optional[str],
@@ -2289,9 +2321,9 @@ def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
     observation_space = space_to_dict(envs.single_observation_space)
     action_space = space_to_dict(envs.single_action_space)
     if state["observation_space"] != observation_space or state["action_space"] != action_space:
-        theirs = state["observation_space"].get("shape", state["observation_space"]["type"])  # ppo_rgb.py's Dict
-        raise UserError(f"the checkpoint's spaces ({theirs}, {state['action_space']}) do not match {args.env_id}'s "
-                        f"({observation_space['shape']}, {action_space})")
+        raise UserError(f"the checkpoint's spaces ({space_shapes(state['observation_space'])}, "
+                        f"{state['action_space']}) do not match {args.env_id}'s ({space_shapes(observation_space)}, "
+                        f"{action_space})")
     if not state["model"]:
         name = state["run_name"]
         raise UserError(f"run {name}'s checkpoint holds no weights: each of its {state['args']['num_seeds']} seeds "
@@ -2303,6 +2335,13 @@ def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
             flag = cli_flag(name, trained)
             raise UserError(f"the checkpoint was trained with {flag}, and its network needs the same: pass {flag}")
     load_agent_state(agent, state)
+
+
+def space_shapes(space: dict):
+    """A space_to_dict() space's shape; a Dict's (ppo_rgb.py's observations), its spaces' by key."""
+    if space["type"] == "Dict":
+        return {key: space_shapes(sub) for key, sub in space["spaces"].items()}
+    return space["shape"]
 
 
 def load_agent_state(agent: nn.Module, state: dict):
@@ -2624,7 +2663,7 @@ def print_how_to_resume(signum: int, checkpoint: Optional[Path], iteration: int,
 # The flags that some of the trainers have, and which: a trainer given another's says so (tests/test_copy.py keeps this
 # equal to the trainers' Args).
 FLAGS_OF_SOME_TRAINERS = {
-    "num_seeds": "ppo.py and ppo_rnn.py", "critic_obs": "ppo.py, ppo_rnn.py and ppo_rgb.py",
+    "num_seeds": "ppo.py, ppo_rnn.py and ppo_rgb.py", "critic_obs": "ppo.py, ppo_rnn.py and ppo_rgb.py",
     "hidden_sizes": "ppo.py, ppo_rgb.py and ippo.py",
     "rnn_type": "ppo_rnn.py", "rnn_hidden_size": "ppo_rnn.py", "rnn_num_layers": "ppo_rnn.py", "seq_len": "ppo_rnn.py",
     "shared_rnn": "ppo_rnn.py",

@@ -3,6 +3,7 @@ same N seeds as runs of their own, two at a time (scripts/sweep.sh --jobs 2, on 
 
     python benchmarks/seeds_speed.py                          # every setting, N = 1, 2, 4, 8, 16
     python benchmarks/seeds_speed.py --settings cartpolenovel_rnn --num_seeds 1 8   # ppo_rnn.py's row
+    python benchmarks/seeds_speed.py --settings pixelsidecue_rgb --num_seeds 1 8    # ppo_rgb.py's row
     python benchmarks/seeds_speed.py --threads 1 2            # the one process also with --torch_threads 2
     python benchmarks/seeds_speed.py --settings cartpole --num_seeds 1 2 --total_timesteps 1024  # a check of it
 
@@ -41,6 +42,10 @@ SETTINGS = {  # name: (what it is, the trainer's flags; ppo.py's unless they nam
                           "--update_epochs 4 --gamma 0.99 --gae_lambda 0.95 --learning_rate 5e-4 --lr_schedule linear "
                           "--target_kl None --clip_coef 0.1 --norm_obs --reward_scale 0.1 --rnn_hidden_size 64 "
                           "--total_timesteps 20480"),
+    "pixelsidecue_rgb": ("ppo_rgb.py on tests.envs:PixelSideCue-v0, the README's command (8 envs in-process, a 36x36 "
+                         "image and a vector, NatureCNN)",
+                         "ppo_rgb.py --env_id tests.envs:PixelSideCue-v0 --num_envs 8 --num_steps 32 "
+                         "--num_minibatches 4 --gamma 0.5 --total_timesteps 8192 --torch_threads 1"),
 }
 
 

@@ -47,8 +47,7 @@ def test_images_stay_uint8_and_vectors_become_the_state():
         obs = envs.reset(seed=0)
         assert obs["image"].dtype == torch.uint8 and obs["image"].shape == (2, 36, 36, 3)
         assert obs["state"].shape == (2, 1) and set(obs["state"].flatten().tolist()) <= {-1.0, 1.0}
-        buf = ppo_rgb.RolloutBuffer(4, 2, envs.obs_layout, {"type": "Discrete", "n": 2, "start": 0},
-                                    torch.device("cpu"))
+        buf = ppo_rgb.RolloutBuffer(4, envs, torch.device("cpu"))
         assert buf.obs["image"].dtype == torch.uint8 and buf.obs["image"].shape == (4, 2, 36, 36, 3)
         for _ in range(16):  # the time limit: the final observations are dicts too
             next_obs, _, _, truncated, final_obs, finished = envs.step(torch.zeros(2, dtype=torch.long))
@@ -134,6 +133,19 @@ def test_aug_shift_moves_each_image_by_its_own_offset_and_still_learns(tmp_path)
     assert scalars(tmp_path / "runs/shifted")["eval/return"][-1][1] >= 15
 
 
+def test_aug_shift_of_stacked_seeds_shifts_each_seeds_images_as_it_alone_does():
+    """--num_seeds: 3 seeds' minibatches of images (seeds, N, H, W, C) in update()'s optimizer.draws(): each seed's
+    images shifted as random_shift shifts them in a run of that seed alone, from its own generator."""
+    images = torch.randint(0, 256, (3, 6, 40, 40, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    generators = [torch.Generator().manual_seed(seed) for seed in (5, 6, 7)]
+    with ppo_rgb.PerSeedDraws(generators):
+        shifted = ppo_rgb.random_shift(images, 4)
+    for i, seed in enumerate((5, 6, 7)):
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            assert torch.equal(shifted[i], ppo_rgb.random_shift(images[i], 4))
+
+
 def test_atari_preprocessing_repeats_actions_stacks_frames_and_limits_steps():
     """Against the ALE's frame counter and screen: 4 frames a step, the last frame's grayscale screen at 84x84 as the
     newest of 4 stacked channels (each step shifts the stack by one), and a time limit that counts steps, not frames
@@ -170,7 +182,7 @@ def test_clipped_rewards_train_and_unclipped_returns_are_logged():
     args = ppo_rgb.Args(num_envs=2, num_steps=16, reward_scale=5.0, clip_reward=1.0)
     torch.manual_seed(0)
     agent = ppo_rgb.make_agent(args, envs)
-    buf = ppo_rgb.RolloutBuffer(16, 2, envs.obs_layout, {"type": "Discrete", "n": 2, "start": 0}, torch.device("cpu"))
+    buf = ppo_rgb.RolloutBuffer(16, envs, torch.device("cpu"))
     _, episodes = ppo_rgb.rollout(agent, envs, buf, envs.reset(seed=0), agent.get_action_and_value, None, args,
                                   "truncated")
     envs.close()

@@ -1,5 +1,5 @@
-"""--num_seeds (ppo.py, ppo_rnn.py): each seed of a batch trains as a run of that seed alone would, writes a run of
-its own that ppo_eval.py and the scripts take, and the batch stops and resumes as one run."""
+"""--num_seeds (ppo.py, ppo_rnn.py, ppo_rgb.py): each seed of a batch trains as a run of that seed alone would,
+writes a run of its own that ppo_eval.py and the scripts take, and the batch stops and resumes as one run."""
 
 import signal
 from concurrent.futures import ThreadPoolExecutor
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import ppo
+import ppo_rgb
 import ppo_rnn
 from tests.util import (REPO, assert_refused_as_in_use, fast_args, load, run_python, run_script, run_scripts, running,
                         scalars, sigterm_beside_full_run)
@@ -23,16 +24,24 @@ ENVS = {"box": ("Pendulum-v1", PER_SEED), "discrete": ("CartPole-v1", {**PER_SEE
 RECURRENT = {"rnn_box": ("Pendulum-v1", {**PER_SEED, "seq_len": 8, "rnn_hidden_size": 16}),
              "rnn_discrete": ("CartPole-v1", {**PER_SEED, "lr_schedule": "linear", "seq_len": 8, "rnn_type": "gru",
                                               "rnn_hidden_size": 16})}
-TRAINERS = ["ppo.py", "ppo_rnn.py"]
+# ppo_rgb.py's: images, the state and the critic's vector; shifted images (each seed's shifts its own); Box and Discrete
+# actions; a torch-native env of images, each seed's block an env of its own
+IMAGES = {"rgb_box": ("tests.envs:PointMassPixelsCritic-v0", {**PER_SEED, "aug_shift": 4, "critic_obs": True}),
+          "rgb_discrete": ("tests.envs:PixelSideCue-v0", {**PER_SEED, "lr_schedule": "linear", "aug_shift": 4}),
+          "rgb_torch": ("tests.envs:PointMassPixelsTorch-v0", PER_SEED)}
+# each trainer's env for what all of them do alike
+TRAINERS = {"ppo.py": ("tests.envs:PointMass-v0", {}),
+            "ppo_rnn.py": ("tests.envs:PointMass-v0", {"rnn_hidden_size": 16}),
+            "ppo_rgb.py": ("tests.envs:PointMassPixels-v0", {"hidden_sizes": "64"})}
 
 
-@pytest.mark.parametrize("kind", [*ENVS, *RECURRENT])
+@pytest.mark.parametrize("kind", [*ENVS, *RECURRENT, *IMAGES])
 def test_each_seed_trains_as_a_run_of_that_seed_alone(tmp_path, kind):
     """Seeds 5, 6 and 7 in one process against seeds 5 and 7 alone: the same weights (to float rounding: a batch's
     layers multiply in one batched matmul), statistics, learning rates, KL stops and random draws. Any quantity
     shared between seeds, or a seed's random stream drawn on by another, would set them apart."""
-    trainer = "ppo_rnn.py" if kind in RECURRENT else "ppo.py"
-    env_id, flags = {**ENVS, **RECURRENT}[kind]
+    trainer = "ppo_rnn.py" if kind in RECURRENT else "ppo_rgb.py" if kind in IMAGES else "ppo.py"
+    env_id, flags = {**ENVS, **RECURRENT, **IMAGES}[kind]
     results = run_scripts([(trainer, fast_args(env_id, "batch", seed=5, num_seeds=3, **flags))] +
                           [(trainer, fast_args(env_id, f"alone{seed}", seed=seed, **flags)) for seed in (5, 7)],
                           tmp_path)
@@ -72,11 +81,11 @@ def test_each_seed_trains_as_a_run_of_that_seed_alone(tmp_path, kind):
 def test_sigterm_then_resume_of_seeds_equals_uninterrupted_run(tmp_path, trainer):
     """SIGTERM saves every seed; --resume RUN continues them all, exactly, each seed's logs on one step axis."""
     iterations, signal_after = 60, 15
+    env_id, flags = TRAINERS[trainer]
     argv = dict(total_timesteps=32 * iterations, eval_freq=signal_after, num_seeds=2, norm_obs=True, norm_reward=True,
-                norm_value=True, lr_schedule="adaptive", **({"rnn_hidden_size": 16} if trainer == "ppo_rnn.py" else {}))
+                norm_value=True, lr_schedule="adaptive", **flags)
     run = tmp_path / "runs/cut"
-    full, cut = sigterm_beside_full_run(trainer, fast_args("tests.envs:PointMass-v0", "full", **argv),
-                                        fast_args("tests.envs:PointMass-v0", "cut", **argv),
+    full, cut = sigterm_beside_full_run(trainer, fast_args(env_id, "full", **argv), fast_args(env_id, "cut", **argv),
                                         run / f"ckpt_{signal_after}.pt", tmp_path)
     assert full.returncode == 0, full.stderr
     assert cut.returncode == 128 + signal.SIGTERM, cut.stderr
@@ -172,14 +181,15 @@ def test_a_seeds_run_directory_has_one_writer(tmp_path):
 
 @pytest.mark.parametrize("trainer", TRAINERS)
 def test_a_seeds_run_evaluates_and_summarizes_as_a_run_alone(tmp_path, trainer):
-    trained = run_script(trainer, fast_args("tests.envs:PointMass-v0", "batch", num_seeds=2), tmp_path)
+    env_id, flags = TRAINERS[trainer]
+    trained = run_script(trainer, fast_args(env_id, "batch", num_seeds=2, **flags), tmp_path)
     assert trained.returncode == 0, trained.stderr
     # one line for the run, one for its seeds' runs
     announced = [line for line in trained.stdout.splitlines() if line.startswith(("run ", "its "))]
     assert len(announced) == 2 and announced[0].startswith("run batch: runs/batch "), trained.stdout
     assert announced[1] == "its 2 seeds' runs: runs/batch/batch__seed1 to runs/batch/batch__seed2"
-    weightless = run_script(trainer, fast_args("tests.envs:PointMass-v0", "again",
-                                               checkpoint="runs/batch/final_ckpt.pt"), tmp_path)
+    weightless = run_script(trainer, fast_args(env_id, "again", checkpoint="runs/batch/final_ckpt.pt", **flags),
+                            tmp_path)
     assert weightless.returncode == 2 and weightless.stderr.count("\n") == 1, weightless.stderr
     assert "run batch's checkpoint holds no weights: each of its 2 seeds (--num_seeds) has its own" in weightless.stderr
     evaluated = run_script("ppo_eval.py", ["runs/batch/batch__seed2/final_ckpt.pt", "--num_episodes", "2"], tmp_path)
@@ -210,7 +220,7 @@ def test_seeds_on_maniskill_cpu_workers(tmp_path):
         assert [value for _, value in logged["eval/episodes"]] == [1.0, 1.0]
 
 
-@pytest.mark.parametrize("trainer", [ppo, ppo_rnn])
+@pytest.mark.parametrize("trainer", [ppo, ppo_rnn, ppo_rgb])
 @pytest.mark.parametrize("flag, given", [("torchrun", dict()), ("--compile", dict(compile=True)),
                                          ("--track", dict(track=True))])
 def test_num_seeds_refuses_what_it_does_not_do_yet(flag, given, trainer):
@@ -268,6 +278,40 @@ def test_each_seed_draws_from_its_own_generator_inside_per_seed_draws():
 
     with pytest.raises(ppo.UserError, match="draws from torch's default generator"):
         ppo.policy_step_of(Noisy())(mean)
+
+
+def test_a_seed_whose_update_stopped_draws_no_more_from_its_generator():
+    """update()'s draws (optimizer.draws()) after seed 6's KL stop: seeds 5 and 7 draw their parts from their own
+    generators, as alone; seed 6's generator stays where a run of it alone stops drawing."""
+    agent = ppo.stack_seeds([torch.nn.Linear(2, 1) for _ in range(3)])
+    agent.generators = [torch.Generator().manual_seed(seed) for seed in (5, 6, 7)]
+    optimizer = ppo.SeedOptimizer(agent, 1e-3)
+    minibatches = optimizer.minibatches(8, 4, 2)
+    next(minibatches)
+    optimizer.stop(torch.tensor([False, True, False]))
+    stopped_state = agent.generators[1].get_state()
+    with optimizer.draws():
+        drawn = torch.empty(3, 4).uniform_()
+    assert torch.equal(agent.generators[1].get_state(), stopped_state)
+    for i, seed in ((0, 5), (2, 7)):
+        alone = torch.Generator().manual_seed(seed)
+        torch.randperm(8, generator=alone)  # its first epoch's minibatches
+        assert torch.equal(drawn[i], torch.empty(4).uniform_(generator=alone))
+
+
+def test_an_update_drawing_from_torchs_default_generator_is_refused(tmp_path):
+    """A copy of ppo_rgb.py whose image shifts draw outside optimizer.draws(): under --num_seeds the first minibatch
+    step stops the run with one line; alone it trains."""
+    source = (REPO / "ppo_rgb.py").read_text()
+    assert source.count("with optimizer.draws():") == 1
+    (tmp_path / "my_shifts.py").write_text(source.replace("with optimizer.draws():", "with contextlib.nullcontext():"))
+    seeds, alone = run_scripts([(str(tmp_path / "my_shifts.py"), fast_args("tests.envs:PointMassPixels-v0", name,
+                                                                           aug_shift=4, hidden_sizes="64", **flags))
+                                for name, flags in (("seeds", {"num_seeds": 2}), ("alone", {}))], tmp_path)
+    assert seeds.returncode == 2 and "Traceback" not in seeds.stderr, seeds.stderr[-2000:]
+    assert seeds.stderr.splitlines()[-1].startswith("error: update() draws from torch's default generator, which the "
+                                                    "seeds of --num_seeds share: draw inside optimizer.draws()")
+    assert alone.returncode == 0, alone.stderr[-2000:]
 
 
 @pytest.mark.parametrize("layer", ["lstm", "gru", "conv", "layer_norm"])
