@@ -1394,12 +1394,12 @@ class SeedOptimizer(PPOOptimizer):
             raise UserError(f"the loss has shape {tuple(loss.shape)}, not one value per seed "
                             f"{tuple(self.stepping.shape)}: under --num_seeds ppo_loss() reduces each term over its "
                             f"rows alone (.mean(-1)) ({TRAINER}.py's docstring, 'A copy's contract')")
-        if not self.draws_checked:  # the first minibatch step: whatever update() drew came from the seeds' own
+        if self.default_draws is not None:  # the first minibatch step: what update() drew came from the seeds' own
             if {"torch", "cuda"} & set(moved_generators(self.default_draws, rng_states(self.stepping.device))):
                 raise UserError("update() draws from torch's default generator, which the seeds of --num_seeds "
                                 "share: draw inside optimizer.draws(), in place (random_(), uniform_(), normal_()) "
                                 f"({TRAINER}.py's docstring, 'A copy's contract')")
-            self.draws_checked = True
+            self.default_draws, self.draws_checked = None, True
         give_seeds_gradients([group["params"] for group in self.param_groups], self.stacked, self.going)
         grad_norms = torch.stack([nn.utils.clip_grad_norm_(group["params"], max_grad_norm)
                                   for group, go in zip(self.param_groups, self.going) if go])

@@ -57,7 +57,9 @@ from tests.util import TIMING_TAGS, fast_args, scalars  # noqa: E402
 # Which trainer a copy is of, by a field of its Args; its default env and flags.
 KINDS = {"ippo": ("agent_obs", "vmas:tests.vmas_scenarios:Clock", dict(max_episode_steps=16)),
          "ppo_rnn": ("rnn_hidden_size", "tests.envs:PointMass-v0", dict(seq_len=8, rnn_hidden_size=16)),
-         "ppo_rgb": ("obs_mode", "tests.envs:PointMassPixels-v0", {}),
+         # tanh heads: a ReLU unit at its kink switches under float rounding, and a seed of a batch then parts from
+         # its run alone by more than rounding (7e-5 in a weight after 4 iterations, where tanh's part by 4e-8)
+         "ppo_rgb": ("obs_mode", "tests.envs:PointMassPixels-v0", dict(activation="tanh")),
          "ppo": ("num_seeds", "tests.envs:PointMass-v0", {})}
 CHECKS = ("trains", "same_seed", "resume", "seeds", "evaluates", "exports")
 ITERATIONS, STOP_AFTER = 4, 2

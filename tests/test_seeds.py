@@ -25,10 +25,12 @@ RECURRENT = {"rnn_box": ("Pendulum-v1", {**PER_SEED, "seq_len": 8, "rnn_hidden_s
              "rnn_discrete": ("CartPole-v1", {**PER_SEED, "lr_schedule": "linear", "seq_len": 8, "rnn_type": "gru",
                                               "rnn_hidden_size": 16})}
 # ppo_rgb.py's: images, the state and the critic's vector; shifted images (each seed's shifts its own); Box and Discrete
-# actions; a torch-native env of images, each seed's block an env of its own
-IMAGES = {"rgb_box": ("tests.envs:PointMassPixelsCritic-v0", {**PER_SEED, "aug_shift": 4, "critic_obs": True}),
-          "rgb_discrete": ("tests.envs:PixelSideCue-v0", {**PER_SEED, "lr_schedule": "linear", "aug_shift": 4}),
-          "rgb_torch": ("tests.envs:PointMassPixelsTorch-v0", PER_SEED)}
+# actions; a torch-native env of images, each seed's block an env of its own. Tanh heads: a ReLU unit at its kink
+# switches under float rounding, and the seeds' weights then part by more than rounding (scripts/verify_copy.py)
+PIXELS = {**PER_SEED, "activation": "tanh"}
+IMAGES = {"rgb_box": ("tests.envs:PointMassPixelsCritic-v0", {**PIXELS, "aug_shift": 4, "critic_obs": True}),
+          "rgb_discrete": ("tests.envs:PixelSideCue-v0", {**PIXELS, "lr_schedule": "linear", "aug_shift": 4}),
+          "rgb_torch": ("tests.envs:PointMassPixelsTorch-v0", PIXELS)}
 # each trainer's env for what all of them do alike
 TRAINERS = {"ppo.py": ("tests.envs:PointMass-v0", {}),
             "ppo_rnn.py": ("tests.envs:PointMass-v0", {"rnn_hidden_size": 16}),
