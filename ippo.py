@@ -1046,152 +1046,6 @@ class AgentViews(gym.ObservationWrapper):
         return self.flatten_state_dict(observation)
 
 
-class TorchVecEnv:
-    """Tensors in, tensors out, on the learner's device, whatever runs the simulation; a row per agent.
-
-    step(action (num_envs, num_agents, ...)) returns (next_obs, reward, terminated, truncated, final_obs, finished):
-    next_obs (num_envs, num_agents, obs_dim) is already reset where an episode ended; reward, terminated and
-    truncated are (num_envs, num_agents), a ManiSkill task's team reward going to every agent, and ManiSkill's and
-    VMAS's episode ends to every agent of the env; final_obs is the true last observation of every agent of an env in
-    which some agent's episode ended in this step (next_obs elsewhere), or None when none did; finished maps metric
-    names (return: the mean over the episode's agents of their returns, <agent>/return, episode_len, and ManiSkill's
-    success_once, success_at_end, fail_once, fail_at_end) to one value per env whose episode ended in this step, or
-    is None when none did.
-
-    A PettingZoo agent's episode may end before its env's, which ends once all its agents' have, and an episode may
-    start without some of the env's possible agents: alive (num_envs, num_agents) marks the agents that act in the
-    next step (the env's info["alive"] where it gives one, PettingZoo's env.agents), ended (num_envs,) the envs whose
-    episode ended in the last one. An agent that left, or is absent, observes zeros, earns nothing and has no return
-    in finished (NaN) until its env's next episode.
-
-    The env gives one flat observation per env; agent_views["obs_index"][i] lists agent i's entries of it (its
-    observation, padded to the widest agent's, and the env's state where the critic reads it: the actor reads the
-    first actor_dim entries, the agent's own observation those of agent_obs_dims[i]), agent_views["state_index"]
-    the global state's entries of all agents' observations laid end to end, and agent_views["action_spaces"] each
-    agent's action space. Actions are the joint action space's (joint_action_space), each agent's first entries
-    its own.
-    """
-
-    EPISODE_KEYS = ("success_once", "success_at_end", "fail_once", "fail_at_end")
-
-    def __init__(self, env, device: torch.device, torch_native: bool, agent_views: dict, video_recorder=None):
-        self.env = env
-        self.video_recorder = video_recorder
-        self.device = device
-        self.torch_native = torch_native
-        self.sim_device = torch.device(env.device) if torch_native else torch.device("cpu")
-        self.random_states: Optional[list[torch.Tensor]] = None
-        self.num_envs = env.num_envs
-        self.agents = list(agent_views["agents"])
-        self.num_agents = len(self.agents)
-        self.obs_index = torch.as_tensor(agent_views["obs_index"], dtype=torch.long, device=device)
-        self.state_index = torch.as_tensor(agent_views["state_index"], dtype=torch.long, device=device)
-        self.flat_obs_dim = int(np.prod(env.single_observation_space.shape))
-        self.obs_dim = self.obs_index.shape[1]
-        self.actor_dim = agent_views.get("actor_dim", self.obs_dim)
-        self.agent_obs_dims = agent_views.get("agent_obs_dims", [self.obs_dim] * self.num_agents)
-        self.critic_input = agent_views.get("critic_input", "all_observations")
-        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (self.obs_dim,), np.float32)
-        self.action_spaces = list(agent_views["action_spaces"])
-        kinds = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
-        for space in self.action_spaces:
-            one_dimensional = len(space.shape) == (0 if isinstance(space, gym.spaces.Discrete) else 1)
-            if not isinstance(space, kinds) or not one_dimensional:
-                raise UserError(f"action space {space} is not supported; {TRAINER}.py handles Box, Discrete, "
-                                "MultiDiscrete and MultiBinary actions of one dimension")
-        if len({type(space) for space in self.action_spaces}) > 1 or (
-                isinstance(self.action_spaces[0], gym.spaces.MultiDiscrete)
-                and any(space != self.action_spaces[0] for space in self.action_spaces)):
-            raise UserError(f"the agents act in {self.action_spaces}; {TRAINER}.py's agents may differ in the size of "
-                            "their actions, but all of one kind (and MultiDiscrete ones alike)")
-        self.joint_action_space = joint_action_space([space_to_dict(space) for space in self.action_spaces])
-        # Each agent's row of its action's bounds or starts, padded to the joint space's width
-        width = None if self.joint_action_space["type"] == "Discrete" else self.joint_action_space["shape"][0]
-
-        def rows(values) -> torch.Tensor:
-            values = [np.ravel(np.asarray(v, dtype=np.float64)) for v in values]
-            if width is not None:
-                values = [np.pad(v, (0, width - len(v))) for v in values]
-            return torch.as_tensor(np.stack(values), device=device)
-
-        if isinstance(self.action_spaces[0], gym.spaces.Box):
-            self.action_low = rows([space.low for space in self.action_spaces]).float()
-            self.action_high = rows([space.high for space in self.action_spaces]).float()
-        else:  # the agent's actions count from 0 in each dimension, the env's from start
-            starts = rows([getattr(space, "start", np.zeros(space.shape)) for space in self.action_spaces]).long()
-            self.action_start = starts[:, 0] if width is None else starts
-        self.episode_return = torch.zeros((self.num_envs, self.num_agents), dtype=torch.float64, device=device)
-        self.episode_length = torch.zeros(self.num_envs, dtype=torch.long, device=device)
-        self.alive = torch.ones((self.num_envs, self.num_agents), dtype=torch.bool, device=device)
-        self.in_episode = self.alive.clone()  # the agents of each env's current episode
-        self.ended = torch.zeros(self.num_envs, dtype=torch.bool, device=device)
-
-    def _obs(self, obs) -> torch.Tensor:
-        return self._to_device(obs, torch.float32, (-1, self.flat_obs_dim))[:, self.obs_index]
-
-    # Copied from ppo.py
-    def _to_device(self, x, dtype: torch.dtype, shape: tuple = (-1,)) -> torch.Tensor:
-        return torch.as_tensor(x).to(self.device, dtype).reshape(shape)
-
-    def reset(self, seed: Optional[int] = None) -> torch.Tensor:
-        obs, info = self.env.reset(seed=seed)
-        self.episode_return.zero_()
-        self.episode_length.zero_()
-        self.alive = self._alive(info, torch.ones_like(self.alive))
-        self.in_episode = self.alive.clone()
-        return self._obs(obs)
-
-    def _alive(self, info: dict, otherwise: torch.Tensor) -> torch.Tensor:
-        return self._to_device(info["alive"], torch.bool, self.alive.shape) if "alive" in info else otherwise
-
-    def step(self, action: torch.Tensor):
-        action = env_action(self, action).flatten(1)
-        action = action.to(self.env.device) if self.torch_native else action.cpu().numpy()
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        next_obs = self._obs(obs)
-        reward, terminated, truncated = (self._to_device(x, dtype, (self.num_envs, -1)).expand(-1, self.num_agents)
-                                         for x, dtype in ((reward, torch.float32), (terminated, torch.bool),
-                                                          (truncated, torch.bool)))
-        agent_done = terminated | truncated
-        self.ended = (agent_done | ~self.alive).all(1)
-        self.alive = self._alive(info, self.ended[:, None] | (self.alive & ~agent_done))
-        self.episode_return += reward
-        self.episode_length += 1
-
-        final_obs, finished = None, None
-        if "final_info" in info:  # present only when some agent's episode ended
-            if self.torch_native:  # every row of such an env: each row holds the state, or all agents' observations
-                env_done = agent_done.any(1)[:, None, None]
-                final_obs = torch.where(env_done, self._obs(info["final_observation"]), next_obs)
-            else:
-                ended = info["_final_obs"]
-                final_obs = next_obs.clone()
-                final_obs[torch.as_tensor(ended, device=self.device)] = self._obs(np.stack(info["final_obs"][ended]))
-        done = self.ended
-        if final_obs is not None and done.any():  # the indexing below waits for the GPU anyway
-            episode_return = self.episode_return[done].float().masked_fill(~self.in_episode[done], float("nan"))
-            finished = {"return": episode_return.nanmean(1), "episode_len": self.episode_length[done].float()}
-            finished.update({f"{name}/return": episode_return[:, i] for i, name in enumerate(self.agents)})
-            episode = info["final_info"].get("episode", {})
-            for key in self.EPISODE_KEYS:
-                if key in episode:
-                    finished[key] = self._to_device(episode[key], torch.float32)[done]
-            self.episode_return = torch.where(done[:, None], 0.0, self.episode_return)
-            self.episode_length = torch.where(done, 0, self.episode_length)
-        self.in_episode = torch.where(self.ended[:, None], self.alive, self.in_episode)
-        return next_obs, reward, terminated, truncated, final_obs, finished
-
-    def flush_video(self):
-        """ManiSkill's RecordEpisode over many envs saves a video every max_steps_per_video steps only, and VMAS's
-        recorder at the end of env 0's episode; an evaluation that ended early saves the rest of its video now."""
-        if self.video_recorder is not None:
-            self.video_recorder.flush_video()
-
-    # Copied from ppo.py
-    def close(self):
-        self.env.close()
-
-
 # Copied from ppo.py
 @contextlib.contextmanager
 def own_random_stream(envs: TorchVecEnv):
@@ -1227,238 +1081,6 @@ def load_states(agent: Agent, optimizer: torch.optim.Optimizer, reward_normalize
         return 0, 0
     optimizer.load_state_dict(resume_state["optimizer"])
     return resume_state["global_step"], resume_state["iteration"]
-
-
-# A VMAS scenario's episodes end after this many steps (unless --max_episode_steps): VMAS sets no time limit itself.
-VMAS_MAX_STEPS = 100
-
-
-def pettingzoo_time_limit(env_id: str, env_kwargs: dict) -> tuple[Optional[int], Optional[str]]:
-    """The episode length a PettingZoo env states, and where: max_cycles (MPE's, SISL's, Butterfly's) on the env or
-    its unwrapped env, or spec.max_episode_steps; (None, None) where it states none."""
-    try:
-        env = pettingzoo_env_fn(env_id)(**env_kwargs)
-    except TypeError as e:
-        raise UserError(f"cannot make {env_id} with --env_kwargs {env_kwargs}: {e}") from e
-    try:
-        for holder, name in ((env, "the env's"), (getattr(env, "unwrapped", env), "the unwrapped env's")):
-            if isinstance(getattr(holder, "max_cycles", None), int):
-                return holder.max_cycles, f"{name} max_cycles"
-        steps = getattr(getattr(env, "spec", None), "max_episode_steps", None)
-        return (steps, "the env's spec.max_episode_steps") if isinstance(steps, int) else (None, None)
-    finally:
-        env.close()
-
-
-def state_dict_leaves(state: dict, path: tuple[str, ...] = ()):
-    for key, value in state.items():
-        if isinstance(value, dict):
-            yield from state_dict_leaves(value, path + (key,))
-        else:
-            yield path + (key,), value
-
-
-class VmasVectorEnv:
-    """A VMAS scenario as a torch vector env with ManiSkillVectorEnv's conventions: observations are the agents'
-    observations end to end (num_envs, num_agents * obs_dim), rewards one per agent (num_envs, num_agents),
-    terminated and truncated apart; an env whose episode ended is reset at once (alone), its last observation in
-    info["final_observation"]. With a video_dir, the first episode of env 0 after each reset() is recorded.
-    """
-
-    def __init__(self, env_id: str, num_envs: int, device: torch.device, max_steps: int, env_kwargs: dict,
-                 video_dir: Optional[str]):
-        import vmas
-
-        try:
-            with warnings.catch_warnings():
-                # VMAS only warns about options a scenario does not know: a typo would go unnoticed.
-                warnings.filterwarnings("error", message=".*passed but not used by the scenario")
-                self.env = vmas.make_env(vmas_scenario(env_id), num_envs=num_envs, device=device, max_steps=max_steps,
-                                         terminated_truncated=True, **env_kwargs)
-        except UserWarning as e:
-            raise UserError(f"{env_id} does not take these --env_kwargs: {e}") from e
-        except (TypeError, AssertionError, ValueError) as e:
-            raise UserError(f"cannot make {env_id} with --env_kwargs {env_kwargs}: {e or type(e).__name__}") from e
-        self.random_state = list(type(self.env).vmas_random_state)
-        obs_spaces = [gymnasium_space(space) for space in self.env.observation_space]
-        action_spaces = [gymnasium_space(space) for space in self.env.action_space]
-        check_agent_spaces(env_id, obs_spaces, action_spaces, alike=True)
-        self.num_envs, self.device, self.num_agents = num_envs, device, len(obs_spaces)
-        width = self.num_agents * obs_spaces[0].shape[0]
-        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (width,), np.float32)
-        self.agent_views = {"agents": [agent.name for agent in self.env.agents],
-                            "obs_index": np.arange(width).reshape(self.num_agents, -1).tolist(),
-                            "state_index": list(range(width)), "action_spaces": action_spaces}
-        self.cuda_state = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-        self.video = None if video_dir is None else FirstEpisodeVideo(video_dir, self.render, env_id)
-
-    def in_own_stream(self, method, *args, **kwargs):
-        """VMAS draws every env's random numbers from one stream, a class attribute: each vector env swaps in a
-        stream of its own, so that evaluation resets leave training's episode starts as they were."""
-        shared = type(self.env).vmas_random_state
-        saved, shared[:] = list(shared), self.random_state
-        # VMAS keeps only the CPU streams apart; on CUDA its draws (and env.seed's manual_seed) would hit the
-        # learner's CUDA stream, so the env's own CUDA state is swapped in as well.
-        try:
-            if self.cuda_state is None:  # local_seed already keeps the CPU streams apart
-                return method(*args, **kwargs)
-            with torch.random.fork_rng(devices=[self.device]):
-                torch.cuda.set_rng_state(self.cuda_state, self.device)
-                result = method(*args, **kwargs)
-                self.cuda_state = torch.cuda.get_rng_state(self.device)
-                return result
-        finally:
-            self.random_state, shared[:] = list(shared), saved
-
-    def reset(self, seed: Optional[int] = None):
-        if seed is not None:
-            self.in_own_stream(self.env.seed, seed)
-        obs = self.in_own_stream(self.env.reset)
-        if self.video is not None:
-            self.video.start()
-        return torch.cat(obs, dim=1), {}
-
-    def step(self, action: torch.Tensor):
-        obs, rewards, terminated, truncated, _ = self.in_own_stream(
-            self.env.step, list(action.reshape(self.num_envs, self.num_agents, -1).unbind(1)))
-        obs, reward = torch.cat(obs, dim=1), torch.stack(rewards, dim=1)
-        done = terminated | truncated
-        if self.video is not None:
-            self.video.add(bool(done[0]))
-        info = {}
-        if done.any():
-            info = {"final_observation": obs, "final_info": {}}
-            if done.all():
-                reset_obs = self.in_own_stream(self.env.reset)
-            else:
-                for index in done.nonzero().flatten().tolist():
-                    self.in_own_stream(self.env.reset_at, index, return_observations=False)
-                reset_obs = self.in_own_stream(self.env.get_from_scenario, get_observations=True, get_rewards=False,
-                                               get_infos=False, get_dones=False)[0]
-            obs = torch.where(done[:, None], torch.cat(reset_obs, dim=1), obs)
-        return obs, reward, terminated, truncated, info
-
-    def render(self) -> np.ndarray:
-        return self.env.render(mode="rgb_array", env_index=0)
-
-    def flush_video(self):
-        self.video.flush()
-
-    def close(self):
-        """VMAS holds nothing to release."""
-
-
-class PettingZooEnvs:
-    """Copies of a PettingZoo Parallel env stepped one after another, numpy in and out, in this process or a worker's.
-    Env k is reset with seed + first_index + k by reset(seed); it runs until all its agents' episodes have ended
-    (each agent terminated or truncated by its own flags, all that remain truncated after max_steps steps), then
-    starts the next. A flat observation holds each agent's observation, padded with zeros to the widest (an agent
-    that left: zeros throughout), then the env's state() where the critic reads it. With a video_dir, env 0 renders
-    (render_mode="rgb_array") the evaluation videos."""
-
-    def __init__(self, env_id: str, num_envs: int, max_steps: Optional[int], env_kwargs: dict, state: bool,
-                 first_index: int = 0, video_dir: Optional[str] = None):
-        make = pettingzoo_env_fn(env_id)
-        try:
-            self.envs = [make(**env_kwargs, **({"render_mode": "rgb_array"} if video_dir and k == 0 else {}))
-                         for k in range(num_envs)]
-        except TypeError as e:
-            raise UserError(f"cannot make {env_id} with --env_kwargs {env_kwargs}"
-                            f"{' and render_mode=rgb_array for videos' if video_dir else ''}: {e}") from e
-        env, self.env_id = self.envs[0], env_id
-        self.agents, self.max_steps, self.first_index = list(env.possible_agents), max_steps, first_index
-        obs_spaces = [env.observation_space(agent) for agent in self.agents]
-        self.action_spaces = [env.action_space(agent) for agent in self.agents]
-        check_agent_spaces(env_id, obs_spaces, self.action_spaces, alike=False)
-        state_space = getattr(env, "state_space", None) if state else None
-        if state_space is not None and not (isinstance(state_space, gym.spaces.Box) and len(state_space.shape) == 1):
-            raise UserError(f"{env_id}'s state() ({state_space}) is not a flat Box; {TRAINER}.py's critic needs it "
-                            "flat: drop --centralized_critic")
-        self.obs_dims = [space.shape[0] for space in obs_spaces]
-        self.width, num_agents = max(self.obs_dims), len(self.agents)
-        self.state_dim = 0 if state_space is None else state_space.shape[0]
-        # the entries of its action an agent takes: a Discrete action's one, or its own first of the joint space's
-        self.action_sizes = [None if isinstance(space, gym.spaces.Discrete) else space.shape[0]
-                             for space in self.action_spaces]
-        self.steps = np.zeros(num_envs, dtype=np.int64)
-        agents_end = num_agents * self.width
-        state_columns = list(range(agents_end, agents_end + self.state_dim))
-        if self.state_dim:
-            state_index = list(range(self.width, self.width + self.state_dim))  # in the first agent's row
-        else:  # every agent's own entries, without the padding
-            state_index = [i * self.width + j for i, dim in enumerate(self.obs_dims) for j in range(dim)]
-        self.agent_views = {"agents": self.agents, "action_spaces": self.action_spaces,
-                            "obs_index": [list(range(i * self.width, (i + 1) * self.width)) + state_columns
-                                          for i in range(num_agents)],
-                            "state_index": state_index, "actor_dim": self.width, "agent_obs_dims": self.obs_dims,
-                            "critic_input": "state()" if self.state_dim else "all_observations"}
-        self.flat_dim = agents_end + self.state_dim
-        self.video = None
-        if video_dir is not None:
-            env.reset()  # PettingZoo envs render once reset; the evaluation's reset seeds it anew
-            self.video = FirstEpisodeVideo(video_dir, env.render, env_id)
-
-    def observe(self, env, obs: dict) -> np.ndarray:
-        flat = np.zeros(self.flat_dim, dtype=np.float32)
-        for i, agent in enumerate(self.agents):
-            if agent in obs:
-                flat[i * self.width:i * self.width + self.obs_dims[i]] = np.ravel(obs[agent])
-        if self.state_dim:
-            flat[len(self.agents) * self.width:] = np.ravel(env.state())
-        return flat
-
-    def reset(self, seed: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
-        """The first observations and which agents take part (num_envs, num_agents): those of env.agents."""
-        self.steps[:] = 0
-        obs = np.stack([self.observe(env, env.reset(seed=None if seed is None else seed + self.first_index + k)[0])
-                        for k, env in enumerate(self.envs)])
-        if self.video is not None:
-            self.video.start()
-        return obs, np.stack([self.present(env) for env in self.envs])
-
-    def present(self, env) -> np.ndarray:
-        if not env.agents:
-            raise UserError(f"{self.env_id} began an episode with no agents (env.agents is empty after reset())")
-        return np.array([agent in env.agents for agent in self.agents])
-
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, ...]:
-        """actions (num_envs, num_agents, joint width); returns the next observations (reset where an env's episode
-        ended), rewards, terminated and truncated (num_envs, num_agents), the final observations, and the agents
-        that act next (num_envs, num_agents)."""
-        shape = (len(self.envs), len(self.agents))
-        rewards, terminated, truncated = np.zeros(shape, np.float32), np.zeros(shape, bool), np.zeros(shape, bool)
-        obs, final_obs = (np.zeros((len(self.envs), self.flat_dim), np.float32) for _ in range(2))
-        alive = np.zeros(shape, bool)
-        self.steps += 1
-        for k, env in enumerate(self.envs):
-            live = list(env.agents)
-            agent_obs, reward, agent_terminated, agent_truncated, _ = env.step(
-                {agent: actions[k, i, 0] if size is None else actions[k, i, :size]
-                 for i, (agent, size) in enumerate(zip(self.agents, self.action_sizes)) if agent in live})
-            if any(agent not in live for agent in env.agents):
-                raise UserError(f"in {self.env_id}, agents joined a running episode ({env.agents} after {live}); "
-                                f"{TRAINER}.py's agents all start an episode together")
-            time_up = self.steps[k] == self.max_steps
-            for i, agent in enumerate(self.agents):
-                if agent in live:
-                    rewards[k, i] = reward.get(agent, 0.0)
-                    terminated[k, i] = agent_terminated.get(agent, False)
-                    truncated[k, i] = not terminated[k, i] and (agent_truncated.get(agent, False) or time_up)
-            final_obs[k] = self.observe(env, agent_obs)
-            if k == 0 and self.video is not None:
-                self.video.add(not env.agents or time_up)
-            if not env.agents or time_up:
-                obs[k] = self.observe(env, env.reset()[0])
-                self.steps[k] = 0
-                alive[k] = self.present(env)
-            else:
-                obs[k] = self.observe(env, {agent: agent_obs[agent] for agent in env.agents})
-                alive[k] = self.present(env) & ~terminated[k] & ~truncated[k]
-        return obs, rewards, terminated, truncated, final_obs, alive
-
-    def close(self):
-        for env in self.envs:
-            env.close()
 
 
 # =============================================================================================
@@ -2009,6 +1631,384 @@ def space_to_dict(space: gym.Space) -> dict:
         return {"type": "MultiBinary", "shape": list(space.shape)}
     return {"type": "Box", "shape": list(space.shape), "low": np.asarray(space.low, dtype=np.float64).ravel().tolist(),
             "high": np.asarray(space.high, dtype=np.float64).ravel().tolist()}
+
+
+class TorchVecEnv:
+    """Tensors in, tensors out, on the learner's device, whatever runs the simulation; a row per agent.
+
+    step(action (num_envs, num_agents, ...)) returns (next_obs, reward, terminated, truncated, final_obs, finished):
+    next_obs (num_envs, num_agents, obs_dim) is already reset where an episode ended; reward, terminated and
+    truncated are (num_envs, num_agents), a ManiSkill task's team reward going to every agent, and ManiSkill's and
+    VMAS's episode ends to every agent of the env; final_obs is the true last observation of every agent of an env in
+    which some agent's episode ended in this step (next_obs elsewhere), or None when none did; finished maps metric
+    names (return: the mean over the episode's agents of their returns, <agent>/return, episode_len, and ManiSkill's
+    success_once, success_at_end, fail_once, fail_at_end) to one value per env whose episode ended in this step, or
+    is None when none did.
+
+    A PettingZoo agent's episode may end before its env's, which ends once all its agents' have, and an episode may
+    start without some of the env's possible agents: alive (num_envs, num_agents) marks the agents that act in the
+    next step (the env's info["alive"] where it gives one, PettingZoo's env.agents), ended (num_envs,) the envs whose
+    episode ended in the last one. An agent that left, or is absent, observes zeros, earns nothing and has no return
+    in finished (NaN) until its env's next episode.
+
+    The env gives one flat observation per env; agent_views["obs_index"][i] lists agent i's entries of it (its
+    observation, padded to the widest agent's, and the env's state where the critic reads it: the actor reads the
+    first actor_dim entries, the agent's own observation those of agent_obs_dims[i]), agent_views["state_index"]
+    the global state's entries of all agents' observations laid end to end, and agent_views["action_spaces"] each
+    agent's action space. Actions are the joint action space's (joint_action_space), each agent's first entries
+    its own.
+    """
+
+    EPISODE_KEYS = ("success_once", "success_at_end", "fail_once", "fail_at_end")
+
+    def __init__(self, env, device: torch.device, torch_native: bool, agent_views: dict, video_recorder=None):
+        self.env = env
+        self.video_recorder = video_recorder
+        self.device = device
+        self.torch_native = torch_native
+        self.sim_device = torch.device(env.device) if torch_native else torch.device("cpu")
+        self.random_states: Optional[list[torch.Tensor]] = None
+        self.num_envs = env.num_envs
+        self.agents = list(agent_views["agents"])
+        self.num_agents = len(self.agents)
+        self.obs_index = torch.as_tensor(agent_views["obs_index"], dtype=torch.long, device=device)
+        self.state_index = torch.as_tensor(agent_views["state_index"], dtype=torch.long, device=device)
+        self.flat_obs_dim = int(np.prod(env.single_observation_space.shape))
+        self.obs_dim = self.obs_index.shape[1]
+        self.actor_dim = agent_views.get("actor_dim", self.obs_dim)
+        self.agent_obs_dims = agent_views.get("agent_obs_dims", [self.obs_dim] * self.num_agents)
+        self.critic_input = agent_views.get("critic_input", "all_observations")
+        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (self.obs_dim,), np.float32)
+        self.action_spaces = list(agent_views["action_spaces"])
+        kinds = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+        for space in self.action_spaces:
+            one_dimensional = len(space.shape) == (0 if isinstance(space, gym.spaces.Discrete) else 1)
+            if not isinstance(space, kinds) or not one_dimensional:
+                raise UserError(f"action space {space} is not supported; {TRAINER}.py handles Box, Discrete, "
+                                "MultiDiscrete and MultiBinary actions of one dimension")
+        if len({type(space) for space in self.action_spaces}) > 1 or (
+                isinstance(self.action_spaces[0], gym.spaces.MultiDiscrete)
+                and any(space != self.action_spaces[0] for space in self.action_spaces)):
+            raise UserError(f"the agents act in {self.action_spaces}; {TRAINER}.py's agents may differ in the size of "
+                            "their actions, but all of one kind (and MultiDiscrete ones alike)")
+        self.joint_action_space = joint_action_space([space_to_dict(space) for space in self.action_spaces])
+        # Each agent's row of its action's bounds or starts, padded to the joint space's width
+        width = None if self.joint_action_space["type"] == "Discrete" else self.joint_action_space["shape"][0]
+
+        def rows(values) -> torch.Tensor:
+            values = [np.ravel(np.asarray(v, dtype=np.float64)) for v in values]
+            if width is not None:
+                values = [np.pad(v, (0, width - len(v))) for v in values]
+            return torch.as_tensor(np.stack(values), device=device)
+
+        if isinstance(self.action_spaces[0], gym.spaces.Box):
+            self.action_low = rows([space.low for space in self.action_spaces]).float()
+            self.action_high = rows([space.high for space in self.action_spaces]).float()
+        else:  # the agent's actions count from 0 in each dimension, the env's from start
+            starts = rows([getattr(space, "start", np.zeros(space.shape)) for space in self.action_spaces]).long()
+            self.action_start = starts[:, 0] if width is None else starts
+        self.episode_return = torch.zeros((self.num_envs, self.num_agents), dtype=torch.float64, device=device)
+        self.episode_length = torch.zeros(self.num_envs, dtype=torch.long, device=device)
+        self.alive = torch.ones((self.num_envs, self.num_agents), dtype=torch.bool, device=device)
+        self.in_episode = self.alive.clone()  # the agents of each env's current episode
+        self.ended = torch.zeros(self.num_envs, dtype=torch.bool, device=device)
+
+    def _obs(self, obs) -> torch.Tensor:
+        return self._to_device(obs, torch.float32, (-1, self.flat_obs_dim))[:, self.obs_index]
+
+    # Copied from ppo.py
+    def _to_device(self, x, dtype: torch.dtype, shape: tuple = (-1,)) -> torch.Tensor:
+        return torch.as_tensor(x).to(self.device, dtype).reshape(shape)
+
+    def reset(self, seed: Optional[int] = None) -> torch.Tensor:
+        obs, info = self.env.reset(seed=seed)
+        self.episode_return.zero_()
+        self.episode_length.zero_()
+        self.alive = self._alive(info, torch.ones_like(self.alive))
+        self.in_episode = self.alive.clone()
+        return self._obs(obs)
+
+    def _alive(self, info: dict, otherwise: torch.Tensor) -> torch.Tensor:
+        return self._to_device(info["alive"], torch.bool, self.alive.shape) if "alive" in info else otherwise
+
+    def step(self, action: torch.Tensor):
+        action = env_action(self, action).flatten(1)
+        action = action.to(self.env.device) if self.torch_native else action.cpu().numpy()
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        next_obs = self._obs(obs)
+        reward, terminated, truncated = (self._to_device(x, dtype, (self.num_envs, -1)).expand(-1, self.num_agents)
+                                         for x, dtype in ((reward, torch.float32), (terminated, torch.bool),
+                                                          (truncated, torch.bool)))
+        agent_done = terminated | truncated
+        self.ended = (agent_done | ~self.alive).all(1)
+        self.alive = self._alive(info, self.ended[:, None] | (self.alive & ~agent_done))
+        self.episode_return += reward
+        self.episode_length += 1
+
+        final_obs, finished = None, None
+        if "final_info" in info:  # present only when some agent's episode ended
+            if self.torch_native:  # every row of such an env: each row holds the state, or all agents' observations
+                env_done = agent_done.any(1)[:, None, None]
+                final_obs = torch.where(env_done, self._obs(info["final_observation"]), next_obs)
+            else:
+                ended = info["_final_obs"]
+                final_obs = next_obs.clone()
+                final_obs[torch.as_tensor(ended, device=self.device)] = self._obs(np.stack(info["final_obs"][ended]))
+        done = self.ended
+        if final_obs is not None and done.any():  # the indexing below waits for the GPU anyway
+            episode_return = self.episode_return[done].float().masked_fill(~self.in_episode[done], float("nan"))
+            finished = {"return": episode_return.nanmean(1), "episode_len": self.episode_length[done].float()}
+            finished.update({f"{name}/return": episode_return[:, i] for i, name in enumerate(self.agents)})
+            episode = info["final_info"].get("episode", {})
+            for key in self.EPISODE_KEYS:
+                if key in episode:
+                    finished[key] = self._to_device(episode[key], torch.float32)[done]
+            self.episode_return = torch.where(done[:, None], 0.0, self.episode_return)
+            self.episode_length = torch.where(done, 0, self.episode_length)
+        self.in_episode = torch.where(self.ended[:, None], self.alive, self.in_episode)
+        return next_obs, reward, terminated, truncated, final_obs, finished
+
+    def flush_video(self):
+        """ManiSkill's RecordEpisode over many envs saves a video every max_steps_per_video steps only, and VMAS's
+        recorder at the end of env 0's episode; an evaluation that ended early saves the rest of its video now."""
+        if self.video_recorder is not None:
+            self.video_recorder.flush_video()
+
+    # Copied from ppo.py
+    def close(self):
+        self.env.close()
+
+
+# A VMAS scenario's episodes end after this many steps (unless --max_episode_steps): VMAS sets no time limit itself.
+VMAS_MAX_STEPS = 100
+
+
+def pettingzoo_time_limit(env_id: str, env_kwargs: dict) -> tuple[Optional[int], Optional[str]]:
+    """The episode length a PettingZoo env states, and where: max_cycles (MPE's, SISL's, Butterfly's) on the env or
+    its unwrapped env, or spec.max_episode_steps; (None, None) where it states none."""
+    try:
+        env = pettingzoo_env_fn(env_id)(**env_kwargs)
+    except TypeError as e:
+        raise UserError(f"cannot make {env_id} with --env_kwargs {env_kwargs}: {e}") from e
+    try:
+        for holder, name in ((env, "the env's"), (getattr(env, "unwrapped", env), "the unwrapped env's")):
+            if isinstance(getattr(holder, "max_cycles", None), int):
+                return holder.max_cycles, f"{name} max_cycles"
+        steps = getattr(getattr(env, "spec", None), "max_episode_steps", None)
+        return (steps, "the env's spec.max_episode_steps") if isinstance(steps, int) else (None, None)
+    finally:
+        env.close()
+
+
+def state_dict_leaves(state: dict, path: tuple[str, ...] = ()):
+    for key, value in state.items():
+        if isinstance(value, dict):
+            yield from state_dict_leaves(value, path + (key,))
+        else:
+            yield path + (key,), value
+
+
+class VmasVectorEnv:
+    """A VMAS scenario as a torch vector env with ManiSkillVectorEnv's conventions: observations are the agents'
+    observations end to end (num_envs, num_agents * obs_dim), rewards one per agent (num_envs, num_agents),
+    terminated and truncated apart; an env whose episode ended is reset at once (alone), its last observation in
+    info["final_observation"]. With a video_dir, the first episode of env 0 after each reset() is recorded.
+    """
+
+    def __init__(self, env_id: str, num_envs: int, device: torch.device, max_steps: int, env_kwargs: dict,
+                 video_dir: Optional[str]):
+        import vmas
+
+        try:
+            with warnings.catch_warnings():
+                # VMAS only warns about options a scenario does not know: a typo would go unnoticed.
+                warnings.filterwarnings("error", message=".*passed but not used by the scenario")
+                self.env = vmas.make_env(vmas_scenario(env_id), num_envs=num_envs, device=device, max_steps=max_steps,
+                                         terminated_truncated=True, **env_kwargs)
+        except UserWarning as e:
+            raise UserError(f"{env_id} does not take these --env_kwargs: {e}") from e
+        except (TypeError, AssertionError, ValueError) as e:
+            raise UserError(f"cannot make {env_id} with --env_kwargs {env_kwargs}: {e or type(e).__name__}") from e
+        self.random_state = list(type(self.env).vmas_random_state)
+        obs_spaces = [gymnasium_space(space) for space in self.env.observation_space]
+        action_spaces = [gymnasium_space(space) for space in self.env.action_space]
+        check_agent_spaces(env_id, obs_spaces, action_spaces, alike=True)
+        self.num_envs, self.device, self.num_agents = num_envs, device, len(obs_spaces)
+        width = self.num_agents * obs_spaces[0].shape[0]
+        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (width,), np.float32)
+        self.agent_views = {"agents": [agent.name for agent in self.env.agents],
+                            "obs_index": np.arange(width).reshape(self.num_agents, -1).tolist(),
+                            "state_index": list(range(width)), "action_spaces": action_spaces}
+        self.cuda_state = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        self.video = None if video_dir is None else FirstEpisodeVideo(video_dir, self.render, env_id)
+
+    def in_own_stream(self, method, *args, **kwargs):
+        """VMAS draws every env's random numbers from one stream, a class attribute: each vector env swaps in a
+        stream of its own, so that evaluation resets leave training's episode starts as they were."""
+        shared = type(self.env).vmas_random_state
+        saved, shared[:] = list(shared), self.random_state
+        # VMAS keeps only the CPU streams apart; on CUDA its draws (and env.seed's manual_seed) would hit the
+        # learner's CUDA stream, so the env's own CUDA state is swapped in as well.
+        try:
+            if self.cuda_state is None:  # local_seed already keeps the CPU streams apart
+                return method(*args, **kwargs)
+            with torch.random.fork_rng(devices=[self.device]):
+                torch.cuda.set_rng_state(self.cuda_state, self.device)
+                result = method(*args, **kwargs)
+                self.cuda_state = torch.cuda.get_rng_state(self.device)
+                return result
+        finally:
+            self.random_state, shared[:] = list(shared), saved
+
+    def reset(self, seed: Optional[int] = None):
+        if seed is not None:
+            self.in_own_stream(self.env.seed, seed)
+        obs = self.in_own_stream(self.env.reset)
+        if self.video is not None:
+            self.video.start()
+        return torch.cat(obs, dim=1), {}
+
+    def step(self, action: torch.Tensor):
+        obs, rewards, terminated, truncated, _ = self.in_own_stream(
+            self.env.step, list(action.reshape(self.num_envs, self.num_agents, -1).unbind(1)))
+        obs, reward = torch.cat(obs, dim=1), torch.stack(rewards, dim=1)
+        done = terminated | truncated
+        if self.video is not None:
+            self.video.add(bool(done[0]))
+        info = {}
+        if done.any():
+            info = {"final_observation": obs, "final_info": {}}
+            if done.all():
+                reset_obs = self.in_own_stream(self.env.reset)
+            else:
+                for index in done.nonzero().flatten().tolist():
+                    self.in_own_stream(self.env.reset_at, index, return_observations=False)
+                reset_obs = self.in_own_stream(self.env.get_from_scenario, get_observations=True, get_rewards=False,
+                                               get_infos=False, get_dones=False)[0]
+            obs = torch.where(done[:, None], torch.cat(reset_obs, dim=1), obs)
+        return obs, reward, terminated, truncated, info
+
+    def render(self) -> np.ndarray:
+        return self.env.render(mode="rgb_array", env_index=0)
+
+    def flush_video(self):
+        self.video.flush()
+
+    def close(self):
+        """VMAS holds nothing to release."""
+
+
+class PettingZooEnvs:
+    """Copies of a PettingZoo Parallel env stepped one after another, numpy in and out, in this process or a worker's.
+    Env k is reset with seed + first_index + k by reset(seed); it runs until all its agents' episodes have ended
+    (each agent terminated or truncated by its own flags, all that remain truncated after max_steps steps), then
+    starts the next. A flat observation holds each agent's observation, padded with zeros to the widest (an agent
+    that left: zeros throughout), then the env's state() where the critic reads it. With a video_dir, env 0 renders
+    (render_mode="rgb_array") the evaluation videos."""
+
+    def __init__(self, env_id: str, num_envs: int, max_steps: Optional[int], env_kwargs: dict, state: bool,
+                 first_index: int = 0, video_dir: Optional[str] = None):
+        make = pettingzoo_env_fn(env_id)
+        try:
+            self.envs = [make(**env_kwargs, **({"render_mode": "rgb_array"} if video_dir and k == 0 else {}))
+                         for k in range(num_envs)]
+        except TypeError as e:
+            raise UserError(f"cannot make {env_id} with --env_kwargs {env_kwargs}"
+                            f"{' and render_mode=rgb_array for videos' if video_dir else ''}: {e}") from e
+        env, self.env_id = self.envs[0], env_id
+        self.agents, self.max_steps, self.first_index = list(env.possible_agents), max_steps, first_index
+        obs_spaces = [env.observation_space(agent) for agent in self.agents]
+        self.action_spaces = [env.action_space(agent) for agent in self.agents]
+        check_agent_spaces(env_id, obs_spaces, self.action_spaces, alike=False)
+        state_space = getattr(env, "state_space", None) if state else None
+        if state_space is not None and not (isinstance(state_space, gym.spaces.Box) and len(state_space.shape) == 1):
+            raise UserError(f"{env_id}'s state() ({state_space}) is not a flat Box; {TRAINER}.py's critic needs it "
+                            "flat: drop --centralized_critic")
+        self.obs_dims = [space.shape[0] for space in obs_spaces]
+        self.width, num_agents = max(self.obs_dims), len(self.agents)
+        self.state_dim = 0 if state_space is None else state_space.shape[0]
+        # the entries of its action an agent takes: a Discrete action's one, or its own first of the joint space's
+        self.action_sizes = [None if isinstance(space, gym.spaces.Discrete) else space.shape[0]
+                             for space in self.action_spaces]
+        self.steps = np.zeros(num_envs, dtype=np.int64)
+        agents_end = num_agents * self.width
+        state_columns = list(range(agents_end, agents_end + self.state_dim))
+        if self.state_dim:
+            state_index = list(range(self.width, self.width + self.state_dim))  # in the first agent's row
+        else:  # every agent's own entries, without the padding
+            state_index = [i * self.width + j for i, dim in enumerate(self.obs_dims) for j in range(dim)]
+        self.agent_views = {"agents": self.agents, "action_spaces": self.action_spaces,
+                            "obs_index": [list(range(i * self.width, (i + 1) * self.width)) + state_columns
+                                          for i in range(num_agents)],
+                            "state_index": state_index, "actor_dim": self.width, "agent_obs_dims": self.obs_dims,
+                            "critic_input": "state()" if self.state_dim else "all_observations"}
+        self.flat_dim = agents_end + self.state_dim
+        self.video = None
+        if video_dir is not None:
+            env.reset()  # PettingZoo envs render once reset; the evaluation's reset seeds it anew
+            self.video = FirstEpisodeVideo(video_dir, env.render, env_id)
+
+    def observe(self, env, obs: dict) -> np.ndarray:
+        flat = np.zeros(self.flat_dim, dtype=np.float32)
+        for i, agent in enumerate(self.agents):
+            if agent in obs:
+                flat[i * self.width:i * self.width + self.obs_dims[i]] = np.ravel(obs[agent])
+        if self.state_dim:
+            flat[len(self.agents) * self.width:] = np.ravel(env.state())
+        return flat
+
+    def reset(self, seed: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
+        """The first observations and which agents take part (num_envs, num_agents): those of env.agents."""
+        self.steps[:] = 0
+        obs = np.stack([self.observe(env, env.reset(seed=None if seed is None else seed + self.first_index + k)[0])
+                        for k, env in enumerate(self.envs)])
+        if self.video is not None:
+            self.video.start()
+        return obs, np.stack([self.present(env) for env in self.envs])
+
+    def present(self, env) -> np.ndarray:
+        if not env.agents:
+            raise UserError(f"{self.env_id} began an episode with no agents (env.agents is empty after reset())")
+        return np.array([agent in env.agents for agent in self.agents])
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, ...]:
+        """actions (num_envs, num_agents, joint width); returns the next observations (reset where an env's episode
+        ended), rewards, terminated and truncated (num_envs, num_agents), the final observations, and the agents
+        that act next (num_envs, num_agents)."""
+        shape = (len(self.envs), len(self.agents))
+        rewards, terminated, truncated = np.zeros(shape, np.float32), np.zeros(shape, bool), np.zeros(shape, bool)
+        obs, final_obs = (np.zeros((len(self.envs), self.flat_dim), np.float32) for _ in range(2))
+        alive = np.zeros(shape, bool)
+        self.steps += 1
+        for k, env in enumerate(self.envs):
+            live = list(env.agents)
+            agent_obs, reward, agent_terminated, agent_truncated, _ = env.step(
+                {agent: actions[k, i, 0] if size is None else actions[k, i, :size]
+                 for i, (agent, size) in enumerate(zip(self.agents, self.action_sizes)) if agent in live})
+            if any(agent not in live for agent in env.agents):
+                raise UserError(f"in {self.env_id}, agents joined a running episode ({env.agents} after {live}); "
+                                f"{TRAINER}.py's agents all start an episode together")
+            time_up = self.steps[k] == self.max_steps
+            for i, agent in enumerate(self.agents):
+                if agent in live:
+                    rewards[k, i] = reward.get(agent, 0.0)
+                    terminated[k, i] = agent_terminated.get(agent, False)
+                    truncated[k, i] = not terminated[k, i] and (agent_truncated.get(agent, False) or time_up)
+            final_obs[k] = self.observe(env, agent_obs)
+            if k == 0 and self.video is not None:
+                self.video.add(not env.agents or time_up)
+            if not env.agents or time_up:
+                obs[k] = self.observe(env, env.reset()[0])
+                self.steps[k] = 0
+                alive[k] = self.present(env)
+            else:
+                obs[k] = self.observe(env, {agent: agent_obs[agent] for agent in env.agents})
+                alive[k] = self.present(env) & ~terminated[k] & ~truncated[k]
+        return obs, rewards, terminated, truncated, final_obs, alive
+
+    def close(self):
+        for env in self.envs:
+            env.close()
 
 
 def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: bool, run_dir: Path,
