@@ -39,9 +39,9 @@ def fast_polls(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
 
 
-@pytest.mark.parametrize("trainer, env_id, small", [("ppo.py", "CartPole-v1", []),
-                                                    ("ppo_rnn.py", "CartPole-v1", ["--rnn_hidden_size", "16"]),
-                                                    ("ppo_rgb.py", "tests.envs:PixelSide-v0", ["--hidden_sizes", "64"])])
+@pytest.mark.parametrize("trainer, env_id, small", [
+    ("ppo.py", "CartPole-v1", []), ("ppo_rnn.py", "CartPole-v1", ["--rnn_hidden_size", "16"]),
+    ("ppo_rgb.py", "tests.envs:PixelSide-v0", ["--hidden_sizes", "64"])])
 def test_a_tiny_search(tmp_path, fast_polls, capsys, trainer, env_id, small):
     """Each trial's seeds train in one process (--num_seeds), ppo_rnn.py's and ppo_rgb.py's too."""
     argv = ["--trainer", str(REPO / trainer), "--env_id", env_id, "--trials", "2", "--seeds", "2", "--dir",
