@@ -2271,7 +2271,8 @@ def parse_args(argv: list[str]) -> Args:
     args = tyro.cli(Args, args=argv, use_underscores=True, description=__doc__)
     if args.resume is None:
         return args
-    saved = load_checkpoint(find_resume_checkpoint(args.resume))["args"]
+    resumed = load_checkpoint(find_resume_checkpoint(args.resume))
+    saved = resumed["args"]
     saved["checkpoint"] = None  # the weights it started from are in the run's own checkpoints by now
     saved_args = Args(**{f.name: saved[f.name] for f in dataclasses.fields(Args) if f.name in saved})
     # Parse again with the run's own arguments as defaults: flags given now override them.
@@ -2280,9 +2281,10 @@ def parse_args(argv: list[str]) -> Args:
     fixed = [f.name for f in dataclasses.fields(Args) if f.name not in changeable]
     changed = [f"--{name}" for name in fixed if getattr(args, name) != getattr(saved_args, name)]
     if changed:
+        seeds = f" (a seed's: {resumed['run_name']}__seed<S>/final_ckpt.pt)" if saved.get("num_seeds", 1) > 1 else ""
         raise UserError(f"--resume continues the same experiment and only its run-control flags may change, but "
                         f"{', '.join(changed)} {'differs' if len(changed) == 1 else 'differ'} from the run's; start "
-                        "a new run from its weights with --checkpoint")
+                        f"a new run from its weights with --checkpoint{seeds}")
     return args
 
 
@@ -2322,8 +2324,9 @@ TORCH_LOAD_ADVICE = ("Weights only load failed", "Please file an issue", "Check 
 def read_checkpoint(path) -> dict:
     """A checkpoint of any of the trainers, read without running anything in it."""
     path = Path(path)
-    if path.is_dir():
-        raise UserError(f"checkpoint {path} is a directory; give a checkpoint file, e.g. {path / 'final_ckpt.pt'}")
+    if path.is_dir():  # a run of many seeds (--num_seeds) holds no weights: each seed's run does
+        example = next(iter(sorted(path.glob(f"{path.name}__seed*/final_ckpt.pt"))), path / "final_ckpt.pt")
+        raise UserError(f"checkpoint {path} is a directory; give a checkpoint file, e.g. {example}")
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist")
     if path.stat().st_size == 0:

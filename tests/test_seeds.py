@@ -194,6 +194,11 @@ def test_a_seeds_run_evaluates_and_summarizes_as_a_run_alone(tmp_path, trainer):
                             tmp_path)
     assert weightless.returncode == 2 and weightless.stderr.count("\n") == 1, weightless.stderr
     assert "run batch's checkpoint holds no weights: each of its 2 seeds (--num_seeds) has its own" in weightless.stderr
+    # where a run of many seeds is given for weights, the advice names a seed's checkpoint
+    directory = run_script(trainer, fast_args(env_id, "again", checkpoint="runs/batch", **flags), tmp_path)
+    assert directory.returncode == 2 and "e.g. runs/batch/batch__seed1/final_ckpt.pt" in directory.stderr
+    changed = run_script(trainer, ["--resume", "runs/batch", "--gamma", "0.5"], tmp_path)
+    assert changed.returncode == 2 and "with --checkpoint (a seed's: batch__seed<S>/final_ckpt.pt)" in changed.stderr
     evaluated = run_script("ppo_eval.py", ["runs/batch/batch__seed2/final_ckpt.pt", "--num_episodes", "2"], tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr
     assert "return" in evaluated.stdout

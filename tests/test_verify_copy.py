@@ -48,6 +48,10 @@ SABOTAGES = {
         ("        actor_obs = obs[..., :self.obs_dim]\n",
          "        actor_obs = obs[..., :self.obs_dim] * self.obs_scale\n"),
     ], "leading seed dimension"),
+    "a draw of update() from torch's default generator": ("seeds", [  # its error line, not the Shapes rule
+        ("        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef\n",
+         "        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef + 0.0 * torch.randn(())\n"),
+    ], "draw inside optimizer.draws()"),
     "an action of the wrong width": ("trains", [  # evaluation acts with it: the run's evaluation stops it
         ("        return self.discrete_actions.mode(logits_or_mean) if self.discrete else logits_or_mean\n",
          "        return self.discrete_actions.mode(logits_or_mean) if self.discrete else "
@@ -81,6 +85,7 @@ def test_a_copy_that_breaks_a_rule_is_caught_and_told_what_to_change(tmp_path, s
     found = rows(result.stdout)
     assert found[check][0] == "fails" and words in found[check][1], result.stdout
     assert check == "trains" or found["trains"][0] == "holds", result.stdout
+    assert "failed:" not in found[check][1] or "follow 'Shapes'" not in found[check][1]  # a rule for numbers alone
 
 
 @pytest.mark.parametrize("trainer", ["ppo", "ppo_rnn", "ppo_rgb", "ippo"])
