@@ -215,9 +215,11 @@ def test_a_seeds_run_evaluates_and_summarizes_as_a_run_alone(tmp_path, trainer):
     assert load(tmp_path / "runs/batch/batch__seed2/final_ckpt.pt")["iteration"] == 6
 
 
-def test_seeds_on_maniskill_cpu_workers(tmp_path):
-    """PushCube's CPU simulation: 2 seeds' envs in 2 worker processes, each seed's episodes logged in its own run."""
-    result = run_script("ppo.py", fast_args("PushCube-v1", "cube", num_seeds=2, num_envs=1, num_minibatches=1,
+@pytest.mark.parametrize("trainer", ["ppo.py", "ppo_rgb.py"])
+def test_seeds_on_maniskill_cpu_workers(tmp_path, trainer):
+    """PushCube's CPU simulation: 2 seeds' envs in 2 worker processes, each seed's episodes logged in its own run
+    (ppo_rgb.py's: the camera's images and the state, a dict of each seed's block)."""
+    result = run_script(trainer, fast_args("PushCube-v1", "cube", num_seeds=2, num_envs=1, num_minibatches=1,
                                             num_steps=10, total_timesteps=20, eval_freq=1, max_episode_steps=5),
                         tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
