@@ -64,12 +64,15 @@ def test_seeds_share_one_gpu_simulation(tmp_path):
         assert load(run / "final_ckpt.pt")["args"]["seed"] == seed
 
 
-@pytest.mark.parametrize("trainer", ["ppo", "ppo_rnn"])
-def test_seeds_train_on_cuda(tmp_path, trainer):
+@pytest.mark.parametrize("trainer, env_id, more", [
+    ("ppo", "Pendulum-v1", {}), ("ppo_rnn", "Pendulum-v1", {"seq_len": 8}),
+    ("ppo_rgb", "tests.envs:PointMassPixels-v0", {"aug_shift": 4})])
+def test_seeds_train_on_cuda(tmp_path, trainer, env_id, more):
     """--num_seeds 2 with the learner on CUDA and a Gymnasium env (ppo_rnn.py's stacked LSTM moved to the GPU, whose
-    cuDNN weights cannot hold stacked ones): each seed's run trains, evaluates and saves as a run of its own."""
-    flags = dict(num_seeds=2, total_timesteps=32 * 3, **({"seq_len": 8} if trainer == "ppo_rnn" else {}))
-    result = run_script(f"{trainer}.py", fast_args("Pendulum-v1", "seeds", **flags), tmp_path)
+    cuDNN weights cannot hold stacked ones; ppo_rgb.py's stacked convolutions and its shifts drawn from each seed's
+    CUDA generator): each seed's run trains, evaluates and saves as a run of its own."""
+    result = run_script(f"{trainer}.py", fast_args(env_id, "seeds", num_seeds=2, total_timesteps=32 * 3, **more),
+                        tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     for seed in (1, 2):
         checkpoint = load(tmp_path / f"runs/seeds/seeds__seed{seed}/final_ckpt.pt")
