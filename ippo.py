@@ -4,6 +4,7 @@
     python ippo.py --env_id=TwoRobotStackCube-v1 --num_envs=4 --num_eval_envs=2 --num_minibatches=4   # CPU sim, workers
     python ippo.py --env_id=vmas:navigation --num_envs=60 --num_minibatches=15  # VMAS: pip install vmas
     python ippo.py --env_id=vmas:navigation --num_envs=60 --num_minibatches=15 --share_parameters  # pip install vmas
+    python ippo.py --env_id=vmas:navigation --num_envs=60 --num_minibatches=15 --num_seeds=5  # 5 seeds, one process
     python ippo.py --env_id=pz:mpe2.simple_spread_v3 --num_envs=8 --num_minibatches=4  # pip install pettingzoo mpe2
     python ippo.py --resume runs/RUN_NAME                                # continue an interrupted run
     torchrun --standalone --nproc_per_node=4 ippo.py --env_id=TwoRobotPickCube-v1   # data parallel: 4 GPUs
@@ -11,20 +12,52 @@
 Every agent has its own actor, critic and observation normalizer, acts on its own observation and learns from its own
 advantages with PPO's clipped objective. The agents' networks are stacked (one weight tensor per layer, an agent per
 slice) and run for all agents in one batched matmul; no agent's loss reaches another agent's slice. The file reads top
-to bottom: Args; the Agent; ALGO LOGIC (rollout(), compute_advantages(), ppo_loss(), update()); train(), the loop that
-runs them, logs, evaluates and saves; the run's settings (settings(), seed_process(), the envs' kwargs, env_action(),
-what the critic sees). Above the "Plumbing" divider stands what an idea changes; below it stand env adapters, run
-directories, checkpoints and resume, collectives, signals and validation, which decide numbers too (what the envs
-return, dtypes, time limits, what a resume restores): a change there is a refactor, checked to the bit by
-benchmarks/same_numbers.py.
+to bottom: Args; the Agent; ALGO LOGIC (rollout(), compute_advantages(), ppo_loss(), update(), PPOOptimizer with both
+learning-rate schedules); train(), the loop that runs them inside a Run (below the divider: logs, evaluation,
+checkpoints, signals); the run's settings (settings(), seed_process(), the envs' kwargs, env_action(), what each agent
+observes). Above the "Plumbing" divider stands what an idea changes; below it stand many seeds in one process
+(--num_seeds), env adapters, run directories, checkpoints and resume, collectives, signals and validation, which
+decide numbers too (what the envs return, dtypes, time limits, what a resume restores): a change there is a refactor,
+checked to the bit by benchmarks/same_numbers.py.
 A copy (cp ippo.py my_idea.py) is a trainer of its own: runs/ENV__my_idea__SEED__TIME, its own resume and evaluation.
 Docs: docs/multi_agent.md (flags, what each agent observes, examples), docs/bootstrap.md, docs/checkpoints.md.
+
+A copy's contract (python scripts/verify_copy.py my_idea.py checks it in short runs), ppo.py's with agents:
+- Where to change what: the loss, ppo_loss(); advantages and returns, compute_advantages() (bootstrapping at episode
+  ends: rollout()); the networks and the distribution, Agent (get_action_and_value() samples and scores every agent's
+  actions, get_action(deterministic=True) is what evaluation and export act with); what the envs receive,
+  env_action(); the optimizer's step, the early stop and the learning rate, PPOOptimizer (each network's gradient
+  clipped on its own, clip_grad_norm_per_net()); what is logged, the statistics update() returns.
+- Shapes: rollout tensors are (num_steps, num_envs, num_agents, ...), alive marking the agents that acted; update()
+  takes rows (num_steps * num_envs, num_agents, ...) and minibatches of them; ppo_loss() reduces each term over the
+  rows an agent was alive in (masked_mean(), the second-to-last dimension), one value per agent, and update() sums the
+  agents' into one loss. Under --num_seeds N everything carries a leading seed dimension: rollout tensors
+  (num_steps, N, num_envs, num_agents, ...), rows and minibatches (N, rows, num_agents, ...), the Agent's parameters
+  and buffers (N, ...) (stack_seeds), one value per seed (and agent) of each statistic. Code written for one seed
+  batches where it reduces over the rows counted from the end, indexes parameters and buffers from the end
+  (self.agent_ids[..., None, :, :]) and compares statistics elementwise (torch.where); where it does not, the first
+  iteration stops with one error line naming the rule.
+- Random draws: the policy draws with torch.normal, torch.bernoulli, torch.multinomial or a Normal, Categorical or
+  Bernoulli's sample(); update() draws its own inside optimizer.draws(), in place (random_(), uniform_(), normal_())
+  on a tensor with the seed dimension first. Under --num_seeds each seed's from its own generator (PerSeedDraws), any
+  other refused.
+- State: a copy's own state lives in the Agent, in one place, __init__: modules, parameters, buffers and optimizers of
+  its own, which PPOOptimizer leaves their parameters to (ppo.py's docstring shows a learned entropy coefficient).
+  Checkpoints save all of it with the PPO optimizer's state, the reward normalizer and the random streams; --resume
+  restores it, --num_seeds gives each seed its own, ppo_eval.py loads it. The flags (args), the Agent's Python
+  attributes and module variables are not state: a run whose update or evaluation changes one (that holds numbers,
+  strings, tensors or containers of them) stops with one error line.
+- What an exported policy computes (ppo_eval.py --export, one file per agent): agent i's own entries of row i of
+  env_action(get_action(normalize_obs(obs), deterministic=True)), obs (batch, num_agents, obs_dim) holding agent i's
+  observation (padded) in every row; env_action() may read the envs' action_spaces, action_low, action_high,
+  action_start.
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import copy
 import dataclasses
 import datetime
 import errno
@@ -46,7 +79,7 @@ import threading
 import time
 import traceback
 import warnings
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
@@ -62,7 +95,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 CHECKPOINT_FORMAT = 3
-# The file's own name: a copy (cp ippo.py my_idea.py) names its runs after itself, and its checkpoints say which file
+# The file's own name: a copy (cp ppo.py my_idea.py) names its runs after itself, and its checkpoints say which file
 # wrote them, so that neither this file nor ppo_eval.py mistakes a copy's runs for this file's.
 TRAINER = Path(__file__).stem
 # The file's text as it was imported: each run directory keeps it (keep_source) and each checkpoint names it by hash,
@@ -70,6 +103,7 @@ TRAINER = Path(__file__).stem
 SOURCE = Path(__file__).read_bytes()
 SOURCE_SHA256 = hashlib.sha256(SOURCE).hexdigest()
 CPU_WORKERS_PER_CORE = 4
+GLOBAL_DRAW_WATCH_STEPS = 1000  # --num_seeds: the first resets and steps of Gymnasium envs watched (SeedBlocks)
 # The flags that shape the network: a checkpoint's weights fit only a network built with the same.
 NETWORK_FIELDS = ("norm_obs", "norm_value", "hidden_sizes", "activation", "share_parameters", "centralized_critic",
                   "agent_obs")
@@ -85,6 +119,9 @@ class Args:
     """name of the run; runs/{exp_name} (default: {env_id}__ippo__{seed}__{unix time}, ":" in env_id as "_")"""
     seed: int = 1
     """seed of the experiment (torch, numpy, python and the environments)"""
+    num_seeds: int = 1
+    """train seeds seed, seed+1, ..., seed+num_seeds-1 in this one process, each a run of its own in
+    runs/{run_name}/{run_name}__seed{seed}, as a run of that seed alone would train (docs/multi_agent.md)"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
@@ -226,7 +263,7 @@ RESUME_CHANGEABLE_FIELDS = ("total_timesteps", "eval_freq", "checkpoint_freq", "
 
 
 # ---------------------------------------------------------------------------------------------
-# Agent: every agent's actor and critic, running normalization
+# Agent: actor and critic, running normalization
 # ---------------------------------------------------------------------------------------------
 
 class AgentLinear(nn.Module):
@@ -259,25 +296,30 @@ def mlp(num_nets: int, in_dim: int, hidden_sizes: tuple[int, ...], activation: s
 
 
 class RunningMeanStd(nn.Module):
-    """Running mean and variance in float64 (parallel-variance merge) over the batch dimension, one
-    statistic per entry of shape (num_agents, ...) and a count per agent; buffers, so checkpoints carry them."""
+    """Running mean and variance in float64 (parallel-variance merge) over the batch dimension, one statistic per
+    entry of shape (num_agents, ...) and a count per agent; buffers, so checkpoints carry them. The batch dimension
+    stands right before the statistic's dimensions: where the buffers have a leading dimension (one statistic per
+    network of a stack), x has the same one before its batch."""
 
     def __init__(self, shape: tuple[int, ...], clip: float = 10.0):
         super().__init__()
         self.clip = clip
+        self.batch_dim = -len(shape) - 1  # counted from the end, as a stack's leading dimension comes first
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
         self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
         self.register_buffer("count", torch.full(shape[:1] + (1,) * (len(shape) - 1), 1e-4, dtype=torch.float64))
 
     def update(self, x: torch.Tensor, alive: Optional[torch.Tensor] = None):
-        """x (batch, num_agents, ...); alive (batch, num_agents): the entries to count (all by default), so that
-        each agent's statistics count only the steps it took part in."""
+        """x (..., batch, num_agents, ...); alive (..., batch, num_agents): the entries to count (all by default), so
+        that each agent's statistics count only the steps it took part in."""
         x = x.double()
-        weight = (torch.ones(x.shape[:2], device=x.device) if alive is None else alive).double()
-        weight = weight.reshape(x.shape[:2] + (1,) * (x.dim() - 2))
-        batch_count = weight.sum(0)
-        batch_mean = (weight * x).sum(0) / batch_count.clamp(min=1)
-        batch_var = (weight * (x - batch_mean) ** 2).sum(0) / batch_count.clamp(min=1)
+        agents_shape = x.shape[:x.dim() + self.batch_dim + 2]
+        weight = (torch.ones(agents_shape, device=x.device) if alive is None else alive).double()
+        weight = weight.reshape(agents_shape + (1,) * (-self.batch_dim - 2))
+        batch_count = weight.sum(self.batch_dim)
+        batch_mean = (weight * x).sum(self.batch_dim) / batch_count.clamp(min=1)
+        batch_var = ((weight * (x - batch_mean.unsqueeze(self.batch_dim)) ** 2).sum(self.batch_dim)
+                     / batch_count.clamp(min=1))
         delta = batch_mean - self.mean
         total = self.count + batch_count
         self.mean += delta * batch_count / total
@@ -290,11 +332,11 @@ class RunningMeanStd(nn.Module):
         return torch.sqrt(self.var + 1e-8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.clamp((x.double() - self.mean) / self.std(), -self.clip, self.clip).float()
+        mean, std = self.mean.unsqueeze(self.batch_dim), self.std().unsqueeze(self.batch_dim)
+        return torch.clamp((x.double() - mean) / std, -self.clip, self.clip).float()
 
-    # Copied from ppo.py
     def denormalize(self, x: torch.Tensor) -> torch.Tensor:
-        return (x.double() * self.std() + self.mean).float()
+        return (x.double() * self.std().unsqueeze(self.batch_dim) + self.mean.unsqueeze(self.batch_dim)).float()
 
 
 class RewardNormalizer(nn.Module):
@@ -319,7 +361,8 @@ class RewardNormalizer(nn.Module):
         # every rank's, so that every rank scales alike
         self.return_rms.update(gather_rows(self.discounted_return), gather_rows(alive))
         self.discounted_return.masked_fill_(done, 0.0)
-        return torch.clamp(reward / torch.sqrt(self.return_rms.var + 1e-8), -self.clip, self.clip).float()
+        scale = torch.sqrt(self.return_rms.var.unsqueeze(-2) + 1e-8)
+        return torch.clamp(reward / scale, -self.clip, self.clip).float()
 
 
 # Copied from ppo.py
@@ -381,7 +424,8 @@ def joint_action_space(spaces: list[dict]) -> dict:
 
 
 class Agent(nn.Module):
-    """Every agent's actor and critic. Inputs and outputs are (batch, num_agents, ...).
+    """Every agent's actor and critic. Inputs and outputs are (batch, num_agents, ...) (under --num_seeds with the
+    seed dimension first, as the parameters and buffers have it: indexed from the end).
 
     The actor reads the first actor_dim entries of an agent's observation; the critic the whole, or with
     state_index (a centralized critic) the global state out of all agents' observations laid end to end; it is a
@@ -422,12 +466,13 @@ class Agent(nn.Module):
         return obs if self.obs_normalizer is None else self.obs_normalizer(obs)
 
     def run(self, net: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
-        x = torch.cat([x, self.agent_ids.expand(x.shape[0], -1, -1)], dim=-1)
-        return net(x.transpose(0, 1)).transpose(0, 1)
+        x = torch.cat([x, self.agent_ids[..., None, :, :].expand(*x.shape[:-1], -1)], dim=-1)
+        return net(x.transpose(-3, -2)).transpose(-3, -2)
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
         if self.state_index is not None:
-            obs = obs.flatten(1)[:, self.state_index].unsqueeze(1).expand(-1, self.num_agents, -1)
+            state = obs.flatten(-2).gather(-1, self.state_index[..., None, :].expand(*obs.shape[:-2], -1))
+            obs = state.unsqueeze(-2).expand(*obs.shape[:-1], -1)
         value = self.run(self.critic, obs).squeeze(-1)
         return value if self.value_normalizer is None else self.value_normalizer.denormalize(value)
 
@@ -455,7 +500,7 @@ class Agent(nn.Module):
         # the arithmetic at a rollout step's batch size (12% of the training time of one CPU env at CleanRL's
         # settings). The same operations, so the same numbers (tests/test_ippo.py).
         mean = self.actor_output(obs)
-        std = self.actor_logstd.expand_as(mean).exp()
+        std = self.actor_logstd[..., None, :, :].expand_as(mean).exp()
         if action is None:
             with torch.no_grad():
                 action = torch.normal(mean, std)
@@ -484,20 +529,29 @@ def make_agent(args: Args, envs: TorchVecEnv) -> Agent:
 # ---------------------------------------------------------------------------------------------
 
 class RolloutBuffer:
-    """One rollout's tensors, (num_steps, num_envs, num_agents, ...), on the learner's device. alive[t] marks the
-    agents that acted in step t (a PettingZoo agent whose episode ended before its env's does not, until the env's
-    next episode): the others' entries count nowhere. dones[t] marks the agents' episodes that ended with step t;
-    bootstrap_values[t] is V(final obs) for those of them that bootstrap, 0 elsewhere."""
+    """One rollout's tensors, (num_steps, num_envs, num_agents, ...), on the learner's device (a vector env of seed
+    blocks': (num_steps, num_seeds, num_envs, num_agents, ...)). alive[t] marks the agents that acted in step t (a
+    PettingZoo agent whose episode ended before its env's does not, until the env's next episode): the others'
+    entries count nowhere. dones[t] marks the agents' episodes that ended with step t; bootstrap_values[t] is V(final
+    obs) for those of them that bootstrap, 0 elsewhere."""
 
-    def __init__(self, num_steps: int, num_envs: int, num_agents: int, obs_dim: int, action_space: dict,
-                 device: torch.device):
-        self.obs = torch.zeros((num_steps, num_envs, num_agents, obs_dim), device=device)
+    def __init__(self, num_steps: int, envs: TorchVecEnv, device: torch.device):
+        self.env_dims = len(envs.batch_shape)
+        shape = (num_steps, *envs.batch_shape, envs.num_agents)
+        self.obs = torch.zeros((*shape, envs.obs_dim), device=device)
+        action_space = envs.joint_action_space
         integer = action_space["type"] in ("Discrete", "MultiDiscrete")  # MultiBinary's are Bernoulli's floats
-        self.actions = torch.zeros((num_steps, num_envs, num_agents, *action_space.get("shape", [])),
+        self.actions = torch.zeros((*shape, *action_space.get("shape", [])),
                                    dtype=torch.long if integer else torch.float32, device=device)
-        self.logprobs, self.rewards, self.values, self.bootstrap_values, self.dones = (
-            torch.zeros((num_steps, num_envs, num_agents), device=device) for _ in range(5))
-        self.alive = torch.ones((num_steps, num_envs, num_agents), dtype=torch.bool, device=device)
+        self.logprobs, self.rewards, self.dones, self.values, self.bootstrap_values = (
+            torch.zeros(shape, device=device) for _ in range(5))
+        self.alive = torch.ones(shape, dtype=torch.bool, device=device)
+
+    # Copied from ppo.py
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """A rollout tensor as the batch's rows, (num_steps * num_envs, ...); seed blocks' as each seed's rows,
+        (num_seeds, num_steps * num_envs, ...)."""
+        return x.flatten(0, 1) if self.env_dims == 1 else x.transpose(0, 1).flatten(1, 2)
 
 
 def rollout(agent: Agent, envs: TorchVecEnv, buf: RolloutBuffer, next_obs: torch.Tensor, policy_step,
@@ -577,28 +631,29 @@ def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch
 
 
 def masked_mean(x: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
-    """Each agent's mean over the batch (dim 0) of the entries where it was alive."""
-    return torch.where(alive, x, 0.0).sum(0) / alive.sum(0).clamp(min=1)
+    """Each agent's mean over the rows (the second-to-last dimension) of the entries where it was alive."""
+    return torch.where(alive, x, 0.0).sum(-2) / alive.sum(-2).clamp(min=1)
 
 
 def masked_var(x: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
-    """Each agent's unbiased variance over the batch of the entries where it was alive."""
-    squares = torch.where(alive, (x - masked_mean(x, alive)) ** 2, 0.0)
-    return squares.sum(0) / (alive.sum(0) - 1).clamp(min=1)
+    """Each agent's unbiased variance over the rows of the entries where it was alive."""
+    squares = torch.where(alive, (x - masked_mean(x, alive).unsqueeze(-2)) ** 2, 0.0)
+    return squares.sum(-2) / (alive.sum(-2) - 1).clamp(min=1)
 
 
 def ppo_loss(agent: Agent, args: Args, obs, actions, old_logprobs, advantages, returns, old_values, alive):
-    """Each agent's clipped surrogate, value and entropy terms of one minibatch, over the steps it was alive in; the
-    log-ratios and ratios, detached."""
+    """Each agent's clipped surrogate, value and entropy terms of one minibatch of rows (rows, num_agents), each
+    reduced over the rows it was alive in (masked_mean); the log-ratios and ratios, detached."""
     _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
     logratio = newlogprob - old_logprobs
     ratio = logratio.exp()
     if args.norm_adv:
-        advantages = (advantages - masked_mean(advantages, alive)) / (masked_var(advantages, alive).sqrt() + 1e-8)
+        advantages = ((advantages - masked_mean(advantages, alive).unsqueeze(-2))
+                      / (masked_var(advantages, alive).sqrt().unsqueeze(-2) + 1e-8))
     clipped_ratio = torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
     pg_loss = masked_mean(torch.max(-advantages * ratio, -advantages * clipped_ratio), alive)
     if agent.value_normalizer is not None:  # the loss of standardized values; each term is a difference of values
-        value_std = agent.value_normalizer.std().float()
+        value_std = agent.value_normalizer.std().float().unsqueeze(-2)
         newvalue, returns, old_values = newvalue / value_std, returns / value_std, old_values / value_std
     if args.clip_vloss:
         v_clipped = old_values + torch.clamp(newvalue - old_values, -args.clip_coef, args.clip_coef)
@@ -608,87 +663,161 @@ def ppo_loss(agent: Agent, args: Args, obs, actions, old_logprobs, advantages, r
     return (pg_loss, v_loss, masked_mean(entropy, alive)), logratio.detach(), ratio.detach()
 
 
-def update(agent: Agent, optimizer: torch.optim.Optimizer, buf: RolloutBuffer, advantages: torch.Tensor,
+# The statistics that update() logs for each agent (losses/<agent>/...)
+PER_AGENT_STATISTICS = ("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/clipfrac",
+                        "losses/old_approx_kl", "losses/approx_kl", "losses/explained_variance")
+
+
+def update(agent: Agent, optimizer: PPOOptimizer, buf: RolloutBuffer, advantages: torch.Tensor,
            returns: torch.Tensor, update_losses, args: Args, agents: list[str]) -> dict:
-    """update_epochs epochs of minibatch steps over the rollout, stopped once a minibatch's approximate KL exceeds
-    target_kl for any agent. Every agent's loss on the same minibatch of env steps, summed, so that one optimizer
-    step moves every agent, each by its own gradient. update_losses is ppo_loss with agent and args bound (compiled
-    under --compile). Returns the statistics to log (the losses of the last minibatch that stepped): per agent under
-    losses/<agent>/, and what the update decided on jointly under losses/. The KL logged is the last minibatch's,
-    the one that stopped the update if one did."""
-    batch_size = args.num_envs * args.num_steps
-    b_obs = buf.obs.reshape((batch_size,) + buf.obs.shape[2:])
-    b_actions = buf.actions.reshape((batch_size,) + buf.actions.shape[2:])
-    b_logprobs, b_advantages, b_returns, b_values, b_alive = (
-        x.reshape(batch_size, -1) for x in (buf.logprobs, advantages, returns, buf.values, buf.alive))
-    stats, clipfracs, minibatch_steps = {}, [], 0
-    for mb in minibatch_indices(batch_size, batch_size // args.num_minibatches, args.update_epochs, b_obs.device):
+    """update_epochs epochs of minibatch steps over the rollout, stopped before the step of the first minibatch whose
+    approximate KL exceeds target_kl for any agent. Every agent's loss on the same minibatch of env steps, summed, so
+    that one optimizer step moves every agent, each by its own gradient. update_losses is ppo_loss with agent and args
+    bound (compiled under --compile). Returns the statistics to log: the losses of the last minibatch that stepped,
+    the KL of the last minibatch (the one that stopped the update if one did); per agent under losses/<agent>/, and
+    what the update decided on jointly under losses/. Under --num_seeds each holds one value per seed."""
+    b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values, b_alive = (
+        buf.rows(x) for x in (buf.obs, buf.actions, buf.logprobs, advantages, returns, buf.values, buf.alive))
+    batch_size = b_returns.shape[-2]
+    stats, clipfracs = {}, []
+    for mb in optimizer.minibatches(batch_size, batch_size // args.num_minibatches, args.update_epochs):
         alive = b_alive[mb]
         (pg_loss, v_loss, entropy_loss), logratio, ratio = update_losses(
             b_obs[mb], b_actions[mb], b_logprobs[mb], b_advantages[mb], b_returns[mb], b_values[mb], alive)
         with torch.no_grad():
-            kls = torch.stack([masked_mean(-logratio, alive), masked_mean((ratio - 1) - logratio, alive)])
-            old_approx_kl, approx_kl = mean_over_ranks(kls)
+            old_approx_kl, approx_kl = mean_over_ranks(
+                torch.stack([masked_mean(-logratio, alive), masked_mean((ratio - 1) - logratio, alive)]))
             if "losses/first_minibatch_ratio_error" not in stats:
-                stats["losses/first_minibatch_ratio_error"] = torch.where(alive, ratio - 1.0, 0.0).abs().max()
+                stats["losses/first_minibatch_ratio_error"] = torch.where(alive, ratio - 1.0, 0.0).abs().amax((-2, -1))
+            for key, value in (("losses/old_approx_kl", old_approx_kl), ("losses/approx_kl", approx_kl)):
+                stats[key] = optimizer.stepping_or(value, stats.get(key, torch.nan))
         # Joint: stopping one agent alone would need an optimizer of its own, as Adam's momentum keeps moving weights
         # whose gradient is zero.
-        if args.target_kl is not None and approx_kl.max() > args.target_kl:
+        if args.target_kl is not None and optimizer.stop(approx_kl.amax(-1) > args.target_kl):
             break
-        clipfracs.append(masked_mean(((ratio - 1.0).abs() > args.clip_coef).float(), alive))
-        loss = (pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef).sum()
+        clipfracs.append(optimizer.stepping_or(masked_mean(((ratio - 1.0).abs() > args.clip_coef).float(), alive),
+                                               torch.nan))
+        loss = (pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef).sum(-1)
 
         optimizer.zero_grad()
-        loss.backward()
-        loss_finite = torch.isfinite(loss)
-        if world_size() > 1:
-            loss_finite = average_gradients(agent, loss_finite)
-        grad_norm = clip_grad_norm_per_net(agent, args.max_grad_norm)
-        if not (loss_finite & torch.isfinite(grad_norm).all()):  # one wait for the GPU, not two
-            raise NonFiniteError("gradient" if loss_finite else "loss")
-        optimizer.step()
-        minibatch_steps += 1
+        loss.sum().backward()  # seeds' losses are independent: each seed's parameters get its own loss's gradient
+        optimizer.step(loss, args.max_grad_norm)
         if args.lr_schedule == "adaptive":
-            lr = optimizer.param_groups[0]["lr"]
-            optimizer.param_groups[0]["lr"] = adapt_learning_rate(lr, approx_kl.max().item(), args)
-        stats.update({"losses/policy_loss": pg_loss.detach(), "losses/value_loss": v_loss.detach(),
-                      "losses/entropy": entropy_loss.detach()})
+            optimizer.adapt_learning_rates(approx_kl.amax(-1), args)
+        for key, value in (("losses/policy_loss", pg_loss), ("losses/value_loss", v_loss),
+                           ("losses/entropy", entropy_loss)):
+            stats[key] = optimizer.stepping_or(value.detach(), stats.get(key, torch.nan))
     if clipfracs:  # empty when the first minibatch already exceeded target_kl
-        stats["losses/clipfrac"] = torch.stack(clipfracs).mean(0)
+        stats["losses/clipfrac"] = torch.stack(clipfracs).nanmean(0)
     var_y = masked_var(b_returns, b_alive)
-    explained_var = torch.where(var_y == 0, float("nan"), 1 - masked_var(b_returns - b_values, b_alive) / var_y)
-    stats.update({"losses/old_approx_kl": old_approx_kl, "losses/approx_kl": approx_kl,
-                  "losses/minibatch_steps": minibatch_steps, "charts/learning_rate": optimizer.param_groups[0]["lr"],
-                  "losses/explained_variance": explained_var})
-    # The statistics with one value per agent go to losses/<agent>/; losses/approx_kl is the largest agent's, which
-    # the early stop and the adaptive schedule go by.
-    logged = {"losses/approx_kl": approx_kl.max()}
-    for tag, value in stats.items():
-        if torch.is_tensor(value) and value.dim() == 1:
-            logged.update({tag.replace("losses/", f"losses/{name}/"): v for name, v in zip(agents, value)})
+    stats["losses/explained_variance"] = torch.where(var_y == 0, float("nan"),
+                                                     1 - masked_var(b_returns - b_values, b_alive) / var_y)
+    # Each agent's statistics under losses/<agent>/; losses/approx_kl is the largest agent's, which the early stop and
+    # the adaptive schedule go by.
+    logged = {"losses/approx_kl": stats["losses/approx_kl"].amax(-1)}
+    for tag, value in {**stats, **optimizer.stats()}.items():
+        if tag in PER_AGENT_STATISTICS:
+            logged.update({tag.replace("losses/", f"losses/{name}/"): value[..., i] for i, name in enumerate(agents)})
         else:
             logged[tag] = value
     return logged
 
 
-def minibatch_indices(batch_size: int, minibatch_size: int, epochs: int, device: torch.device):
-    """Each epoch a new permutation of the batch, cut into minibatches; drawn as needed, so that an update stopped
-    early draws no further permutations from the random stream."""
-    for _ in range(epochs):
-        permutation = torch.randperm(batch_size, device=device)
-        for start in range(0, batch_size, minibatch_size):
-            yield permutation[start:start + minibatch_size]
+# Copied from ppo.py with nn.utils.clip_grad_norm_->clip_grad_norm_per_net
+class PPOOptimizer(torch.optim.Adam):
+    """Adam as update() uses it: the rollout's minibatches, drawn as needed (an update stopped early draws no further
+    permutations from the random stream); the early stop; a step of gradients averaged over torchrun's ranks, clipped
+    and checked finite. SeedOptimizer does each per seed (in one process: --num_seeds runs without torchrun).
+    It steps the Agent's parameters that none of the Agent's own optimizers (own_optimizers()) holds; its state dict
+    carries theirs, so that checkpoints save, and --resume restores, every optimizer of the run."""
+
+    def __init__(self, agent: nn.Module, lr: float):
+        self.agent, self.own = agent, list(own_optimizers(agent).values())
+        # fused: one kernel per parameter for the whole Adam step, on the CPU as on the GPU; it rounds differently
+        # from torch's default by about one float32 ulp per step, and takes a third of its time for small networks.
+        super().__init__(self.parameter_groups(agent), lr=lr, eps=1e-5, fused=True)
+        self.minibatch_steps = 0
+
+    def parameter_groups(self, agent: nn.Module) -> list[dict]:
+        return [{"params": ppo_parameters(agent)}]
+
+    def state_dict(self) -> dict:
+        own = {name: optimizer.state_dict() for name, optimizer in own_optimizers(self.agent).items()}
+        return {**super().state_dict(), **({"own_optimizers": own} if own else {})}
+
+    def load_state_dict(self, state_dict: dict):
+        own = state_dict.get("own_optimizers", {})  # checkpoints older than own optimizers hold none
+        if own.keys() != own_optimizers(self.agent).keys():
+            raise UserError(f"the checkpoint holds the optimizers {sorted(own)} of the Agent and {TRAINER}.py's Agent "
+                            f"has {sorted(own_optimizers(self.agent))}: continue the run with the file that wrote it")
+        super().load_state_dict({key: value for key, value in state_dict.items() if key != "own_optimizers"})
+        for name, optimizer in own_optimizers(self.agent).items():
+            optimizer.load_state_dict(own[name])
+
+    def minibatches(self, batch_size: int, minibatch_size: int, epochs: int):
+        """Each epoch a new permutation of the batch, cut into minibatches."""
+        self.minibatch_steps = 0
+        for _ in range(epochs):
+            permutation = torch.randperm(batch_size, device=self.param_groups[0]["params"][0].device)
+            for start in range(0, batch_size, minibatch_size):
+                yield permutation[start:start + minibatch_size]
+
+    def stop(self, over: torch.Tensor) -> bool:
+        """Whether the update stops here (over: the KL exceeds its target)."""
+        return bool(over)
+
+    def draws(self) -> contextlib.AbstractContextManager:
+        """Where update() draws random numbers of its own (ppo_rgb.py's image shifts): under --num_seeds each seed's
+        from its own generator (SeedOptimizer)."""
+        return contextlib.nullcontext()
+
+    def stepping_or(self, value: torch.Tensor, otherwise) -> torch.Tensor:
+        """value (under --num_seeds, of the seeds first: where a seed still steps, otherwise where it stopped)."""
+        return value
+
+    def step(self, loss: torch.Tensor, max_grad_norm: float):
+        loss_finite = torch.isfinite(loss)
+        if world_size() > 1:
+            loss_finite = average_gradients(self.agent, loss_finite)
+        grad_norm = clip_grad_norm_per_net(self.param_groups[0]["params"], max_grad_norm)
+        if not (loss_finite & torch.isfinite(grad_norm).all()):  # one wait for the GPU, not two
+            raise NonFiniteError("gradient" if loss_finite else "loss", [0])
+        super().step()
+        self.minibatch_steps += 1
+
+    def schedule_learning_rate(self, iteration: int, num_iterations: int, args: Args):
+        """--lr_schedule=linear, at the start of each iteration: from learning_rate down to 0 after the last."""
+        if args.lr_schedule == "linear":
+            for group in self.param_groups:
+                group["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
+
+    def adapt_learning_rates(self, approx_kl: torch.Tensor, args: Args):
+        """--lr_schedule=adaptive, after each minibatch step (update())."""
+        self.param_groups[0]["lr"] = adapt_learning_rate(self.param_groups[0]["lr"], approx_kl.item(), args)
+
+    def stats(self) -> dict:
+        return {"losses/minibatch_steps": torch.tensor(self.minibatch_steps),
+                "charts/learning_rate": torch.tensor(self.param_groups[0]["lr"], dtype=torch.float64)}
 
 
-def clip_grad_norm_per_net(agent: Agent, max_norm: float) -> torch.Tensor:
-    """Clip each network's gradient on its own (every parameter's first dimension is the network): one norm over
-    all agents would let one agent's large gradient shrink the others' steps. Returns each network's norm."""
-    grads = [p.grad for p in agent.parameters() if p.grad is not None]
-    norms = torch.stack([g.reshape(g.shape[0], -1).square().sum(1) for g in grads]).sum(0).sqrt()
-    scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
-    for g in grads:
-        g.mul_(scale.reshape((-1,) + (1,) * (g.dim() - 1)))
-    return norms
+# Copied from ppo.py
+def own_optimizers(agent: nn.Module) -> dict[str, torch.optim.Optimizer]:
+    """The optimizers that the Agent and its modules hold as attributes (a copy's own, self.ent_coef_optimizer =
+    torch.optim.Adam([self.log_ent_coef])), by name."""
+    found = {}
+    for name, module in agent.named_modules():
+        for key, value in vars(module).items():
+            if isinstance(value, torch.optim.Optimizer) and all(value is not other for other in found.values()):
+                found[f"{name}.{key}".lstrip(".")] = value  # one optimizer under two names is one, by its first
+    return found
+
+
+# Copied from ppo.py
+def ppo_parameters(agent: nn.Module) -> list[nn.Parameter]:
+    """The parameters that PPOOptimizer steps: the Agent's trainable ones (requires_grad), but those an optimizer of
+    its own holds."""
+    held = {id(p) for own in own_optimizers(agent).values() for group in own.param_groups for p in group["params"]}
+    return [p for p in agent.parameters() if id(p) not in held and p.requires_grad]
 
 
 # Copied from ppo.py
@@ -699,6 +828,17 @@ def adapt_learning_rate(lr: float, approx_kl: float, args: Args) -> float:
     if approx_kl < 0.5 * args.kl_target:
         return min(args.max_learning_rate, lr * args.lr_factor)
     return lr
+
+
+def clip_grad_norm_per_net(parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """nn.utils.clip_grad_norm_ of each network on its own (every parameter's first dimension is the network): one
+    norm over all agents would let one agent's large gradient shrink the others' steps. Returns each network's norm."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    norms = torch.stack([g.reshape(g.shape[0], -1).square().sum(1) for g in grads]).sum(0).sqrt()
+    scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(scale.reshape((-1,) + (1,) * (g.dim() - 1)))
+    return norms
 
 
 # ---------------------------------------------------------------------------------------------
@@ -716,145 +856,44 @@ class Setup:
     num_eval_steps: int
     num_iterations: int
     time_limit_from: Optional[str]  # where a PettingZoo env's default max_episode_steps came from
+    critic_input: str  # what the critics read: own_observation, or a centralized critic's global state
     checkpoint_trainer: Optional[str]  # the file that wrote --checkpoint
 
 
 def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[TorchVecEnv],
           resume_state: Optional[dict], init_state: Optional[dict]) -> int:
-    """Rank 0 alone logs, evaluates (eval_envs is None on the others) and writes checkpoints."""
-    device, rank, num_ranks, num_iterations = setup.device, setup.rank, world_size(), setup.num_iterations
-    agents, num_agents = envs.agents, envs.num_agents
-    agent = make_agent(args, envs).to(device)
-    # Adam is elementwise, so each agent's slice of a stacked weight moves with that agent's gradients alone.
-    # fused: one kernel per parameter for the whole Adam step, on the CPU as on the GPU; it rounds differently from
-    # torch's default by about one float32 ulp per step, and takes a third of its time for small networks.
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    reward_normalizer = RewardNormalizer(args.num_envs, num_agents, args.gamma).to(device) if args.norm_reward else None
-    global_step, start_iteration = load_states(agent, optimizer, reward_normalizer, init_state, resume_state, args,
-                                               envs)
-    policy_step = compile_unless_unavailable(agent.get_action_and_value, args.compile)
+    """The loop of the algorithm: rollout, advantages, update. Run (below the divider) does the run's own steps
+    around it: it starts the learner from a checkpoint (--resume, --checkpoint) and the envs from their seeds; after
+    each update it checks the numbers, logs, evaluates (rank 0 alone, in eval_envs; None on the other ranks), saves
+    and stops on a signal; it reports what stopped the run in one line. Returns the process's exit status."""
+    resume_state, init_state = seeds_parts(args, setup.run_dir, resume_state, init_state)
+    agent = make_agents(args, envs, setup.device, resume_state)  # --num_seeds: each seed's network, stacked
+    optimizer = make_optimizer(agent, args)
+    reward_normalizer = (stack_seeds([RewardNormalizer(args.num_envs, envs.num_agents, args.gamma)
+                                      for _ in range(args.num_seeds)]).to(setup.device) if args.norm_reward else None)
+    policy_step = compile_unless_unavailable(policy_step_of(agent), args.compile)
     update_losses = compile_unless_unavailable(functools.partial(ppo_loss, agent, args), args.compile)
-    # ManiSkill workers seed env i with seed + i (one vector env: env 0 with seed, the others with draws from
-    # RandomState(seed)); VMAS seeds its whole batch with seed. Training and evaluation envs, and each rank, get
-    # disjoint blocks of seeds, and a resumed run new ones rather than a replay of its first iteration's starts.
-    train_seed = args.seed + (start_iteration * num_ranks + rank) * (args.num_envs + args.num_eval_envs)
-    next_obs = envs.reset(seed=train_seed)
-    eval_seed = train_seed + args.num_envs  # seeds the next evaluation; later ones continue the envs' streams
-    if resume_state is not None:
-        # After the envs are built and reset, so that each rank's random stream continues where it stopped.
-        set_rng_states(resume_state["rng"] if rank == 0 else resume_state["other_ranks_rng"][rank - 1], device)
-    critic_input = envs.critic_input if args.centralized_critic else "own_observation"
-    writer = open_run(args, setup, resume_state, critic_input) if rank == 0 else None
-    buf = RolloutBuffer(args.num_steps, args.num_envs, num_agents, envs.obs_dim,
-                        envs.joint_action_space, device)
-
-    def save(iteration: int, final: bool = False) -> Optional[Path]:
-        return write_checkpoint(args, setup, envs, agent, optimizer, reward_normalizer, global_step, iteration, final)
-
-    checkpoint_freq = args.checkpoint_freq or args.eval_freq
-    last_checkpoint = None
-    progress = tqdm(total=num_iterations, initial=start_iteration, desc=setup.run_name, dynamic_ncols=True,
-                    mininterval=1.0, disable=rank != 0)
-    start_time, start_step = time.perf_counter(), global_step
-    iteration = start_iteration
-    stop = StopSignal()
-    # TensorBoard's writer thread prints a traceback where a write fails, then hands the error to this thread's next
-    # write, which reports it in one line below.
-    thread_excepthook = threading.excepthook
-    threading.excepthook = lambda hook: None if issubclass(hook.exc_type, OSError) else thread_excepthook(hook)
-    try:
-        for iteration in range(start_iteration + 1, num_iterations + 1):
-            if args.lr_schedule == "linear":
-                optimizer.param_groups[0]["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
-            rollout_start = time.perf_counter()
-            agent.eval()
-            next_obs, episodes = rollout(agent, envs, buf, next_obs, policy_step, reward_normalizer, args,
-                                         setup.bootstrap_rule)
-            global_step += args.num_steps * args.num_envs * num_ranks
-            with torch.no_grad():
-                next_value = agent.get_value(agent.normalize_obs(next_obs))
-                advantages = compute_advantages(buf.rewards, buf.values, buf.dones, buf.bootstrap_values, next_value,
-                                                args.gamma, args.gae_lambda, args.finite_horizon_gae)
-                returns = advantages + buf.values
-                if agent.value_normalizer is not None:  # standardize the critics' targets by every rank's
-                    agent.value_normalizer.update(gather_rows(returns.flatten(0, 1)),
-                                                  gather_rows(buf.alive.flatten(0, 1)))
-            rollout_time = time.perf_counter() - rollout_start
-            update_start = time.perf_counter()
-            agent.train()
-            stats = update(agent, optimizer, buf, advantages, returns, update_losses, args, agents)
-            if not parameters_finite(agent, iteration):
-                raise NonFiniteError("parameters")
-            update_time = time.perf_counter() - update_start
-
-            # TRY NOT TO MODIFY: logging and evaluation (rank 0, with every rank's episodes), checkpoints, stopping
-            episodes = gather_episodes(episodes)
-            if rank == 0:
-                sps = int((global_step - start_step) / (time.perf_counter() - start_time))
-                stats.update({"charts/SPS": sps, "time/rollout_time": rollout_time, "time/update_time": update_time,
-                              "time/rollout_fps": args.num_envs * num_ranks * args.num_steps / rollout_time})
-                for tag, value in stats.items():  # tensors until here: only rank 0 waits for them
-                    writer.add_scalar(tag, float(value), global_step)
-                train_means = log_episode_metrics(writer, "train", episodes, global_step)
-                if "return" in train_means:
-                    writer.add_scalar("charts/episodic_return", train_means["return"], global_step)
-                    writer.add_scalar("charts/episodic_length", train_means["episode_len"], global_step)
-                postfix = {"step": global_step, "SPS": sps, **progress_items("train", train_means)}
-                if iteration % args.eval_freq == 0 or iteration == num_iterations:
-                    agent.eval()
-                    with own_random_stream(eval_envs):
-                        eval_episodes = evaluate(agent, eval_envs, setup.num_eval_steps, eval_seed)
-                    eval_means = log_episode_metrics(writer, "eval", eval_episodes, global_step)
-                    eval_seed = None
-                    if eval_means["episodes"] == 0:
-                        print(f"\nevaluation at iteration {iteration}: no episode finished within "
-                              f"{setup.num_eval_steps} steps", file=sys.stderr)
-                    postfix.update(progress_items("eval", eval_means))
-                    writer.flush()
-                progress.set_postfix(postfix, refresh=False)
-                progress.update(1)
-            checkpoint_due = args.save_model and (iteration % checkpoint_freq == 0 or iteration == num_iterations)
-            if checkpoint_due:
-                last_checkpoint = save(iteration, final=iteration == num_iterations)
-                if rank == 0:
-                    writer.flush()
-            signum = agree_on_signal(stop.signum, device)
-            if signum is not None and iteration < num_iterations:
-                if not checkpoint_due:
-                    last_checkpoint = save(iteration)
-                progress.close()
-                if rank == 0:
-                    writer.flush()
-                    print_how_to_resume(signum, last_checkpoint, iteration, setup.run_dir)
-                return 128 + signum
-    except UserError:  # what only running shows (a PettingZoo agent that leaves early): on a line of its own
-        progress.close()
-        raise
-    except (NonFiniteError, OSError) as e:
-        # non-finite numbers stop every rank at the same point: the checks run on numbers all ranks share
-        progress.close()
-        if rank == 0:
-            kept = f"the last checkpoint {last_checkpoint} is untouched" if last_checkpoint else "none was written"
-            problem = f"non-finite {e}" if isinstance(e, NonFiniteError) else str(e)
-            if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-                problem = f"the disk is full ({e})"
-                kept += f"; free some space, then --resume {setup.run_dir}" if last_checkpoint else ""
-            print(f"error: {problem} at iteration {iteration} (global step {global_step}); the run stops and "
-                  f"{kept}", file=sys.stderr)
-        return 1
-    finally:
-        progress.close()  # before the error line of whatever stopped the run
-        stop.restore()
-        threading.excepthook = thread_excepthook
-        if writer is not None:
-            with contextlib.suppress(OSError):  # a full disk fails the writer's last flush as well
-                writer.close()
-        if args.track and rank == 0:
-            import wandb
-            wandb.finish()
-    if rank == 0:
-        print(f"done: {num_iterations} iterations, {global_step} steps; run in {setup.run_dir}", flush=True)
-    return 0
+    buf = RolloutBuffer(args.num_steps, envs, setup.device)
+    with Run(args, setup, envs, eval_envs, agent, optimizer, reward_normalizer, resume_state, init_state) as run:
+        next_obs = run.next_obs
+        for iteration in run.iterations():
+            optimizer.schedule_learning_rate(iteration, setup.num_iterations, args)
+            with run.timed("time/rollout_time"):
+                agent.eval()
+                next_obs, episodes = rollout(agent, envs, buf, next_obs, policy_step, reward_normalizer, args,
+                                             setup.bootstrap_rule)
+                with torch.no_grad():
+                    next_value = agent.get_value(agent.normalize_obs(next_obs))
+                    advantages = compute_advantages(buf.rewards, buf.values, buf.dones, buf.bootstrap_values,
+                                                    next_value, args.gamma, args.gae_lambda, args.finite_horizon_gae)
+                    returns = advantages + buf.values
+                    if agent.value_normalizer is not None:  # standardize the critics' targets by every rank's
+                        agent.value_normalizer.update(gather_rows(buf.rows(returns)), gather_rows(buf.rows(buf.alive)))
+            with run.timed("time/update_time"):
+                agent.train()
+                stats = update(agent, optimizer, buf, advantages, returns, update_losses, args, envs.agents)
+            run.end_iteration(stats, episodes)  # TRY NOT TO MODIFY: checks, logs, evaluation, checkpoints, signals
+    return run.status
 
 
 def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Optional[int],
@@ -1084,10 +1123,701 @@ def load_states(agent: Agent, optimizer: torch.optim.Optimizer, reward_normalize
 
 
 # =============================================================================================
-# Plumbing: what an idea changes stands above. Below: startup and validation, env adapters, run directories,
-# checkpoints and resume, data parallel, signals. They decide numbers too (what the envs return, dtypes, time
-# limits, what a resume restores): change them as refactors, which benchmarks/same_numbers.py compares to the bit.
+# Plumbing: what an idea changes stands above. Below: many seeds in one process, startup and validation, env
+# adapters, run directories, checkpoints and resume, data parallel, signals. They decide numbers too (what the envs
+# return, dtypes, time limits, what a resume restores): change them as refactors, which benchmarks/same_numbers.py
+# compares to the bit.
 # =============================================================================================
+
+# ---------------------------------------------------------------------------------------------
+# Many seeds in one process (--num_seeds): each seed's networks, random streams and envs, as a run of its own has them
+# ---------------------------------------------------------------------------------------------
+
+# Copied from ppo.py
+class SeedLinear(nn.Linear):
+    """The nn.Linear layers of --num_seeds networks as one: weight (seeds, out, in), bias (seeds, out), applied to
+    x of shape (seeds, ..., in), each seed's rows to its own weights."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() < 2 or x.shape[0] != self.weight.shape[0]:
+            raise UserError(f"a stacked nn.Linear of {self.weight.shape[0]} seeds takes (seeds, ..., in), not "
+                            f"{tuple(x.shape)}: give a network of the copy's rows (buf.rows(x), a minibatch), seed "
+                            f"first ({TRAINER}.py's docstring, 'A copy's contract')")
+        rows = x.reshape(x.shape[0], -1, x.shape[-1])  # (seeds, rows, in) itself: a view, the same numbers
+        return torch.baddbmm(self.bias.unsqueeze(-2), rows, self.weight.transpose(-1, -2)).view(*x.shape[:-1], -1)
+
+
+# Copied from ppo.py
+class SeedEach:
+    """A layer of torch.nn other than nn.Linear (nn.Conv2d, nn.LayerNorm, ...) of --num_seeds networks, its parameters
+    and buffers stacked: each seed's part of the inputs (the first dimension of each tensor, and of each tensor in a
+    tuple) through the layer with that seed's parameters, in turn, the outputs stacked. Mixed in before the layer's
+    class (stack_seeds())."""
+
+    def flatten_parameters(self):  # an RNN's: cuDNN's one block of weights cannot hold stacked ones
+        pass
+
+    def forward(self, *inputs):
+        if self.one_seed:  # functional_call's call below
+            return super().forward(*inputs)
+        tensors = {**dict(self.named_parameters()), **dict(self.named_buffers())}
+        outputs = []
+        self.one_seed = True
+        try:
+            for i in range(next(iter(tensors.values())).shape[0]):
+                outputs.append(torch.func.functional_call(self, {name: t[i] for name, t in tensors.items()},
+                                                          tuple(seed_part(x, i) for x in inputs)))
+        finally:
+            self.one_seed = False
+        return stacked_parts(outputs)
+
+
+# Copied from ppo.py
+class SeedRNN:
+    """An nn.LSTM or nn.GRU (batch_first, with biases, one direction) of --num_seeds networks, its weights stacked: its
+    equations step by step over the seeds' weights at once (torch.baddbmm), as SeedLinear batches nn.Linear, where a
+    call for each seed (SeedEach) would make as many calls as seeds. Inputs (seeds, batch, time, in) and the state
+    (seeds, num_layers, batch, hidden), an LSTM's as (h, c), zeros if none; each seed's numbers as its layer's, to
+    float rounding. Mixed in before the layer's class (stack_seeds()), whose parameters it reads."""
+
+    def flatten_parameters(self):  # cuDNN's one block of weights cannot hold stacked ones; the equations need none
+        pass
+
+    def forward(self, inputs: torch.Tensor, state=None):
+        lstm = isinstance(self, nn.LSTM)
+        if state is None:
+            zeros = inputs.new_zeros(inputs.shape[0], self.num_layers, inputs.shape[1], self.hidden_size)
+            state = (zeros, zeros) if lstm else zeros
+        h, c = state if lstm else (state, state)  # a GRU has no cell state: c is carried unused
+        layer_inputs, last_h, last_c = inputs, [], []
+        for layer in range(self.num_layers):
+            w_ih, w_hh, b_ih, b_hh = (getattr(self, f"{name}_l{layer}")
+                                      for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"))
+            seeds, batch, steps, _ = layer_inputs.shape
+            gates_x = torch.baddbmm(b_ih[:, None], layer_inputs.flatten(1, 2), w_ih.transpose(1, 2))
+            gates_x = gates_x.view(seeds, batch, steps, -1)
+            h_t, c_t, outputs = h[:, layer], c[:, layer], []
+            for t in range(steps):
+                gates_h = torch.baddbmm(b_hh[:, None], h_t, w_hh.transpose(1, 2))
+                if lstm:  # nn.LSTM's gates: input, forget, cell, output
+                    i, f, g, o = (gates_x[:, :, t] + gates_h).chunk(4, -1)
+                    c_t = torch.sigmoid(f) * c_t + torch.sigmoid(i) * torch.tanh(g)
+                    h_t = torch.sigmoid(o) * torch.tanh(c_t)
+                else:  # nn.GRU's: reset, update, new
+                    (r_x, z_x, n_x), (r_h, z_h, n_h) = gates_x[:, :, t].chunk(3, -1), gates_h.chunk(3, -1)
+                    r, z = torch.sigmoid(r_x + r_h), torch.sigmoid(z_x + z_h)
+                    h_t = (1 - z) * torch.tanh(n_x + r * n_h) + z * h_t
+                outputs.append(h_t)
+            layer_inputs = torch.stack(outputs, 2)
+            last_h.append(h_t)
+            last_c.append(c_t)
+        h = torch.stack(last_h, 1)
+        return layer_inputs, ((h, torch.stack(last_c, 1)) if lstm else h)
+
+
+# Copied from ppo.py
+def seed_part(x, i: int):
+    return x[i] if isinstance(x, torch.Tensor) else type(x)(seed_part(y, i) for y in x) if isinstance(x, tuple) else x
+
+
+# Copied from ppo.py
+def stacked_parts(parts: list):
+    return torch.stack(parts) if isinstance(parts[0], torch.Tensor) else type(parts[0])(map(stacked_parts, zip(*parts)))
+
+
+# Copied from ppo.py
+def stack_seeds(modules: list[nn.Module]) -> nn.Module:
+    """--num_seeds: one module of the seeds' modules (alike but for their values), each parameter and buffer (but
+    integer buffers left out of the state dict, which describe the structure) stacked on a new first dimension, seed
+    i's at index i: seed i's state dict is every tensor's [i]. Its nn.Linear layers become SeedLinear, its nn.LSTM
+    and nn.GRU layers SeedRNN, torch.nn's other layers with parameters SeedEach; inputs and outputs carry the seed
+    dimension first. The optimizers a module holds (own_optimizers()) step the stacked parameters. One module is
+    returned as it is."""
+    if len(modules) == 1:
+        return modules[0]
+    stacked, stacked_of = copy.deepcopy(modules[0]), {}
+    for name, module in stacked.named_modules():
+        seeds = [m.get_submodule(name) for m in modules]
+        for key, parameter in module._parameters.items():
+            module._parameters[key] = nn.Parameter(torch.stack([seed._parameters[key].detach() for seed in seeds]),
+                                                   requires_grad=parameter.requires_grad)
+            stacked_of[id(parameter)] = module._parameters[key]
+        for key, buffer in module._buffers.items():
+            if buffer is not None and (buffer.is_floating_point() or key not in module._non_persistent_buffers_set):
+                module._buffers[key] = torch.stack([seed._buffers[key] for seed in seeds])
+        if type(module) is nn.Linear:
+            module.__class__ = SeedLinear  # the same parameters, stacked above
+        elif type(module) in (nn.LSTM, nn.GRU) and module.batch_first and module.bias and not module.bidirectional \
+                and not module.dropout and not getattr(module, "proj_size", 0):
+            module.__class__ = type(f"Seed{type(module).__name__}", (SeedRNN, type(module)), {})
+        elif type(module).__module__.startswith("torch.nn.") and module._parameters:
+            module.__class__ = type(f"Seed{type(module).__name__}", (SeedEach, type(module)), {})
+            module.one_seed = False
+    for name, own in own_optimizers(stacked).items():  # fresh ones: no state yet, which would refer to parameters
+        for group in own.param_groups:
+            if any(id(p) not in stacked_of for p in group["params"]):
+                raise UserError(f"the Agent's optimizer {name} steps a tensor that is none of the Agent's parameters, "
+                                "which --num_seeds cannot give each seed: make it one (nn.Parameter in Agent.__init__)")
+            group["params"] = [stacked_of[id(p)] for p in group["params"]]
+    return stacked
+
+
+# Copied from ppo.py
+def make_agents(args: Args, envs: TorchVecEnv, device: torch.device, resume_state: Optional[dict]) -> Agent:
+    """The run's agent, which draws from torch's default generator. Under --num_seeds, the seeds' agents stacked
+    (stack_seeds), with agent.generators: seed + i draws its initial weights, then its actions and minibatches, from a
+    generator of its own, seeded and used as torch's default generator is by a run of that seed alone (and shared
+    with nothing else, such as ManiSkill's resets), and continued where a resumed run left it."""
+    if args.num_seeds == 1:
+        return make_agent(args, envs).to(device)
+    agents, generators = [], []
+    for seed in range(args.seed, args.seed + args.num_seeds):
+        generator = torch.Generator(device).manual_seed(seed)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            agents.append(make_agent(args, envs))  # drawn on the CPU, as a run alone draws them
+            if device.type == "cpu":  # the CPU's stream goes on from there to the actions
+                generator.set_state(torch.get_rng_state())
+        generators.append(generator)
+    for generator, state in zip(generators, resume_state["seed_rngs"] if resume_state is not None else []):
+        # a run moved between the CPU and a GPU (--cuda) draws on from its seeds, as a run alone does on a GPU
+        if state.numel() == generator.get_state().numel():
+            generator.set_state(state)
+    agent = stack_seeds(agents).to(device)
+    agent.generators = generators
+    return agent
+
+
+# Copied from ppo.py
+def make_optimizer(agent: Agent, args: Args) -> PPOOptimizer:
+    if own_optimizers(agent) and world_size() > 1:  # their gradients would need averaging over the ranks too
+        raise UserError(f"the Agent's own optimizers ({', '.join(own_optimizers(agent))}) do not work under torchrun "
+                        "yet: train with one process (--num_seeds for many seeds)")
+    if not hasattr(agent, "generators"):
+        return PPOOptimizer(agent, args.learning_rate)
+    optimizer = SeedOptimizer(agent, args.learning_rate)
+    for own in own_optimizers(agent).values():
+        split_by_seed(own, optimizer)
+    return optimizer
+
+
+# Copied from ppo.py with nn.utils.clip_grad_norm_->clip_grad_norm_per_net
+class SeedOptimizer(PPOOptimizer):
+    """--num_seeds: one Adam parameter group per seed, each seed's slices of the stacked parameters as parameters of
+    their own (views of the same memory), so that each seed has its own Adam state, step count and learning rate,
+    and a seed given no gradient takes no step. Each seed draws its minibatches from its own generator (a minibatch
+    indexes (seeds, minibatch_size) rows, each seed's of its own rollout), stops at its own KL and clips its own
+    gradients; the update ends when every seed has stopped."""
+
+    def __init__(self, agent: Agent, lr: float):
+        self.generators, self.stacked = agent.generators, ppo_parameters(agent)
+        super().__init__(agent, lr)
+        self.going = [True] * len(self.generators)  # stepping, read without waiting for the GPU
+        self.stepping = torch.ones(len(self.generators), dtype=torch.bool, device=self.stacked[0].device)
+        self.scratch = torch.Generator(self.stepping.device)  # the draws of seeds that stopped, which a run alone skips
+        self.default_draws: Optional[dict] = None  # torch's default generators before the first update's draws
+        self.draws_checked = False
+
+    def parameter_groups(self, agent: Agent) -> list[dict]:
+        return [{"params": [nn.Parameter(p.detach()[i]) for p in self.stacked]} for i in range(len(self.generators))]
+
+    def minibatches(self, batch_size: int, minibatch_size: int, epochs: int):
+        device = self.stepping.device
+        self.going = [True] * len(self.generators)
+        self.stepping = torch.ones_like(self.stepping)
+        self.minibatch_steps = torch.zeros(len(self.generators), dtype=torch.long, device=device)
+        seeds = torch.arange(len(self.generators), device=device)[:, None]
+        permutations = [None] * len(self.generators)
+        if not self.draws_checked:
+            self.default_draws = rng_states(device)
+        try:
+            for _ in range(epochs):  # a seed that stopped draws no further permutations
+                permutations = [torch.randperm(batch_size, generator=generator, device=device) if go else permutation
+                                for generator, go, permutation in zip(self.generators, self.going, permutations)]
+                permutation = torch.stack(permutations)
+                for start in range(0, batch_size, minibatch_size):
+                    yield seeds, permutation[:, start:start + minibatch_size]
+        finally:  # after the update every seed steps again: the Agent's own optimizers, stepped after it (SeedSteps)
+            self.going = [True] * len(self.generators)
+            self.stepping = torch.ones_like(self.stepping)
+
+    def stop(self, over: torch.Tensor) -> bool:
+        over = over.tolist()
+        if any(go and seed_over for go, seed_over in zip(self.going, over)):
+            self.going = [go and not seed_over for go, seed_over in zip(self.going, over)]
+            self.stepping = torch.tensor(self.going, device=self.stepping.device)
+        return not any(self.going)
+
+    def stepping_or(self, value: torch.Tensor, otherwise) -> torch.Tensor:
+        return torch.where(self.stepping.reshape(-1, *(1,) * (value.dim() - 1)), value, otherwise)
+
+    def draws(self) -> PerSeedDraws:
+        return PerSeedDraws([generator if go else self.scratch for generator, go in zip(self.generators, self.going)])
+
+    def zero_grad(self, set_to_none: bool = True):  # the stacked parameters: their views hold no gradient
+        for p in self.stacked:
+            p.grad = None
+
+    def step(self, loss: torch.Tensor, max_grad_norm: float):
+        if loss.shape != self.stepping.shape:  # a loss reduced over the seeds too would train each on all
+            raise UserError(f"the loss has shape {tuple(loss.shape)}, not one value per seed "
+                            f"{tuple(self.stepping.shape)}: under --num_seeds ppo_loss() reduces each term over its "
+                            f"rows alone (.mean(-1)) ({TRAINER}.py's docstring, 'A copy's contract')")
+        if self.default_draws is not None:  # the first minibatch step: what update() drew came from the seeds' own
+            if {"torch", "cuda"} & set(moved_generators(self.default_draws, rng_states(self.stepping.device))):
+                raise UserError("update() draws from torch's default generator, which the seeds of --num_seeds "
+                                "share: draw inside optimizer.draws(), in place (random_(), uniform_(), normal_()) "
+                                f"({TRAINER}.py's docstring, 'A copy's contract')")
+            self.default_draws, self.draws_checked = None, True
+        give_seeds_gradients([group["params"] for group in self.param_groups], self.stacked, self.going)
+        grad_norms = torch.stack([clip_grad_norm_per_net(group["params"], max_grad_norm)
+                                  for group, go in zip(self.param_groups, self.going) if go])
+        loss_finite = (torch.isfinite(loss) | ~self.stepping).all()  # a stopped seed's loss its run alone skips
+        if not (loss_finite & torch.isfinite(grad_norms).all()):  # one wait for the GPU, not two
+            raise NonFiniteError("gradient" if loss_finite else "loss",
+                                 nonfinite_seeds([loss, *(p.grad for p in self.stacked)], len(self.generators)))
+        torch.optim.Adam.step(self)
+        self.minibatch_steps += self.stepping
+
+    def adapt_learning_rates(self, approx_kl: torch.Tensor, args: Args):
+        for group, kl, go in zip(self.param_groups, approx_kl.tolist(), self.going):
+            if go:
+                group["lr"] = adapt_learning_rate(group["lr"], kl, args)
+
+    def stats(self) -> dict:
+        return {"losses/minibatch_steps": self.minibatch_steps,
+                "charts/learning_rate": torch.tensor([group["lr"] for group in self.param_groups], dtype=torch.float64)}
+
+
+# Copied from ppo.py
+class SeedSteps:
+    """--num_seeds: an optimizer of the Agent's own (own_optimizers()) over its stacked parameters as one per seed,
+    as SeedOptimizer is PPO's: each seed's slices of them as parameters of their own (views of the same memory), in
+    groups seed by seed, so that each seed has its own state, and a seed whose update stopped (SeedOptimizer) takes no
+    step until the update ends. Its state dict is then every seed's in turn, as seed_checkpoint() splits it."""
+
+    def zero_grad(self, set_to_none: bool = True):
+        for p in self.stacked:
+            p.grad = None
+        super().zero_grad(set_to_none)
+
+    def step(self, closure=None):
+        give_seeds_gradients(self.views, self.stacked, self.seed_optimizer.going)
+        return super().step(closure)
+
+
+# Copied from ppo.py
+def split_by_seed(optimizer: torch.optim.Optimizer, seed_optimizer: SeedOptimizer):
+    """Make a fresh optimizer over stacked parameters a SeedSteps of itself, in place."""
+    groups = optimizer.param_groups
+    seeds_groups = [[{**group, "params": [nn.Parameter(p.detach()[i]) for p in group["params"]]} for group in groups]
+                    for i in range(len(seed_optimizer.generators))]
+    optimizer.stacked = [p for group in groups for p in group["params"]]
+    optimizer.views = [[view for group in seed_groups for view in group["params"]] for seed_groups in seeds_groups]
+    optimizer.param_groups = [group for seed_groups in seeds_groups for group in seed_groups]
+    optimizer.seed_optimizer = seed_optimizer
+    optimizer.__class__ = type(f"Seed{type(optimizer).__name__}", (SeedSteps, type(optimizer)), {})
+
+
+# Copied from ppo.py
+def give_seeds_gradients(views: list[list[nn.Parameter]], stacked: list[nn.Parameter], going: list[bool]):
+    """Seed i's views (views[i], of the stacked parameters in their order) get seed i's part of their gradients; a
+    seed that stopped, and a part the loss left out, none (so no step)."""
+    for i, go in enumerate(going):
+        for view, p in zip(views[i], stacked):
+            view.grad = p.grad[i] if go and p.grad is not None else None
+
+
+# Copied from ppo.py
+def policy_step_of(agent: Agent):
+    """The rollout's policy step: agent.get_action_and_value; under --num_seeds with each seed's draws from its own
+    generator (PerSeedDraws). Its first call checks that nothing drew from torch's default generators, which a run of
+    one seed draws from and which all seeds share."""
+    if not hasattr(agent, "generators"):
+        return agent.get_action_and_value
+    checked = []
+
+    def each_seed_draws(obs: torch.Tensor, *more_inputs):
+        device = agent.generators[0].device
+        before = None if checked else rng_states(device)
+        with PerSeedDraws(agent.generators):
+            result = agent.get_action_and_value(obs, *more_inputs)
+        if not checked:
+            if {"torch", "cuda"} & set(moved_generators(before, rng_states(device))):
+                raise UserError("the policy draws from torch's default generator with what --num_seeds cannot give "
+                                "each seed from its own: draw actions with torch.normal, torch.bernoulli, "
+                                "torch.multinomial or a Normal, Categorical or Bernoulli's sample() or rsample() "
+                                f"({TRAINER}.py's docstring, 'A copy's contract')")
+            checked.append(True)
+        return result
+    return each_seed_draws
+
+
+# Copied from ppo.py
+def moved_generators(before: dict, after: dict) -> list[str]:
+    """The generators (keys of rng_states()) whose state differs between the two."""
+    def same(a, b) -> bool:
+        if isinstance(a, dict):
+            return all(same(a[key], b[key]) for key in a)
+        return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+    return [key for key in before if not same(before[key], after[key])]
+
+
+# Copied from ppo.py
+class PerSeedDraws(torch.overrides.TorchFunctionMode):
+    """Inside it, a stacked agent's random draws of SPLIT (torch.normal, torch.bernoulli, torch.multinomial, and the
+    in-place draws that torch.distributions' Normal, Categorical and Bernoulli sample with, and update()'s) draw each
+    seed's part, their tensors' first dimension cut in as many equal parts as seeds, from that seed's generator, in
+    the order a run of that seed alone draws it."""
+
+    IN_PLACE = {torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.bernoulli_, torch.Tensor.exponential_,
+                torch.Tensor.random_}
+    SPLIT = {torch.normal, torch.bernoulli, torch.multinomial, torch.Tensor.bernoulli, torch.Tensor.multinomial,
+             *IN_PLACE}
+
+    def __init__(self, generators: list[torch.Generator]):
+        super().__init__()
+        self.generators = generators
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func not in self.SPLIT or (kwargs or {}).get("generator") is not None:  # every torch call passes here
+            return func(*args, **(kwargs or {}))
+        kwargs = {key: value for key, value in (kwargs or {}).items() if key != "generator"}
+        n = len(self.generators)
+        tensors = [x for x in (*args, *kwargs.values()) if isinstance(x, torch.Tensor)]
+        if not tensors or any(x.dim() == 0 or x.shape[0] % n for x in tensors):
+            raise UserError(f"a draw of {func.__name__} on no tensor whose first dimension holds the "
+                            f"{n} seeds' parts ({TRAINER}.py's docstring, 'A copy's contract')")
+
+        def part(x, i: int):
+            return x.chunk(n)[i] if isinstance(x, torch.Tensor) else x
+        draws = [func(*(part(x, i) for x in args), **{key: part(x, i) for key, x in kwargs.items()}, generator=g)
+                 for i, g in enumerate(self.generators)]
+        return args[0] if func in self.IN_PLACE else torch.cat(draws)
+
+
+# Copied from ppo.py
+def seed_state(stacked_state: dict[str, torch.Tensor], i: int) -> dict[str, torch.Tensor]:
+    """Seed i's state dict from that of a module stack_seeds() made (clones: a slice saves all of the stack)."""
+    return {key: value[i].clone() for key, value in stacked_state.items()}
+
+
+# Copied from ppo.py
+def stack_states(seed_states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The state dict of stack_seeds()'s module from its seeds' (the inverse of seed_state())."""
+    return {key: torch.stack([state[key] for state in seed_states]) for key in seed_states[0]}
+
+
+# Copied from ppo.py
+class EachSeed(list):
+    """--num_seeds: each seed's evaluation envs, which it steps alone: a vector env of all seeds would step a seed's
+    envs on, and draw their next starts, until every seed's episodes had finished."""
+
+    def close(self):
+        for envs in self:
+            envs.close()
+
+
+# Copied from ppo.py
+class SeedBlocks:
+    """--num_seeds N: the seeds' envs as one vector env (TorchVecEnv) of N blocks of num_envs, seed i's the i-th;
+    tensors in and out are (N, num_envs, ...), and each finished episode's "seed_index" says whose it is. reset(seed=s)
+    seeds block i's envs as reset(seed=s + i) seeds a run's (ManiSkill's GPU simulation, though, draws the initial
+    states of every block from one torch stream: docs/ppo.md).
+
+    Envs stepped in this process share its global random generators (Python's, numpy's, torch's), so an env that
+    draws from them makes a seed's episodes depend on the others': watch_steps of the first resets and steps are
+    watched, and a warning names the generator (swapping each seed's states around each env's step would cost more
+    than the step: about 0.5 ms)."""
+
+    def __init__(self, envs: TorchVecEnv, num_seeds: int, env_id: str, watch_steps: int = 0):
+        self.envs, self.num_seeds, self.env_id, self.watch_steps = envs, num_seeds, env_id, watch_steps
+        self.block = envs.num_envs // num_seeds
+        self.batch_shape = (num_seeds, self.block)
+        self.seed_index = torch.arange(num_seeds, device=envs.device)[:, None].expand(self.batch_shape)
+
+    def __getattr__(self, name: str):  # spaces, devices, video: the vector env's
+        return getattr(self.envs, name)
+
+    def blocks(self, x: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor | dict[str, torch.Tensor]:
+        if isinstance(x, dict):  # an observation of ppo_rgb.py's
+            return {key: self.blocks(value) for key, value in x.items()}
+        return x.reshape(self.num_seeds, self.block, *x.shape[1:])
+
+    def reset(self, seed: Optional[int] = None) -> torch.Tensor:
+        seeds = None if seed is None else [s for i in range(self.num_seeds) for s in self.block_seeds(seed + i)]
+        return self.blocks(self.watched(self.envs.reset, seed=seeds))
+
+    def block_seeds(self, seed: int) -> list[int]:
+        """The env seeds that reset(seed=seed) gives a run's envs: Gymnasium's seed + k; ManiSkill's GPU simulation's
+        seed, then draws from RandomState(seed)."""
+        if self.envs.torch_native:
+            return [seed, *np.random.RandomState(seed).randint(2**31, size=self.block - 1).tolist()]
+        return [seed + k for k in range(self.block)]
+
+    def step(self, action: torch.Tensor):
+        stepped = self.watched(self.envs.step, action.flatten(0, 1))
+        next_obs, reward, terminated, truncated, final_obs, finished = stepped
+        if finished is not None:
+            finished = {key: self.blocks(values) for key, values in finished.items()}
+            finished["seed_index"] = self.seed_index
+        return (*(self.blocks(x) for x in (next_obs, reward, terminated, truncated, final_obs)), finished)
+
+    def watched(self, call, *args, **kwargs):
+        if self.watch_steps <= 0:
+            return call(*args, **kwargs)
+        self.watch_steps -= 1
+        before = rng_states(self.envs.sim_device)  # a torch-native env's own device's too
+        result = call(*args, **kwargs)
+        moved = moved_generators(before, rng_states(self.envs.sim_device))
+        drawn = [name for key, name in (("python", "Python's"), ("numpy", "numpy's"), ("torch", "torch's"),
+                                        ("cuda", "torch's CUDA")) if key in moved]
+        if drawn:
+            print(f"warning: {self.env_id} draws from {' and '.join(drawn)} global random "
+                  f"generator{'s' if len(drawn) > 1 else ''}, which the seeds of --num_seeds share: each seed's "
+                  f"episodes depend on the others' (a run alone's do not); draw from the env's own self.np_random "
+                  f"(a torch-native env: a torch.Generator of its own) instead (docs/ppo.md)", file=sys.stderr)
+            self.watch_steps = 0
+        return result
+
+
+class AgentSeedBlocks(SeedBlocks):
+    """SeedBlocks of a vector env of agents: its alive agents as blocks too, and its finished episodes (one value per
+    env whose episode ended, TorchVecEnv) each with the seed whose block it finished in."""
+
+    @property
+    def alive(self) -> torch.Tensor:
+        return self.blocks(self.envs.alive)
+
+    def step(self, action: torch.Tensor):
+        stepped = self.watched(self.envs.step, action.flatten(0, 1))
+        next_obs, reward, terminated, truncated, final_obs, finished = stepped
+        if finished is not None:
+            finished["seed_index"] = self.seed_index.flatten()[self.envs.ended]
+        final_obs = None if final_obs is None else self.blocks(final_obs)
+        return (*(self.blocks(x) for x in (next_obs, reward, terminated, truncated)), final_obs, finished)
+
+
+# Copied from ppo.py
+def episodes_by_seed(episodes: dict[str, torch.Tensor], num_seeds: int) -> list[dict[str, torch.Tensor]]:
+    """Each seed's share of the rollout's finished episodes (metric -> values), by the block of envs each finished in
+    (SeedBlocks' "seed_index")."""
+    if num_seeds == 1:
+        return [episodes]
+    seed_index = episodes.get("seed_index")
+    return [{key: values[seed_index == i] for key, values in episodes.items() if key != "seed_index"}
+            for i in range(num_seeds)]
+
+
+# Copied from ppo.py
+def agents_of_seeds(agent: Agent, args: Args, envs: TorchVecEnv) -> list[Agent]:
+    """Each seed's Agent as a run of that seed alone holds it (--num_seeds: a copy of its slices of the stacked one)."""
+    if args.num_seeds == 1:
+        return [agent]
+    seed_agents, stacked_state = [], agent.state_dict()
+    for i in range(args.num_seeds):
+        with torch.random.fork_rng(devices=[]):  # the initial weights it draws are replaced at once
+            seed_agent = make_agent(dataclasses.replace(args, num_seeds=1), envs)
+        seed_agent.load_state_dict(seed_state(stacked_state, i))
+        seed_agents.append(seed_agent.to(next(agent.parameters()).device))
+    return seed_agents
+
+
+# Copied from ppo.py
+def evaluate_seeds(agent: Agent, args: Args, envs: TorchVecEnv, eval_envs, num_eval_steps: int,
+                   seed: Optional[int]) -> list[dict[str, torch.Tensor]]:
+    """Each seed's evaluation, as a run of that seed alone evaluates: its agent in its own eval envs (EachSeed), with
+    their own random stream (own_random_stream)."""
+    each_eval_envs = eval_envs if isinstance(eval_envs, EachSeed) else [eval_envs]
+    results = []
+    for i, (seed_agent, seed_eval_envs) in enumerate(zip(agents_of_seeds(agent, args, envs), each_eval_envs)):
+        seed_agent.eval()
+        with own_random_stream(seed_eval_envs):
+            results.append(evaluate(seed_agent, seed_eval_envs, num_eval_steps, None if seed is None else seed + i))
+    return results
+
+
+# Copied from ppo.py
+PER_SEED_STATISTICS = ("the update's statistics hold one value per seed: compare them elementwise (torch.where), "
+                       "and keep state that follows them in a float buffer of the Agent")
+SEED_RULES = {  # words of torch's error -> the rule of the copy contract (the docstring's) that --num_seeds needs
+    "must match the size of tensor": "the Agent's parameters and buffers have a leading seed dimension (stack_seeds): "
+                                     "index them against a batch as RunningMeanStd does (self.mean[..., None, :])",
+    "Boolean value of Tensor with more than one value": PER_SEED_STATISTICS,
+    "cannot be converted to Scalar": PER_SEED_STATISTICS,
+    "only one element tensors can be converted": PER_SEED_STATISTICS,
+}
+
+
+# Copied from ppo.py
+def seed_rule_broken(e: Exception, args: Args) -> Optional[str]:
+    """The rule of the copy contract that an error under --num_seeds says was broken, as one line."""
+    rule = next((rule for words, rule in SEED_RULES.items() if words in str(e)), None)
+    if args.num_seeds == 1 or rule is None:
+        return None
+    return (f"under --num_seeds {rule} ({TRAINER}.py's docstring, 'A copy's contract'); torch said: "
+            f"{str(e).strip().splitlines()[0]}")
+
+
+# Copied from ppo.py
+def nonfinite_seeds(tensors, num_seeds: int) -> list[int]:
+    """The seeds (indices) whose part of tensors (each with the seed dimension first) holds a non-finite number."""
+    if num_seeds == 1:
+        return [0]
+    bad = torch.zeros(num_seeds, dtype=torch.bool)
+    for tensor in tensors:
+        if tensor is not None:
+            bad |= ~torch.isfinite(tensor.detach().reshape(num_seeds, -1)).all(-1).cpu()
+    return bad.nonzero().flatten().tolist()
+
+
+# Copied from ppo.py
+def continue_other_seeds(args: Args, run_dir: Path, bad: list[int]) -> str:
+    """How the seeds that stayed finite go on: each alone, from its own run directory's checkpoint."""
+    others = [seed_dir for i, (_, seed_dir) in enumerate(seed_dirs(args, run_dir)) if i not in bad]
+    if not others:
+        return ""
+    more = f", and so on to {others[-1].name}" if len(others) > 1 else ""
+    return (f"; the other seeds continue each alone from its own run directory: python {shlex.quote(sys.argv[0])} "
+            f"--resume {shlex.quote(str(others[0]))}{more}")
+
+
+# Copied from ppo.py
+def mean_over_seeds(means: list[dict[str, float]]) -> dict[str, float]:
+    """The progress bar's: each metric's mean over the seeds that have it."""
+    if len(means) == 1:
+        return means[0]
+    keys = dict.fromkeys(key for seed_means in means for key in seed_means)
+    return {key: float(np.mean([seed_means[key] for seed_means in means if key in seed_means])) for key in keys}
+
+
+# ---------------------------------------------------------------------------------------------
+# The run around train()'s loop: its start, logs, evaluation, checkpoints, signals, what stops it
+# ---------------------------------------------------------------------------------------------
+
+# Copied from ppo.py
+class Run:
+    """train()'s run, a context manager around its loop. Entering it starts the learner from --checkpoint's or
+    --resume's state (load_states()), resets the envs with the run's seeds (next_obs), continues a resumed run's random
+    streams, opens the logs (RunLog) and takes SIGINT and SIGTERM (StopSignal). iterations() counts the iterations
+    left; end_iteration() does an iteration's own steps after the update; leaving it reports what stopped the run (in
+    one line) and closes what it opened; status is then the process's exit status."""
+
+    def __init__(self, args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[TorchVecEnv], agent: Agent,
+                 optimizer: PPOOptimizer, reward_normalizer: Optional[RewardNormalizer], resume_state: Optional[dict],
+                 init_state: Optional[dict]):
+        self.args, self.setup, self.envs, self.eval_envs = args, setup, envs, eval_envs
+        self.agent, self.optimizer, self.reward_normalizer = agent, optimizer, reward_normalizer
+        self.resume_state, self.init_state = resume_state, init_state
+        self.status: Optional[int] = None
+        self.last_checkpoint: Optional[Path] = None
+        self.times: dict[str, float] = {}
+
+    def __enter__(self) -> Run:
+        args, setup, rank = self.args, self.setup, self.setup.rank
+        self.global_step, self.start_iteration = load_states(self.agent, self.optimizer, self.reward_normalizer,
+                                                             self.init_state, self.resume_state, args, self.envs)
+        self.iteration = self.start_iteration
+        # Gymnasium seeds env i with seed + i (ManiSkill env 0 with seed, the others with draws from
+        # RandomState(seed)): training and evaluation envs, and each rank, get disjoint blocks of seeds, and a resumed
+        # run new ones rather than a replay of its first iteration's starts.
+        train_seed = args.seed + (self.start_iteration * world_size() + rank) * (args.num_envs + args.num_eval_envs)
+        self.next_obs = self.envs.reset(seed=train_seed)
+        self.eval_seed = train_seed + args.num_envs  # seeds the next evaluation; later ones continue the envs' streams
+        if self.resume_state is not None:
+            # After the envs are built and reset, so that each rank's random stream continues where it stopped.
+            set_rng_states(self.resume_state["rng"] if rank == 0 else self.resume_state["other_ranks_rng"][rank - 1],
+                           setup.device)
+        self.unsaved = UnsavedState(self.agent, args, self.optimizer)
+        self.log = RunLog(args, setup, self.resume_state)
+        self.progress = tqdm(total=setup.num_iterations, initial=self.start_iteration, desc=setup.run_name,
+                             dynamic_ncols=True, mininterval=1.0, disable=rank != 0)
+        self.start_time, self.start_step = time.perf_counter(), self.global_step
+        self.stop = StopSignal()
+        return self
+
+    def iterations(self):
+        """The iterations left, counted from 1. A signal ends them."""
+        for self.iteration in range(self.start_iteration + 1, self.setup.num_iterations + 1):
+            yield self.iteration
+            if self.status is not None:
+                return
+
+    @contextlib.contextmanager
+    def timed(self, tag: str):
+        """Times its block as tag; the rollout's block also counts its steps (the global step)."""
+        start = time.perf_counter()
+        yield
+        self.times[tag] = time.perf_counter() - start
+        if tag == "time/rollout_time":
+            self.global_step += self.args.num_steps * self.args.num_envs * world_size()
+
+    def end_iteration(self, stats: dict, episodes: dict[str, torch.Tensor]):
+        """After the update: its numbers checked (finite, the same on every rank, no unsaved state changed); the
+        statistics and the rollout's finished episodes logged (rank 0, with every rank's episodes); an evaluation,
+        a checkpoint where due; a signal saves and stops the run."""
+        args, setup, iteration, global_step = self.args, self.setup, self.iteration, self.global_step
+        if not parameters_finite(self.agent, iteration):
+            raise NonFiniteError("parameters", nonfinite_seeds(self.agent.state_dict().values(), args.num_seeds))
+        sps = int((global_step - self.start_step) / (time.perf_counter() - self.start_time))
+        rollout_fps = args.num_envs * world_size() * args.num_steps / self.times["time/rollout_time"]
+        self.log.scalars({**stats, "charts/SPS": sps, **self.times, "time/rollout_fps": rollout_fps}, global_step)
+        postfix = {"step": global_step, "SPS": sps,
+                   **self.log.episodes("train", gather_episodes(episodes), global_step)}
+        last = iteration == setup.num_iterations
+        if setup.rank == 0 and (iteration % args.eval_freq == 0 or last):
+            eval_episodes = evaluate_seeds(self.agent, args, self.envs, self.eval_envs, setup.num_eval_steps,
+                                           self.eval_seed)
+            self.eval_seed = None
+            postfix.update(self.log.episodes("eval", eval_episodes, global_step))
+            if any(seed_episodes["episodes"].sum() == 0 for seed_episodes in eval_episodes):
+                print(f"\nevaluation at iteration {iteration}: no episode finished within {setup.num_eval_steps} "
+                      "steps", file=sys.stderr)
+            self.log.flush()
+        self.unsaved.refuse_changes()  # the evaluation's changes too, before a checkpoint leaves them out
+        self.progress.set_postfix(postfix, refresh=False)
+        self.progress.update(1)
+        checkpoint_due = args.save_model and (iteration % (args.checkpoint_freq or args.eval_freq) == 0 or last)
+        if checkpoint_due:
+            self.last_checkpoint = self.save(final=last)
+            self.log.flush()
+        signum = agree_on_signal(self.stop.signum, setup.device)
+        if signum is not None and not last:
+            if not checkpoint_due:
+                self.last_checkpoint = self.save()
+            self.progress.close()
+            self.log.flush()
+            if setup.rank == 0:
+                print_how_to_resume(signum, self.last_checkpoint, iteration, setup.run_dir)
+            self.status = 128 + signum
+
+    def save(self, final: bool = False) -> Optional[Path]:
+        return write_checkpoint(self.args, self.setup, self.envs, self.agent, self.optimizer, self.reward_normalizer,
+                                self.global_step, self.iteration, final)
+
+    def __exit__(self, exc_type, e, tb) -> bool:
+        rank = self.setup.rank
+        try:
+            self.progress.close()  # before the error line of whatever stopped the run
+            if isinstance(e, (NonFiniteError, OSError)):
+                # non-finite numbers stop every rank at the same point: the checks run on numbers all ranks share
+                if rank == 0:
+                    print(stop_message(e, self.args, self.setup, self.iteration, self.global_step,
+                                       self.last_checkpoint), file=sys.stderr)
+                self.status = 1
+                return True
+            if isinstance(e, (RuntimeError, ValueError)) and (rule := seed_rule_broken(e, self.args)):
+                raise UserError(rule) from e  # a copy's code written for one seed, which --num_seeds cannot batch
+        finally:
+            self.stop.restore()
+            self.log.close()
+        if e is None and self.status is None:
+            self.status = 0
+            if rank == 0:
+                print(f"done: {self.setup.num_iterations} iterations, {self.global_step} steps; run in "
+                      f"{self.setup.run_dir}", flush=True)
+        return False
+
 
 # ---------------------------------------------------------------------------------------------
 # Startup: errors, arguments, the run
@@ -1137,7 +1867,7 @@ def main(args: Args) -> int:
     lock = RunDirLock(run_dir) if rank == 0 else None  # rank 0 alone writes the run directory
     try:
         if rank == 0 and resume_state is None:
-            if any(run_dir.rglob("*.pt")):
+            if any(run_dir.glob("*.pt")):  # the run's own: subdirectories' (ppo.py's seeds') are set aside below
                 raise UserError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or pick "
                                 "another --exp_name")
             lock.moved_aside = set_aside_unfinished_start(run_dir)
@@ -1163,8 +1893,9 @@ def main(args: Args) -> int:
             if rank == 0:
                 eval_envs = make_envs(args, maniskill, device, evaluation=True, run_dir=run_dir,
                                       num_eval_steps=num_eval_steps)
+            critic_input = envs.critic_input if args.centralized_critic else "own_observation"
             setup = Setup(run_name, run_dir, device, rank, **derived, time_limit_from=time_limit_from,
-                          checkpoint_trainer=init_state and init_state.get("trainer"))
+                          critic_input=critic_input, checkpoint_trainer=init_state and init_state.get("trainer"))
             status = train(args, setup, envs, eval_envs, resume_state, init_state)
             if num_ranks > 1:
                 dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)  # rank 0's last writes
@@ -1203,11 +1934,12 @@ def plain_name(name: Optional[str]) -> bool:
 
 
 # (flags, check, what the flags must be): validate() refuses the first value that fails its check.
+# Copied from ppo.py
 FLAG_RULES = (
     (("exp_name",), plain_name, "a plain directory name under runs/ (no '/', not '..')"),
     (("env_id",), bool, "a task id"),
-    (("num_envs", "num_eval_envs", "num_steps", "num_minibatches", "update_epochs", "eval_freq", "total_timesteps"),
-     lambda value: value >= 1, "positive"),
+    (("num_envs", "num_eval_envs", "num_steps", "num_minibatches", "update_epochs", "eval_freq", "total_timesteps",
+      "num_seeds"), lambda value: value >= 1, "positive"),
     (("num_eval_steps", "save_train_video_freq", "max_episode_steps", "checkpoint_freq", "keep_checkpoints"),
      lambda value: value is None or value >= 1, "positive (or None)"),
     (("reconfiguration_freq", "eval_reconfiguration_freq"), lambda value: value is None or value >= 0,
@@ -1231,7 +1963,7 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     (local_ranks of them on this machine): the run's Args and Setup's fields."""
     for flags, ok, rule in FLAG_RULES:
         for flag in flags:
-            if not ok(getattr(args, flag)):
+            if hasattr(args, flag) and not ok(getattr(args, flag)):  # a copy may have removed the flag
                 raise UserError(f"--{flag} must be {rule}, got {getattr(args, flag)}")
     if maniskill:
         if args.agent_obs not in (None, "full", "local"):
@@ -1255,6 +1987,11 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
                         f"({args.max_learning_rate})")
     if args.anneal_lr and args.lr_schedule not in ("constant", "linear"):
         raise UserError(f"--anneal_lr means --lr_schedule=linear and conflicts with --lr_schedule={args.lr_schedule}")
+    if args.num_seeds > 1:
+        for given, flag in ((num_ranks > 1, "torchrun"), (args.compile, "--compile"), (args.track, "--track")):
+            if given:
+                raise UserError(f"--num_seeds does not work with {flag} yet; start a run of each seed instead "
+                                "(scripts/sweep.sh)")
     args, derived = settings(args, maniskill, time_limit, num_ranks)
     if args.track and importlib.util.find_spec("wandb") is None:
         raise UserError("--track logs to Weights and Biases, which is not installed: pip install wandb")
@@ -1276,14 +2013,19 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     seeds_per_run = (num_iterations + 1) * num_ranks * (args.num_envs + args.num_eval_envs)
     if seeds_per_run >= 2**32:
         raise UserError(f"--total_timesteps={args.total_timesteps} would need more env seeds than numpy has (2**32)")
-    if not 0 <= args.seed < 2**32 - seeds_per_run:
-        raise UserError(f"--seed must be in [0, {2**32 - 1 - seeds_per_run}] for this run's length, got {args.seed}")
+    room = 2**32 - seeds_per_run  # the first seeds of runs this long that numpy's env seeds can follow
+    if args.num_seeds > room - max(args.seed, 0):
+        raise UserError(f"--num_seeds must be at most {room - max(args.seed, 0)} for this run's length and --seed "
+                        f"(numpy's env seeds end at 2**32), got {args.num_seeds}")
+    if not 0 <= args.seed <= room - args.num_seeds:
+        raise UserError(f"--seed must be in [0, {room - args.num_seeds}] for this run's length and --num_seeds, got "
+                        f"{args.seed}")
     if derived["num_eval_steps"] is None:
         raise UserError(f"{args.env_id} has no time limit; give --max_episode_steps or --num_eval_steps")
     sim_backend = resolve_sim_backend(args.sim_backend) if maniskill else None
     if sim_backend == "gpu":
         for prefix, num_envs, partial_reset, reconfiguration_freq in (
-                ("", args.num_envs, args.partial_reset, args.reconfiguration_freq),
+                ("", args.num_envs * args.num_seeds, args.partial_reset, args.reconfiguration_freq),
                 ("eval_", args.num_eval_envs, args.eval_partial_reset, args.eval_reconfiguration_freq)):
             if num_envs > 1 and partial_reset and reconfiguration_freq:
                 raise UserError(f"--{prefix}partial_reset with --{prefix}reconfiguration_freq={reconfiguration_freq}: "
@@ -1292,9 +2034,13 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     if sim_backend == "cpu":
         # Each CPU env beyond one is a simulator process of ~0.5 GB that steps on a core of its own: past a few per
         # core they only cost memory (the defaults, sized for a GPU, would start 520 of them).
-        workers = sum(n for n in (args.num_envs, args.num_eval_envs) if n > 1)
+        # the seeds' training envs are one vector env, their evaluation envs one each
+        workers = sum(n * count for n, count in ((args.num_envs * args.num_seeds, 1),
+                                                 (args.num_eval_envs, args.num_seeds)) if n > 1)
         if workers > CPU_WORKERS_PER_CORE * cores:
-            num_envs, num_eval_envs = 2 * cores, min(args.num_eval_envs, cores)
+            # each of --num_seeds seeds has its own envs
+            num_envs = max(1, 2 * cores // args.num_seeds)
+            num_eval_envs = max(1, min(args.num_eval_envs, cores) // args.num_seeds)
             minibatches = max(d for d in range(1, args.num_minibatches + 1) if num_envs * args.num_steps % d == 0)
             raise UserError(f"--num_envs={args.num_envs} and --num_eval_envs={args.num_eval_envs} would start "
                             f"{workers} CPU simulator processes on {cores} cores (at most {CPU_WORKERS_PER_CORE} per "
@@ -1311,7 +2057,7 @@ def usable_cores() -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# Environments: one torch interface, a row per agent, over ManiSkill's GPU/CPU vector envs and VMAS
+# Environments: one torch interface, a row per agent, over ManiSkill's GPU/CPU vector envs, VMAS and PettingZoo
 # ---------------------------------------------------------------------------------------------
 
 VMAS_PREFIX = "vmas:"
@@ -1669,6 +2415,7 @@ class TorchVecEnv:
         self.sim_device = torch.device(env.device) if torch_native else torch.device("cpu")
         self.random_states: Optional[list[torch.Tensor]] = None
         self.num_envs = env.num_envs
+        self.batch_shape = (self.num_envs,)  # of the tensors in and out
         self.agents = list(agent_views["agents"])
         self.num_agents = len(self.agents)
         self.obs_index = torch.as_tensor(agent_views["obs_index"], dtype=torch.long, device=device)
@@ -1720,7 +2467,7 @@ class TorchVecEnv:
     def _to_device(self, x, dtype: torch.dtype, shape: tuple = (-1,)) -> torch.Tensor:
         return torch.as_tensor(x).to(self.device, dtype).reshape(shape)
 
-    def reset(self, seed: Optional[int] = None) -> torch.Tensor:
+    def reset(self, seed: Optional[int | list[int]] = None) -> torch.Tensor:
         obs, info = self.env.reset(seed=seed)
         self.episode_return.zero_()
         self.episode_length.zero_()
@@ -2013,6 +2760,25 @@ class PettingZooEnvs:
 
 def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: bool, run_dir: Path,
               num_eval_steps: int, trajectory_path: Optional[Path] = None) -> TorchVecEnv:
+    """The run's envs (make_run_envs). Under --num_seeds, the seeds' training envs are blocks of one vector env
+    (SeedBlocks; VMAS's and PettingZoo's an env for each seed, EnvBlocks), and each seed evaluates in envs of its own,
+    with its videos in its run directory (EachSeed)."""
+    if args.num_seeds == 1:
+        return make_run_envs(args, maniskill, device, evaluation=evaluation, run_dir=run_dir,
+                             num_eval_steps=num_eval_steps, trajectory_path=trajectory_path)
+    if evaluation:
+        return EachSeed(make_run_envs(seed_args, maniskill, device, evaluation=True, run_dir=seed_setup_dir,
+                                      num_eval_steps=num_eval_steps)
+                        for seed_args, seed_setup_dir in seed_dirs(args, run_dir))
+    envs = make_run_envs(dataclasses.replace(args, num_envs=args.num_envs * args.num_seeds), maniskill, device,
+                         evaluation=False, run_dir=run_dir, num_eval_steps=num_eval_steps)
+    in_process = not maniskill and not args.async_envs  # a worker process's draws are its own
+    return AgentSeedBlocks(envs, args.num_seeds, args.env_id,
+                           watch_steps=GLOBAL_DRAW_WATCH_STEPS if in_process else 0)
+
+
+def make_run_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: bool, run_dir: Path,
+                  num_eval_steps: int, trajectory_path: Optional[Path] = None) -> TorchVecEnv:
     """trajectory_path: ManiSkill only; record every episode there (.h5 and .json) with RecordEpisode."""
     num_envs = args.num_eval_envs if evaluation else args.num_envs
     video_dir, video_trigger, max_steps_per_video = None, None, None
@@ -2030,15 +2796,55 @@ def make_envs(args: Args, maniskill: bool, device: torch.device, *, evaluation: 
                                    max_steps_per_video, trajectory_path)
     if trajectory_path is not None:
         raise UserError("trajectories are recorded by ManiSkill's RecordEpisode: VMAS and PettingZoo have none")
-    if args.env_id.startswith(PZ_PREFIX):
-        num_workers = min(num_envs, usable_cores()) if args.async_envs and not evaluation else 0
-        env = PettingZooVectorEnv(args.env_id, num_envs, args.max_episode_steps, env_kwargs, args.centralized_critic,
-                                  num_workers, video_dir)
-        return TorchVecEnv(env, device, torch_native=True, agent_views=env.agent_views,
-                           video_recorder=env if video_dir is not None else None)
-    env = VmasVectorEnv(args.env_id, num_envs, device, args.max_episode_steps, env_kwargs, video_dir)
+
+    def block(block_envs: int):
+        if args.env_id.startswith(PZ_PREFIX):
+            cores = max(1, usable_cores() // args.num_seeds)
+            num_workers = min(block_envs, cores) if args.async_envs and not evaluation else 0
+            return PettingZooVectorEnv(args.env_id, block_envs, args.max_episode_steps, env_kwargs,
+                                       args.centralized_critic, num_workers, video_dir)
+        return VmasVectorEnv(args.env_id, block_envs, device, args.max_episode_steps, env_kwargs, video_dir)
+    blocks = [block(num_envs // args.num_seeds) for _ in range(args.num_seeds)]
+    env = blocks[0] if len(blocks) == 1 else EnvBlocks(blocks)
     return TorchVecEnv(env, device, torch_native=True, agent_views=env.agent_views,
                        video_recorder=env if video_dir is not None else None)
+
+
+class EnvBlocks:
+    """--num_seeds on VMAS and PettingZoo: each seed's block of envs is an env of its own, as a run of that seed alone
+    builds it (VMAS seeds its whole batch with one seed, PettingZoo env k with seed + k); tensors in and out are
+    concatenated, and a step in which some block's episodes ended gives every block's final observations (a block's
+    observations where none of its ended)."""
+
+    def __init__(self, blocks: list):
+        self.blocks, first = blocks, blocks[0]
+        self.num_envs = sum(block.num_envs for block in blocks)
+        self.device, self.agent_views = first.device, first.agent_views
+        self.single_observation_space = first.single_observation_space
+
+    def reset(self, seed: Optional[list[int]] = None):
+        # SeedBlocks gives each env's seed, and a block's first is the seed its run alone resets with
+        seeds = [None] * len(self.blocks) if seed is None else seed[::self.blocks[0].num_envs]
+        resets = [block.reset(seed=block_seed) for block, block_seed in zip(self.blocks, seeds)]
+        return torch.cat([obs for obs, _ in resets]), self.info([info for _, info in resets], [])
+
+    def step(self, action: torch.Tensor):
+        steps = [block.step(block_action) for block, block_action in zip(self.blocks, action.chunk(len(self.blocks)))]
+        obs, reward, terminated, truncated = (torch.cat(x) for x in zip(*(step[:4] for step in steps)))
+        return obs, reward, terminated, truncated, self.info([step[4] for step in steps], [step[0] for step in steps])
+
+    @staticmethod
+    def info(infos: list[dict], observations: list[torch.Tensor]) -> dict:
+        info = {"alive": torch.cat([block_info["alive"] for block_info in infos])} if "alive" in infos[0] else {}
+        if any("final_info" in block_info for block_info in infos):
+            info.update(final_info={}, final_observation=torch.cat(
+                [block_info.get("final_observation", obs) for block_info, obs in zip(infos, observations)]))
+        return info
+
+    # Copied from ppo.py
+    def close(self):
+        for block in self.blocks:
+            block.close()
 
 
 def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluation: bool, user_env_kwargs: dict,
@@ -2112,6 +2918,10 @@ def load_weights(agent: Agent, state: dict, args: Args, envs: TorchVecEnv):
                         f"{[space['shape'] for space in state['observation_spaces']]}, {state['action_spaces']}) do "
                         f"not match {args.env_id}'s ({envs.agents}, "
                         f"{[space['shape'] for space in spaces['observation_spaces']]}, {spaces['action_spaces']})")
+    if not state["model"]:
+        name = state["run_name"]
+        raise UserError(f"run {name}'s checkpoint holds no weights: each of its {state['args']['num_seeds']} seeds "
+                        f"(--num_seeds) has its own, in {name}__seed<S>/ beside it; start from one of those")
     defaults = {field.name: field.default for field in dataclasses.fields(Args)}
     for name in NETWORK_FIELDS:
         trained = state["args"].get(name, defaults[name])  # checkpoints older than the flag used its default
@@ -2140,8 +2950,9 @@ def load_agent_state(agent: nn.Module, state: dict):
                         f"evaluate or continue it with the file that wrote it") from e
 
 
-def open_run(args: Args, setup: Setup, resume_state: Optional[dict], critic_input: str) -> SummaryWriter:
-    """Rank 0's start of the run's logs; on --resume, what came after the checkpoint is set aside first."""
+def open_run(args: Args, setup: Setup, resume_state: Optional[dict], announce: bool = True) -> SummaryWriter:
+    """Rank 0's start of the run's logs; on --resume, what came after the checkpoint is set aside first. announce:
+    print the run's line (False where the caller announces many runs in one)."""
     if args.track:
         import wandb
 
@@ -2161,23 +2972,94 @@ def open_run(args: Args, setup: Setup, resume_state: Optional[dict], critic_inpu
     derived = {"batch_size": batch_size, "minibatch_size": batch_size // args.num_minibatches,
                "num_iterations": setup.num_iterations, "bootstrap_rule": setup.bootstrap_rule,
                "num_eval_steps": setup.num_eval_steps, "device": str(setup.device), "world_size": world_size(),
-               "critic_input": critic_input, "max_episode_steps": args.max_episode_steps
+               "critic_input": setup.critic_input, "max_episode_steps": args.max_episode_steps
                if setup.time_limit_from is None else f"{args.max_episode_steps} (from {setup.time_limit_from})"}
     if setup.checkpoint_trainer is not None:
         derived["checkpoint_written_by"] = f"{setup.checkpoint_trainer}.py"
     table = {**dataclasses.asdict(args), **derived}
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in table.items()))
-    print(f"run {setup.run_name}: {setup.run_dir}  " + "  ".join(f"{k}={v}" for k, v in derived.items()), flush=True)
+    if announce:
+        print(f"run {setup.run_name}: {setup.run_dir}  " + "  ".join(f"{k}={v}" for k, v in derived.items()),
+              flush=True)
     return writer
 
 
-def checkpoint_states(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: torch.optim.Optimizer,
+# Copied from ppo.py
+class RunLog:
+    """Rank 0's logs: TensorBoard (and W&B under --track) in the run directory; under --num_seeds each seed's in its
+    own run directory too (which this process alone writes: locked, as main() locked the run's), statistic[i] to seed
+    i's. On the other ranks it writes nothing."""
+
+    def __init__(self, args: Args, setup: Setup, resume_state: Optional[dict]):
+        self.writers, self.run_writer, self.locks = [], None, []
+        self.track = args.track and setup.rank == 0
+        self.thread_excepthook = threading.excepthook
+        if setup.rank != 0:
+            return
+        try:  # what a failure half-way opened is closed again
+            seed_runs_of_run = seed_runs(args, setup) if args.num_seeds > 1 else []
+            for _, seed_setup in seed_runs_of_run:
+                self.locks.append(RunDirLock(seed_setup.run_dir))
+            # TensorBoard's writer thread prints a traceback where a write fails, then hands the error to this
+            # thread's next write, which train() reports in one line.
+            threading.excepthook = (lambda hook: None if issubclass(hook.exc_type, OSError)
+                                    else self.thread_excepthook(hook))
+            self.run_writer = open_run(args, setup, resume_state)
+            for run in seed_runs_of_run:  # each seed's run as a run alone has it, announced in one line for all
+                self.writers.append(open_run(*run, resume_state, announce=False))
+            if seed_runs_of_run:
+                first, last = seed_runs_of_run[0][1].run_dir, seed_runs_of_run[-1][1].run_dir
+                print(f"its {args.num_seeds} seeds' runs: {first} to {last}", flush=True)
+            self.writers = self.writers or [self.run_writer]
+        except BaseException:
+            self.close()
+            raise
+
+    def scalars(self, values: dict, step: int):
+        for i, writer in enumerate(self.writers):
+            for tag, value in values.items():  # tensors until here: only rank 0 waits for them
+                value = float(value.reshape(-1)[i]) if isinstance(value, torch.Tensor) else value
+                if not math.isnan(value):  # NaN: the seed took no step, so it has no losses to log
+                    writer.add_scalar(tag, value, step)
+
+    def episodes(self, prefix: str, episodes, step: int) -> dict:
+        """The means of each seed's finished episodes (a rollout's, which SeedBlocks' "seed_index" splits by seed, or
+        evaluate_seeds()'), logged as {prefix}/{metric}; the progress bar's items of their mean over the seeds."""
+        if not self.writers:
+            return {}
+        each_seeds = episodes if isinstance(episodes, list) else episodes_by_seed(episodes, len(self.writers))
+        means = [log_episode_metrics(writer, prefix, seed_episodes, step)
+                 for writer, seed_episodes in zip(self.writers, each_seeds)]
+        for writer, seed_means in zip(self.writers, means):
+            if prefix == "train" and "return" in seed_means:
+                writer.add_scalar("charts/episodic_return", seed_means["return"], step)
+                writer.add_scalar("charts/episodic_length", seed_means["episode_len"], step)
+        return progress_items(prefix, mean_over_seeds(means))
+
+    def flush(self):
+        for writer in self.writers:
+            writer.flush()
+
+    def close(self):
+        threading.excepthook = self.thread_excepthook
+        for writer in {self.run_writer, *self.writers} - {None}:
+            with contextlib.suppress(OSError):  # a full disk fails the writer's last flush as well
+                writer.close()
+        for lock in self.locks:
+            lock.release()
+        if self.track:
+            import wandb
+            wandb.finish()
+
+
+def checkpoint_states(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: PPOOptimizer,
                       reward_normalizer: Optional[RewardNormalizer], global_step: int,
                       iteration: int) -> list[tuple[Path, dict]]:
     """What a checkpoint holds, by the run directory it goes to. Every rank calls it (each hands rank 0 its random
-    state); on the others it is empty."""
+    state); on the others it is empty. Under --num_seeds, each seed's in its own run directory (seed_dirs()), as a run
+    of that seed alone writes one, first; then the run's, which says how they make one run (with_seeds())."""
     if not all_finite(agent):
-        raise NonFiniteError("parameters")
+        raise NonFiniteError("parameters", nonfinite_seeds(agent.state_dict().values(), args.num_seeds))
     rank_rngs = gather_objects(rng_states(setup.device))
     if setup.rank != 0:
         return []
@@ -2186,12 +3068,63 @@ def checkpoint_states(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent,
              "reward_normalizer": None if reward_normalizer is None else reward_normalizer.state_dict(),
              "agents": envs.agents, **agent_spaces(envs),
              "global_step": global_step, "iteration": iteration, "world_size": world_size(),
-             "source_sha256": SOURCE_SHA256, "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:]}
-    return [(setup.run_dir, state)]
+             "source_sha256": SOURCE_SHA256, "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:], "seed_rngs": []}
+    if args.num_seeds == 1:
+        return [(setup.run_dir, state)]
+    state["seed_rngs"] = [generator.get_state() for generator in agent.generators]
+    # The seeds' first: the run's says that theirs are written. A kill between them makes --resume continue from the
+    # run's previous checkpoint (setting aside the seeds' later ones) or, before its first, the same command start
+    # afresh (setting the seeds' aside). The run's holds no tensor that a seed's holds: each is stored once.
+    seeds = [(seed_dir, seed_checkpoint(state, i, seed_args, seed_dir))
+             for i, (seed_args, seed_dir) in enumerate(seed_dirs(args, setup.run_dir))]
+    return [*seeds, (setup.run_dir, {**state, "model": {}, "reward_normalizer": None, "seed_rngs": [],
+                                     "optimizer": optimizer_groups(state["optimizer"])})]
 
 
-# Copied from ppo.py with PPOOptimizer->torch.optim.Optimizer
-def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: torch.optim.Optimizer,
+# Copied from ppo.py
+def optimizer_groups(optimizer: dict) -> dict:
+    """An optimizer's state dict (PPOOptimizer's, with its own_optimizers') without the state of its parameters."""
+    return {**optimizer, "state": {}, **({} if "own_optimizers" not in optimizer else {
+        "own_optimizers": {name: optimizer_groups(own) for name, own in optimizer["own_optimizers"].items()}})}
+
+
+# Copied from ppo.py
+def seed_optimizer_state(optimizer: dict, i: int, num_seeds: int) -> dict:
+    """Seed i's share of the state dict of an optimizer whose groups are each seed's in turn (SeedOptimizer's and its
+    own_optimizers', SeedSteps'), as the optimizer of a run of that seed alone saves it."""
+    per_seed = len(optimizer["param_groups"]) // num_seeds
+    groups, k = [], 0
+    own = {} if "own_optimizers" not in optimizer else {"own_optimizers": {
+        name: seed_optimizer_state(own, i, num_seeds) for name, own in optimizer["own_optimizers"].items()}}
+    state, saved = {}, optimizer["state"]
+    for group in optimizer["param_groups"][i * per_seed:(i + 1) * per_seed]:
+        numbers = list(range(k, k + len(group["params"])))
+        state.update({n: saved[id_] for n, id_ in zip(numbers, group["params"]) if id_ in saved})
+        groups.append({**group, "params": numbers})
+        k += len(numbers)
+    return {"state": state, "param_groups": groups, **own}
+
+
+# Copied from ppo.py
+def stack_optimizer_states(run_optimizer: dict, seed_optimizers: list[dict]) -> dict:
+    """The state dict of a --num_seeds run's optimizer (its groups: run_optimizer's) from its seeds' (the inverse of
+    seed_optimizer_state())."""
+    per_seed = len(seed_optimizers[0]["param_groups"])
+    state, groups = {}, []
+    for i, seed in enumerate(seed_optimizers):
+        for group, seed_group in zip(run_optimizer["param_groups"][i * per_seed:(i + 1) * per_seed],
+                                     seed["param_groups"]):
+            state.update({id_: seed["state"][n] for n, id_ in zip(seed_group["params"], group["params"])
+                          if n in seed["state"]})
+            groups.append({**seed_group, "params": group["params"]})
+    own = {} if "own_optimizers" not in run_optimizer else {"own_optimizers": {
+        name: stack_optimizer_states(own, [seed["own_optimizers"][name] for seed in seed_optimizers])
+        for name, own in run_optimizer["own_optimizers"].items()}}
+    return {"state": state, "param_groups": groups, **own}
+
+
+# Copied from ppo.py
+def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: PPOOptimizer,
                      reward_normalizer: Optional[RewardNormalizer], global_step: int, iteration: int,
                      final: bool = False) -> Optional[Path]:
     """Every rank calls it; rank 0 writes ckpt_{iteration}.pt (and, final, final_ckpt.pt) in each run directory
@@ -2219,6 +3152,82 @@ def agent_spaces(envs: TorchVecEnv) -> dict:
 
 
 # Copied from ppo.py
+def seed_dirs(args: Args, run_dir: Path) -> list[tuple[Args, Path]]:
+    """--num_seeds: each seed as a run of its own, {run_name}__seed{seed} in the run's directory: its flags (those of
+    a run of that seed alone) and its directory."""
+    names = [f"{run_dir.name}__seed{seed}" for seed in range(args.seed, args.seed + args.num_seeds)]
+    return [(dataclasses.replace(args, seed=args.seed + i, num_seeds=1, exp_name=name), run_dir / name)
+            for i, name in enumerate(names)]
+
+
+# Copied from ppo.py
+def seed_runs(args: Args, setup: Setup) -> list[tuple[Args, Setup]]:
+    return [(seed_args, dataclasses.replace(setup, run_name=seed_dir.name, run_dir=seed_dir))
+            for seed_args, seed_dir in seed_dirs(args, setup.run_dir)]
+
+
+# Copied from ppo.py
+def seed_checkpoint(state: dict, i: int, seed_args: Args, seed_dir: Path) -> dict:
+    """The i-th seed's share of a checkpoint of all seeds, as a run of that seed alone writes one: ppo_eval.py
+    evaluates it, and --resume continues it alone."""
+    optimizer = seed_optimizer_state(state["optimizer"], i, len(state["seed_rngs"]))
+    # its generator is its torch stream: the learner GPU's (whose state the batch's holds), or the CPU's
+    rng = {**state["rng"], "cuda" if len(state["rng"]["cuda"]) > 0 else "torch": state["seed_rngs"][i]}
+    return {**state, "run_name": seed_dir.name, "args": dataclasses.asdict(seed_args),
+            "model": seed_state(state["model"], i), "optimizer": optimizer,
+            "reward_normalizer": (None if state["reward_normalizer"] is None
+                                  else seed_state(state["reward_normalizer"], i)),
+            "rng": rng, "seed_rngs": []}
+
+
+# Copied from ppo.py
+def seeds_parts(args: Args, run_dir: Path, resume_state: Optional[dict],
+                init_state: Optional[dict]) -> tuple[Optional[dict], Optional[dict]]:
+    """What the run continues (--resume) and starts from (--checkpoint), each seed's part in place under --num_seeds:
+    read back from the seeds' own checkpoints (with_seeds), or the same for every seed (for_every_seed)."""
+    if args.num_seeds == 1:
+        return resume_state, init_state
+    return with_seeds(resume_state, run_dir), for_every_seed(init_state, args.num_seeds)
+
+
+# Copied from ppo.py
+def with_seeds(state: Optional[dict], run_dir: Path) -> Optional[dict]:
+    """A --num_seeds run's checkpoint whole: its seeds' parts read back from their checkpoints of its iteration, each
+    in its run directory, and stacked as the run holds them (the inverse of seed_checkpoint())."""
+    if state is None:
+        return None
+    args = Args(**{f.name: state["args"][f.name] for f in dataclasses.fields(Args) if f.name in state["args"]})
+    name, seeds = f"ckpt_{state['iteration']}.pt", []
+    for _, seed_dir in seed_dirs(args, run_dir):
+        if not seed_dir.is_dir():
+            raise UserError(f"{seed_dir}, a seed's run of {run_dir}, is missing (a run of many seeds finds its seeds' "
+                            "runs by its directory's name: keep it, or give the seeds' directories the new one)")
+        seed = read_checkpoint(seed_dir / name) if (seed_dir / name).is_file() else None
+        if seed is None or (seed["iteration"], seed["global_step"]) != (state["iteration"], state["global_step"]):
+            raise UserError(f"{seed_dir / name}, a seed's part of the run's {name}, is missing or was written by "
+                            f"another run (the seed resumed alone?): resume from an earlier checkpoint of {run_dir} "
+                            "(set the later ones aside), or start the run again")
+        seeds.append(seed)
+    optimizer = stack_optimizer_states(state["optimizer"], [seed["optimizer"] for seed in seeds])
+    stream = "cuda" if len(state["rng"]["cuda"]) > 0 else "torch"  # as seed_checkpoint() stores a seed's generator
+    return {**state, "model": stack_states([seed["model"] for seed in seeds]), "optimizer": optimizer,
+            "reward_normalizer": (None if seeds[0]["reward_normalizer"] is None
+                                  else stack_states([seed["reward_normalizer"] for seed in seeds])),
+            "seed_rngs": [seed["rng"][stream] for seed in seeds]}
+
+
+# Copied from ppo.py
+def for_every_seed(state: Optional[dict], num_seeds: int) -> Optional[dict]:
+    """--checkpoint under --num_seeds: every seed starts from its weights and statistics, as a run of that seed alone
+    with --checkpoint does (a checkpoint without weights is refused by load_weights)."""
+    if state is None or not state["model"]:
+        return state
+    normalizer = state.get("reward_normalizer")
+    return {**state, "model": stack_states([state["model"]] * num_seeds),
+            "reward_normalizer": None if normalizer is None else stack_states([normalizer] * num_seeds)}
+
+
+# Copied from ppo.py
 def kept_source(run_dir: Path, trainer: str, sha256: str) -> Path:
     """Where a run directory keeps the trainer file of this hash (keep_source())."""
     return run_dir / "source" / sha256[:12] / f"{trainer}.py"
@@ -2243,6 +3252,22 @@ def note_changed_source(state: dict, checkpoint: Path):
 
 
 # Copied from ppo.py
+def stop_message(e: Exception, args: Args, setup: Setup, iteration: int, global_step: int,
+                 last_checkpoint: Optional[Path]) -> str:
+    """The one line of a run stopped by non-finite numbers (naming the seeds they are in under --num_seeds) or by a
+    failed write."""
+    kept = f"the last checkpoint {last_checkpoint} is untouched" if last_checkpoint else "none was written"
+    problem = f"non-finite {e.args[0]}" if isinstance(e, NonFiniteError) else str(e)
+    if isinstance(e, NonFiniteError) and args.num_seeds > 1:
+        problem += f" in seed {', '.join(str(args.seed + i) for i in e.args[1])}"
+        kept += continue_other_seeds(args, setup.run_dir, e.args[1]) if last_checkpoint else ""
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        problem = f"the disk is full ({e})"
+        kept += f"; free some space, then --resume {setup.run_dir}" if last_checkpoint else ""
+    return f"error: {problem} at iteration {iteration} (global step {global_step}); the run stops and {kept}"
+
+
+# Copied from ppo.py
 def print_how_to_resume(signum: int, checkpoint: Optional[Path], iteration: int, run_dir: Path):
     resume = f"{shlex.quote(sys.argv[0])} --resume {shlex.quote(str(run_dir))}"
     how = f"python {resume}" if world_size() == 1 else f"torchrun (the same options) {resume}"
@@ -2250,9 +3275,11 @@ def print_how_to_resume(signum: int, checkpoint: Optional[Path], iteration: int,
           file=sys.stderr)
 
 
+# The flags that some of the trainers have, and which: a trainer given another's says so (tests/test_copy.py keeps this
+# equal to the trainers' Args).
 # Copied from ppo.py
 FLAGS_OF_SOME_TRAINERS = {
-    "num_seeds": "ppo.py, ppo_rnn.py and ppo_rgb.py", "critic_obs": "ppo.py, ppo_rnn.py and ppo_rgb.py",
+    "critic_obs": "ppo.py, ppo_rnn.py and ppo_rgb.py",
     "hidden_sizes": "ppo.py, ppo_rgb.py and ippo.py",
     "rnn_type": "ppo_rnn.py", "rnn_hidden_size": "ppo_rnn.py", "rnn_num_layers": "ppo_rnn.py", "seq_len": "ppo_rnn.py",
     "shared_rnn": "ppo_rnn.py",
@@ -2514,6 +3541,77 @@ def set_rng_states(states: dict, device: torch.device):
                          np_state["has_gauss"], np_state["cached_gaussian"]))
     version, internal, gauss = states["python"]
     random.setstate((version, tuple(internal), gauss))
+
+
+# Copied from ppo.py
+class UnsavedState:
+    """What checkpoints do not save and every seed of --num_seeds shares, and so no update may change: the flags (the
+    run's settings as given), the Agent's Python attributes, this file's module variables. refuse_changes() names the
+    first that changed since the run began, in one error line."""
+
+    def __init__(self, agent: nn.Module, args: Args, optimizer: PPOOptimizer):
+        self.agent, self.args, self.optimizer = agent, args, optimizer
+        self.before = copy.deepcopy(self.values())
+        for name, module in agent.named_modules(prefix=type(agent).__name__):
+            for key, value in vars(module).items():
+                if isinstance(value, torch.optim.lr_scheduler.LRScheduler):
+                    raise UserError(f"{name}.{key} is a learning-rate scheduler, whose state checkpoints do not save "
+                                    "and --num_seeds would not split: set the optimizer's lr from a counter buffer "
+                                    "of the Agent (self.register_buffer('updates', torch.tensor(0))) instead")
+
+    def values(self) -> dict:
+        values = {f"args.{key}": value for key, value in vars(self.args).items()}
+        for name, module in self.agent.named_modules(prefix=type(self.agent).__name__):
+            values.update({f"{name}.{key}": value for key, value in vars(module).items()
+                           if not key.startswith("_") and key != "training" and plain_data(value)})
+        values.update({f"the module variable {key}": value for key, value in vars(sys.modules[__name__]).items()
+                       if not key.startswith("_") and plain_data(value)})
+        return values
+
+    def refuse_changes(self):
+        """Every rank stops alike (rank 0 alone evaluates, and may change what the others do not)."""
+        if [id(own) for own in own_optimizers(self.agent).values()] != [id(own) for own in self.optimizer.own]:
+            raise UserError("the Agent's own optimizers are not those it had when the PPO optimizer was made, which "
+                            "steps the parameters of any made later too and which --resume would not restore: make "
+                            "them once, in Agent.__init__")
+        changed = next((name for name, value in self.values().items()
+                        if name not in self.before or not same_data(value, self.before[name])), None)
+        changed = next((name for name in gather_objects(changed) if name is not None), None)
+        if changed is not None:
+            raise UserError(f"{changed} changed during training: checkpoints do not save it, so --resume would "
+                            "lose it, and the seeds of --num_seeds share it; keep state that changes in the Agent, "
+                            "as a buffer (self.register_buffer), a parameter or an optimizer of its own "
+                            f"({TRAINER}.py's docstring, 'A copy's contract')")
+
+
+# Copied from ppo.py
+def plain_data(value) -> bool:
+    """Data that UnsavedState compares: numbers, strings, tensors and arrays, and containers of them."""
+    if isinstance(value, (list, tuple, set, frozenset, deque)):
+        return all(plain_data(item) for item in value)
+    if isinstance(value, dict):
+        return all(plain_data(item) for item in value.values())
+    return isinstance(value, (bool, int, float, str, type(None), torch.Tensor, np.ndarray))
+
+
+# Copied from ppo.py
+def same_data(a, b) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and a.dtype == b.dtype and (torch.equal(a, b) or a.is_floating_point() and bool(
+            ((a == b) | (a.isnan() & b.isnan())).all()))
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
+    if isinstance(a, (torch.Tensor, np.ndarray)) or isinstance(b, (torch.Tensor, np.ndarray)):
+        return False
+    if isinstance(a, (set, frozenset)) and isinstance(b, (set, frozenset)):
+        return a == b
+    if isinstance(a, deque) and isinstance(b, deque):
+        return same_data(list(a), list(b))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_data(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_data(a[key], b[key]) for key in a)
+    return a == b or (a != a and b != b)  # NaN
 
 
 # Copied from ppo.py

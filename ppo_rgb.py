@@ -747,7 +747,7 @@ class PPOOptimizer(torch.optim.Adam):
         return contextlib.nullcontext()
 
     def stepping_or(self, value: torch.Tensor, otherwise) -> torch.Tensor:
-        """value (under --num_seeds: where a seed still steps, otherwise where it stopped)."""
+        """value (under --num_seeds, of the seeds first: where a seed still steps, otherwise where it stopped)."""
         return value
 
     def step(self, loss: torch.Tensor, max_grad_norm: float):
@@ -755,7 +755,7 @@ class PPOOptimizer(torch.optim.Adam):
         if world_size() > 1:
             loss_finite = average_gradients(self.agent, loss_finite)
         grad_norm = nn.utils.clip_grad_norm_(self.param_groups[0]["params"], max_grad_norm)
-        if not (loss_finite & torch.isfinite(grad_norm)):  # one wait for the GPU, not two
+        if not (loss_finite & torch.isfinite(grad_norm).all()):  # one wait for the GPU, not two
             raise NonFiniteError("gradient" if loss_finite else "loss", [0])
         super().step()
         self.minibatch_steps += 1
@@ -1274,7 +1274,7 @@ def stack_seeds(modules: list[nn.Module]) -> nn.Module:
                                                    requires_grad=parameter.requires_grad)
             stacked_of[id(parameter)] = module._parameters[key]
         for key, buffer in module._buffers.items():
-            if buffer.is_floating_point() or key not in module._non_persistent_buffers_set:
+            if buffer is not None and (buffer.is_floating_point() or key not in module._non_persistent_buffers_set):
                 module._buffers[key] = torch.stack([seed._buffers[key] for seed in seeds])
         if type(module) is nn.Linear:
             module.__class__ = SeedLinear  # the same parameters, stacked above
@@ -1380,7 +1380,7 @@ class SeedOptimizer(PPOOptimizer):
         return not any(self.going)
 
     def stepping_or(self, value: torch.Tensor, otherwise) -> torch.Tensor:
-        return torch.where(self.stepping, value, otherwise)
+        return torch.where(self.stepping.reshape(-1, *(1,) * (value.dim() - 1)), value, otherwise)
 
     def draws(self) -> PerSeedDraws:
         return PerSeedDraws([generator if go else self.scratch for generator, go in zip(self.generators, self.going)])
@@ -2995,7 +2995,7 @@ def print_how_to_resume(signum: int, checkpoint: Optional[Path], iteration: int,
 # equal to the trainers' Args).
 # Copied from ppo.py
 FLAGS_OF_SOME_TRAINERS = {
-    "num_seeds": "ppo.py, ppo_rnn.py and ppo_rgb.py", "critic_obs": "ppo.py, ppo_rnn.py and ppo_rgb.py",
+    "critic_obs": "ppo.py, ppo_rnn.py and ppo_rgb.py",
     "hidden_sizes": "ppo.py, ppo_rgb.py and ippo.py",
     "rnn_type": "ppo_rnn.py", "rnn_hidden_size": "ppo_rnn.py", "rnn_num_layers": "ppo_rnn.py", "seq_len": "ppo_rnn.py",
     "shared_rnn": "ppo_rnn.py",

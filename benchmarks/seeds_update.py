@@ -154,7 +154,7 @@ def run_stacked(agent: StackedAgent, data):
         loss = per_seed_loss(logprob, value, *targets).sum()  # seeds' losses summed: disjoint gradients
         optimizer.zero_grad()
         loss.backward()
-        ippo.clip_grad_norm_per_net(agent, 0.5)
+        ippo.clip_grad_norm_per_net(list(agent.parameters()), 0.5)
         optimizer.step()
     return agent
 
@@ -171,7 +171,7 @@ def run_stacked_groups(agent: StackedAgent, data, stopped: frozenset = frozenset
         agent.zero_grad()
         optimizer.zero_grad()  # the views' gradients to None: a view given none below takes no step
         loss.backward()
-        ippo.clip_grad_norm_per_net(agent, 0.5)
+        ippo.clip_grad_norm_per_net(list(agent.parameters()), 0.5)
         for seed, seed_views in enumerate(views):
             for view, p in zip(seed_views, stacked):
                 view.grad = None if seed in stopped else p.grad[seed]

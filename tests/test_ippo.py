@@ -38,7 +38,8 @@ def test_one_agents_loss_changes_only_its_own_parameters(action_space, centraliz
     loss = (logprob[:, 1] + entropy[:, 1] + value[:, 1] ** 2).mean()
     optimizer.zero_grad()
     loss.backward()
-    ippo.clip_grad_norm_per_net(agent, max_norm=1e-3)  # clips agent 1's gradient, leaves the zero ones zero
+    # clips agent 1's gradient, leaves the zero ones zero
+    ippo.clip_grad_norm_per_net(list(agent.parameters()), max_norm=1e-3)
     optimizer.step()
     for name, p in agent.named_parameters():
         assert p.shape[0] == 3, name
@@ -54,7 +55,7 @@ def test_gradient_clipping_is_per_agent():
         p.grad = torch.ones_like(p)
         p.grad[0] *= 1000.0  # agent 0's gradient is huge, agent 1's small
     small = {name: p.grad[1].clone() for name, p in agent.named_parameters()}
-    norms = ippo.clip_grad_norm_per_net(agent, max_norm=1e3)
+    norms = ippo.clip_grad_norm_per_net(list(agent.parameters()), max_norm=1e3)
     assert norms[0] > 1e3 > norms[1]
     clipped = torch.cat([p.grad[0].flatten() for p in agent.parameters()]).norm()
     assert clipped == pytest.approx(1e3, rel=1e-4)

@@ -1,4 +1,4 @@
-"""--num_seeds (ppo.py, ppo_rnn.py, ppo_rgb.py): each seed of a batch trains as a run of that seed alone would,
+"""--num_seeds (ppo.py, ppo_rnn.py, ppo_rgb.py, ippo.py): each seed of a batch trains as a run of that seed alone would,
 writes a run of its own that ppo_eval.py and the scripts take, and the batch stops and resumes as one run."""
 
 import signal
@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+import ippo
 import ppo
 import ppo_rgb
 import ppo_rnn
@@ -31,19 +32,28 @@ PIXELS = {**PER_SEED, "activation": "tanh"}
 IMAGES = {"rgb_box": ("tests.envs:PointMassPixelsCritic-v0", {**PIXELS, "aug_shift": 4, "critic_obs": True}),
           "rgb_discrete": ("tests.envs:PixelSideCue-v0", {**PIXELS, "lr_schedule": "linear", "aug_shift": 4}),
           "rgb_torch": ("tests.envs:PointMassPixelsTorch-v0", PIXELS)}
+# ippo.py's: every agent's networks, statistics and advantages; VMAS's batch, seeded with one seed (each seed's block an
+# env of its own); PettingZoo agents of different spaces that leave their episodes early, a centralized critic; one
+# network shared by the agents
+AGENTS = {"ippo_vmas": ("vmas:tests.vmas_scenarios:Clock", PER_SEED),
+          "ippo_pz": ("pz:tests.pz_envs:meet", {**PER_SEED, "lr_schedule": "linear", "env_kwargs": "b_leaves=True",
+                                                "centralized_critic": True}),
+          "ippo_shared": ("vmas:tests.vmas_scenarios:Clock", {**PER_SEED, "share_parameters": True})}
 # each trainer's env for what all of them do alike
 TRAINERS = {"ppo.py": ("tests.envs:PointMass-v0", {}),
             "ppo_rnn.py": ("tests.envs:PointMass-v0", {"rnn_hidden_size": 16}),
-            "ppo_rgb.py": ("tests.envs:PointMassPixels-v0", {"hidden_sizes": "64"})}
+            "ppo_rgb.py": ("tests.envs:PointMassPixels-v0", {"hidden_sizes": "64"}),
+            "ippo.py": ("vmas:tests.vmas_scenarios:Clock", {"hidden_sizes": "64", "max_episode_steps": 16})}
 
 
-@pytest.mark.parametrize("kind", [*ENVS, *RECURRENT, *IMAGES])
+@pytest.mark.parametrize("kind", [*ENVS, *RECURRENT, *IMAGES, *AGENTS])
 def test_each_seed_trains_as_a_run_of_that_seed_alone(tmp_path, kind):
     """Seeds 5, 6 and 7 in one process against seeds 5 and 7 alone: the same weights (to float rounding: a batch's
     layers multiply in one batched matmul), statistics, learning rates, KL stops and random draws. Any quantity
     shared between seeds, or a seed's random stream drawn on by another, would set them apart."""
-    trainer = "ppo_rnn.py" if kind in RECURRENT else "ppo_rgb.py" if kind in IMAGES else "ppo.py"
-    env_id, flags = {**ENVS, **RECURRENT, **IMAGES}[kind]
+    trainer = {**dict.fromkeys(RECURRENT, "ppo_rnn.py"), **dict.fromkeys(IMAGES, "ppo_rgb.py"),
+               **dict.fromkeys(AGENTS, "ippo.py")}.get(kind, "ppo.py")
+    env_id, flags = {**ENVS, **RECURRENT, **IMAGES, **AGENTS}[kind]
     results = run_scripts([(trainer, fast_args(env_id, "batch", seed=5, num_seeds=3, **flags))] +
                           [(trainer, fast_args(env_id, f"alone{seed}", seed=seed, **flags)) for seed in (5, 7)],
                           tmp_path)
@@ -107,7 +117,7 @@ def test_sigterm_then_resume_of_seeds_equals_uninterrupted_run(tmp_path, trainer
         for key, state in a["optimizer"]["state"].items():
             assert all(torch.equal(value, b["optimizer"]["state"][key][name]) for name, value in state.items()), key
         assert a["optimizer"]["param_groups"] == b["optimizer"]["param_groups"]
-        steps = [step for step, _ in scalars(run / f"cut__seed{seed}")["losses/value_loss"]]
+        steps = [step for step, _ in scalars(run / f"cut__seed{seed}")["losses/minibatch_steps"]]
         assert steps == list(range(32, 32 * (iterations + 1), 32))
 
 
@@ -215,11 +225,12 @@ def test_a_seeds_run_evaluates_and_summarizes_as_a_run_alone(tmp_path, trainer):
     assert load(tmp_path / "runs/batch/batch__seed2/final_ckpt.pt")["iteration"] == 6
 
 
-@pytest.mark.parametrize("trainer", ["ppo.py", "ppo_rgb.py"])
+@pytest.mark.parametrize("trainer", ["ppo.py", "ppo_rgb.py", "ippo.py"])
 def test_seeds_on_maniskill_cpu_workers(tmp_path, trainer):
-    """PushCube's CPU simulation: 2 seeds' envs in 2 worker processes, each seed's episodes logged in its own run
-    (ppo_rgb.py's: the camera's images and the state, a dict of each seed's block)."""
-    result = run_script(trainer, fast_args("PushCube-v1", "cube", num_seeds=2, num_envs=1, num_minibatches=1,
+    """PushCube's CPU simulation (ippo.py's: TwoRobotPickCube's): 2 seeds' envs in 2 worker processes, each seed's
+    episodes logged in its own run (ppo_rgb.py's: the camera's images and the state, a dict of each seed's block)."""
+    env_id = "TwoRobotPickCube-v1" if trainer == "ippo.py" else "PushCube-v1"
+    result = run_script(trainer, fast_args(env_id, "cube", num_seeds=2, num_envs=1, num_minibatches=1,
                                             num_steps=10, total_timesteps=20, eval_freq=1, max_episode_steps=5),
                         tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -229,7 +240,7 @@ def test_seeds_on_maniskill_cpu_workers(tmp_path, trainer):
         assert [value for _, value in logged["eval/episodes"]] == [1.0, 1.0]
 
 
-@pytest.mark.parametrize("trainer", [ppo, ppo_rnn, ppo_rgb])
+@pytest.mark.parametrize("trainer", [ppo, ppo_rnn, ppo_rgb, ippo])
 @pytest.mark.parametrize("flag, given", [("torchrun", dict()), ("--compile", dict(compile=True)),
                                          ("--track", dict(track=True))])
 def test_num_seeds_refuses_what_it_does_not_do_yet(flag, given, trainer):
