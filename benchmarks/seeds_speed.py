@@ -4,6 +4,7 @@ same N seeds as runs of their own, two at a time (scripts/sweep.sh --jobs 2, on 
     python benchmarks/seeds_speed.py                          # every setting, N = 1, 2, 4, 8, 16
     python benchmarks/seeds_speed.py --settings cartpolenovel_rnn --num_seeds 1 8   # ppo_rnn.py's row
     python benchmarks/seeds_speed.py --settings pixelsidecue_rgb --num_seeds 1 8    # ppo_rgb.py's row
+    python benchmarks/seeds_speed.py --settings navigation_ippo --num_seeds 1 8     # ippo.py's row
     python benchmarks/seeds_speed.py --threads 1 2            # the one process also with --torch_threads 2
     python benchmarks/seeds_speed.py --settings cartpole --num_seeds 1 2 --total_timesteps 1024  # a check of it
 
@@ -46,6 +47,11 @@ SETTINGS = {  # name: (what it is, the trainer's flags; ppo.py's unless they nam
                          "image and a vector, NatureCNN)",
                          "ppo_rgb.py --env_id tests.envs:PixelSideCue-v0 --num_envs 8 --num_steps 32 "
                          "--num_minibatches 4 --gamma 0.5 --total_timesteps 8192 --torch_threads 1"),
+    "navigation_ippo": ("ippo.py on vmas:navigation, docs/multi_agent.md's command (60 envs on the learner's device, "
+                        "3 agents, 2x64 networks, 30 epochs)",
+                        "ippo.py --env_id vmas:navigation --env_kwargs n_agents=3 --num_envs 60 --num_steps 50 "
+                        "--hidden_sizes 64 64 --num_minibatches 15 --update_epochs 30 --learning_rate 1e-3 --gamma 0.9 "
+                        "--total_timesteps 30000"),
 }
 
 
