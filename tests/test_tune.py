@@ -41,9 +41,10 @@ def fast_polls(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("trainer, env_id, small", [
     ("ppo.py", "CartPole-v1", []), ("ppo_rnn.py", "CartPole-v1", ["--rnn_hidden_size", "16"]),
-    ("ppo_rgb.py", "tests.envs:PixelSide-v0", ["--hidden_sizes", "64"])])
+    ("ppo_rgb.py", "tests.envs:PixelSide-v0", ["--hidden_sizes", "64"]),
+    ("ippo.py", "vmas:tests.vmas_scenarios:Clock", ["--hidden_sizes", "64", "--max_episode_steps", "16"])])
 def test_a_tiny_search(tmp_path, fast_polls, capsys, trainer, env_id, small):
-    """Each trial's seeds train in one process (--num_seeds), ppo_rnn.py's and ppo_rgb.py's too."""
+    """Each trial's seeds train in one process (--num_seeds), ppo_rnn.py's, ppo_rgb.py's and ippo.py's too."""
     argv = ["--trainer", str(REPO / trainer), "--env_id", env_id, "--trials", "2", "--seeds", "2", "--dir",
             "tuned", "--space", "learning_rate=1e-4:1e-2:log", "num_minibatches=1,2", "--", "--num_envs", "2",
             "--num_steps", "32", "--total_timesteps", "128", "--eval_freq", "2", "--num_eval_envs", "2", *small]

@@ -95,8 +95,8 @@ def test_the_stock_trainers_copies_keep_the_contract(tmp_path, trainer):
         pytest.importorskip("vmas")
     pytest.importorskip("onnxruntime")
     checks = {"ppo": ["trains", "same_seed", "resume", "seeds", "evaluates", "exports"],
-              "ppo_rnn": ["resume", "seeds", "exports"], "ppo_rgb": ["resume", "seeds", "exports"]}.get(
-        trainer, ["resume", "exports"])
+              "ppo_rnn": ["resume", "seeds", "exports"], "ppo_rgb": ["resume", "seeds", "exports"],
+              "ippo": ["resume", "seeds", "exports"]}[trainer]
     result = verify(tmp_path, (REPO / f"{trainer}.py").read_text(), f"my_{trainer}", checks)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     found = rows(result.stdout)
