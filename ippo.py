@@ -95,7 +95,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 CHECKPOINT_FORMAT = 3
-# The file's own name: a copy (cp ppo.py my_idea.py) names its runs after itself, and its checkpoints say which file
+# The file's own name: a copy (cp ippo.py my_idea.py) names its runs after itself, and its checkpoints say which file
 # wrote them, so that neither this file nor ppo_eval.py mistakes a copy's runs for this file's.
 TRAINER = Path(__file__).stem
 # The file's text as it was imported: each run directory keeps it (keep_source) and each checkpoint names it by hash,
@@ -103,7 +103,7 @@ TRAINER = Path(__file__).stem
 SOURCE = Path(__file__).read_bytes()
 SOURCE_SHA256 = hashlib.sha256(SOURCE).hexdigest()
 CPU_WORKERS_PER_CORE = 4
-GLOBAL_DRAW_WATCH_STEPS = 1000  # --num_seeds: the first resets and steps of Gymnasium envs watched (SeedBlocks)
+GLOBAL_DRAW_WATCH_STEPS = 1000  # --num_seeds: the first resets and steps of in-process envs watched (SeedBlocks)
 # The flags that shape the network: a checkpoint's weights fit only a network built with the same.
 NETWORK_FIELDS = ("norm_obs", "norm_value", "hidden_sizes", "activation", "share_parameters", "centralized_critic",
                   "agent_obs")
@@ -268,7 +268,7 @@ RESUME_CHANGEABLE_FIELDS = ("total_timesteps", "eval_freq", "checkpoint_freq", "
 
 class AgentLinear(nn.Module):
     """One linear layer per network, run for every agent in one batched matmul: (num_agents, B, in) ->
-    (num_agents, B, out).
+    (num_agents, B, out); under --num_seeds with the seed dimension first, of the weights as of x.
 
     With num_nets = num_agents, agent i's outputs depend on slice i of the weights alone; with num_nets = 1 (shared
     parameters) the one slice serves every agent.
@@ -1301,7 +1301,7 @@ def make_optimizer(agent: Agent, args: Args) -> PPOOptimizer:
     return optimizer
 
 
-# Copied from ppo.py with nn.utils.clip_grad_norm_->clip_grad_norm_per_net
+# Copied from ppo.py with nn.utils.clip_grad_norm_->clip_grad_norm_per_net, (.mean(-1))->(masked_mean())
 class SeedOptimizer(PPOOptimizer):
     """--num_seeds: one Adam parameter group per seed, each seed's slices of the stacked parameters as parameters of
     their own (views of the same memory), so that each seed has its own Adam state, step count and learning rate,
@@ -1362,7 +1362,7 @@ class SeedOptimizer(PPOOptimizer):
         if loss.shape != self.stepping.shape:  # a loss reduced over the seeds too would train each on all
             raise UserError(f"the loss has shape {tuple(loss.shape)}, not one value per seed "
                             f"{tuple(self.stepping.shape)}: under --num_seeds ppo_loss() reduces each term over its "
-                            f"rows alone (.mean(-1)) ({TRAINER}.py's docstring, 'A copy's contract')")
+                            f"rows alone (masked_mean()) ({TRAINER}.py's docstring, 'A copy's contract')")
         if self.default_draws is not None:  # the first minibatch step: what update() drew came from the seeds' own
             if {"torch", "cuda"} & set(moved_generators(self.default_draws, rng_states(self.stepping.device))):
                 raise UserError("update() draws from torch's default generator, which the seeds of --num_seeds "
@@ -1640,9 +1640,12 @@ def evaluate_seeds(agent: Agent, args: Args, envs: TorchVecEnv, eval_envs, num_e
 # Copied from ppo.py
 PER_SEED_STATISTICS = ("the update's statistics hold one value per seed: compare them elementwise (torch.where), "
                        "and keep state that follows them in a float buffer of the Agent")
+INDEX_FROM_THE_END = ("the Agent's parameters and buffers have a leading seed dimension (stack_seeds): index them "
+                      "against a batch from the end, as RunningMeanStd does")
 SEED_RULES = {  # words of torch's error -> the rule of the copy contract (the docstring's) that --num_seeds needs
-    "must match the size of tensor": "the Agent's parameters and buffers have a leading seed dimension (stack_seeds): "
-                                     "index them against a batch as RunningMeanStd does (self.mean[..., None, :])",
+    "must match the size of tensor": INDEX_FROM_THE_END,
+    "must match the existing size": INDEX_FROM_THE_END,  # expand()
+    "must have same number of dimensions": INDEX_FROM_THE_END,  # torch.cat()
     "Boolean value of Tensor with more than one value": PER_SEED_STATISTICS,
     "cannot be converted to Scalar": PER_SEED_STATISTICS,
     "only one element tensors can be converted": PER_SEED_STATISTICS,

@@ -1610,9 +1610,12 @@ def evaluate_seeds(agent: Agent, args: Args, envs: TorchVecEnv, eval_envs, num_e
 # Copied from ppo.py
 PER_SEED_STATISTICS = ("the update's statistics hold one value per seed: compare them elementwise (torch.where), "
                        "and keep state that follows them in a float buffer of the Agent")
+INDEX_FROM_THE_END = ("the Agent's parameters and buffers have a leading seed dimension (stack_seeds): index them "
+                      "against a batch from the end, as RunningMeanStd does")
 SEED_RULES = {  # words of torch's error -> the rule of the copy contract (the docstring's) that --num_seeds needs
-    "must match the size of tensor": "the Agent's parameters and buffers have a leading seed dimension (stack_seeds): "
-                                     "index them against a batch as RunningMeanStd does (self.mean[..., None, :])",
+    "must match the size of tensor": INDEX_FROM_THE_END,
+    "must match the existing size": INDEX_FROM_THE_END,  # expand()
+    "must have same number of dimensions": INDEX_FROM_THE_END,  # torch.cat()
     "Boolean value of Tensor with more than one value": PER_SEED_STATISTICS,
     "cannot be converted to Scalar": PER_SEED_STATISTICS,
     "only one element tensors can be converted": PER_SEED_STATISTICS,

@@ -383,8 +383,9 @@ FIXES = {"resume": "keep state that changes training in the Agent (a buffer: sel
                    "of ppo.py also a parameter, or an optimizer of its own made in Agent.__init__: "
                    "self.my_optimizer = torch.optim.Adam(...)), which checkpoints save and --resume restores, not in "
                    "a variable of train() or an attribute of another object",
-         "seeds": "follow 'Shapes' of the contract (the trainer's docstring): reduce over the last dimension, index "
-                  "parameters and buffers from the end, compare statistics elementwise"}
+         "seeds": "follow 'Shapes' of the contract (the trainer's docstring): reduce over the rows (the last "
+                  "dimension; ippo.py's: the second-to-last, masked_mean()), index parameters and buffers from the "
+                  "end, compare statistics elementwise"}
 
 
 def flags_refused(module, argv: list[str]) -> str:

@@ -525,7 +525,7 @@ def test_gpu_tests_of_the_gpu_simulation_skip_without_physx_gpu_library(tmp_path
     code = f"import sys, pytest, torch; torch.cuda.is_available = lambda: True; sys.exit(pytest.main({argv!r}))"
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={**script_env(), "HOME": str(missing)},
                             capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0 and "13 skipped, 7 deselected" in result.stdout, result.stdout[-3000:]
+    assert result.returncode == 0 and "14 skipped, 7 deselected" in result.stdout, result.stdout[-3000:]
     reasons = [line for line in result.stdout.splitlines() if line.startswith("SKIPPED")]
     assert reasons and all("needs ManiSkill's GPU simulation: PhysX's GPU library is not in " in line
                            for line in reasons), reasons

@@ -54,9 +54,10 @@ def test_trains_and_evaluates_on_the_gpu_simulation_with_video(tmp_path, trainer
 
 
 @needs_gpu_simulation
-def test_seeds_share_one_gpu_simulation(tmp_path):
-    """ppo.py --num_seeds 2: 2 x 16 envs in one simulation; each seed's run evaluates its own 16 envs."""
-    result = run_script("ppo.py", gpu_args("ppo", "seeds", num_seeds=2), tmp_path)
+@pytest.mark.parametrize("trainer", ["ppo", "ippo"])
+def test_seeds_share_one_gpu_simulation(tmp_path, trainer):
+    """--num_seeds 2: 2 x 16 envs in one simulation; each seed's run evaluates its own 16 envs."""
+    result = run_script(f"{trainer}.py", gpu_args(trainer, "seeds", num_seeds=2), tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     for seed in (1, 2):
         run = tmp_path / f"runs/seeds/seeds__seed{seed}"
@@ -66,11 +67,13 @@ def test_seeds_share_one_gpu_simulation(tmp_path):
 
 @pytest.mark.parametrize("trainer, env_id, more", [
     ("ppo", "Pendulum-v1", {}), ("ppo_rnn", "Pendulum-v1", {"seq_len": 8}),
-    ("ppo_rgb", "tests.envs:PointMassPixels-v0", {"aug_shift": 4})])
+    ("ppo_rgb", "tests.envs:PointMassPixels-v0", {"aug_shift": 4}),
+    ("ippo", "vmas:tests.vmas_scenarios:Clock", {"max_episode_steps": 16})])
 def test_seeds_train_on_cuda(tmp_path, trainer, env_id, more):
     """--num_seeds 2 with the learner on CUDA and a Gymnasium env (ppo_rnn.py's stacked LSTM moved to the GPU, whose
     cuDNN weights cannot hold stacked ones; ppo_rgb.py's stacked convolutions and its shifts drawn from each seed's
-    CUDA generator): each seed's run trains, evaluates and saves as a run of its own."""
+    CUDA generator; ippo.py's seeds' VMAS envs on CUDA, each its own stream): each seed's run trains, evaluates and
+    saves as a run of its own."""
     result = run_script(f"{trainer}.py", fast_args(env_id, "seeds", num_seeds=2, total_timesteps=32 * 3, **more),
                         tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

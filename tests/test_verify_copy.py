@@ -60,6 +60,28 @@ SABOTAGES = {
 }
 
 
+# ippo.py's Agent written for one seed as it was before --num_seeds: the first iteration names the rule it breaks
+ONE_SEED_AGENT = {
+    "agent_ids": ("        x = torch.cat([x, self.agent_ids[..., None, :, :].expand(*x.shape[:-1], -1)], dim=-1)\n",
+                  "        x = torch.cat([x, self.agent_ids.expand(x.shape[0], -1, -1)], dim=-1)\n"),
+    "actor_logstd": ("        std = self.actor_logstd[..., None, :, :].expand_as(mean).exp()\n",
+                     "        std = self.actor_logstd.expand_as(mean).exp()\n"),
+}
+
+
+@pytest.mark.parametrize("indexed", ONE_SEED_AGENT)
+def test_an_ippo_copy_written_for_one_seed_is_told_the_rule(tmp_path, indexed):
+    pytest.importorskip("vmas")
+    old, new = ONE_SEED_AGENT[indexed]
+    source = (REPO / "ippo.py").read_text()
+    assert source.count(old) == 1, old
+    result = verify(tmp_path, source.replace(old, new), "my_ippo", ["seeds"])
+    assert result.returncode == 1, result.stdout + result.stderr[-3000:]
+    found = rows(result.stdout)
+    assert found["trains"][0] == "holds" and found["seeds"][0] == "fails", result.stdout
+    assert "leading seed dimension" in found["seeds"][1], result.stdout
+
+
 def verify(tmp_path, source: str, name: str, checks: list[str]):
     copy = tmp_path / f"{name}.py"
     copy.write_text(source)
