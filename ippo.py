@@ -4,7 +4,7 @@
     python ippo.py --env_id=TwoRobotStackCube-v1 --num_envs=4 --num_eval_envs=2 --num_minibatches=4   # CPU sim, workers
     python ippo.py --env_id=vmas:navigation --num_envs=60 --num_minibatches=15  # VMAS: pip install vmas
     python ippo.py --env_id=vmas:navigation --num_envs=60 --num_minibatches=15 --share_parameters  # pip install vmas
-    python ippo.py --env_id=vmas:navigation --num_envs=60 --num_minibatches=15 --num_seeds=5  # 5 seeds, one process
+    python ippo.py --env_id=vmas:navigation --num_envs=60 --num_minibatches=15 --num_seeds=5  # pip install vmas
     python ippo.py --env_id=pz:mpe2.simple_spread_v3 --num_envs=8 --num_minibatches=4  # pip install pettingzoo mpe2
     python ippo.py --resume runs/RUN_NAME                                # continue an interrupted run
     torchrun --standalone --nproc_per_node=4 ippo.py --env_id=TwoRobotPickCube-v1   # data parallel: 4 GPUs
