@@ -399,7 +399,16 @@ def tune(options):
                         "and confirm on more seeds with scripts/sweep.sh")
     check_flags(options.flags, fields)
     check_flags(shlex.split(options.confirm_flags), fields, "--confirm_flags")
-    tuning = Tuning(options, fields, [parse_dimension(text, fields, source) for text, source in dimensions])
+    space = [parse_dimension(text, fields, source) for text, source in dimensions]
+    for i, (text, source) in enumerate(dimensions):
+        first = next(j for j, dimension in enumerate(space) if dimension.name == space[i].name)
+        if first != i:
+            raise UserError(f"{source} {text!r}: --{space[i].name} is searched twice ({dimensions[first][1]} "
+                            f"{dimensions[first][0]!r} too): give each flag one range or one list of choices")
+    if options.dir.exists() and not options.dir.is_dir():
+        raise UserError(f"--dir {options.dir} is a file: give the tuning's directory (where results.md and the study "
+                        "go), a new one or one a tuning wrote")
+    tuning = Tuning(options, fields, space)
     study = open_study(optuna, tuning)
     previous = signal.signal(signal.SIGTERM, interrupt)  # as Ctrl-C: the trainers stop, their trials run again later
     try:

@@ -174,6 +174,7 @@ def test_confirm_runs_the_best_and_the_defaults_on_seeds_no_trial_used(tmp_path,
     (["--space", "x=0:6", "--", "--seed", "1"], "--seed (after --): tune.py sets --seed for each run"),
     (["--space", "x=0:6", "--confirm_flags=--nope 1"], "--nope (--confirm_flags): the trainer has no such flag"),
     (["--space", "x=2"], "is one value, not a range or choices: give it after --"),
+    (["--space", "x=0:6", "x=1:2"], "--space 'x=1:2': --x is searched twice (--space 'x=0:6' too)"),
     (["--space", "x=0:6", "--metric", "eval/never"], "logged no eval/never"),
     (["--space", "x=0:6", "--", "--fail"], "failed (exit 2): error: told to fail"),
 ])
@@ -186,6 +187,17 @@ def test_bad_input_is_one_line_and_the_study_stays_usable(tmp_path, fast_polls, 
     assert len(lines) == 1 and lines[0].startswith("error: ") and refusal in lines[0], err
     assert tune.main(argv + ["--space", "x=0:6"]) == 0  # the same directory, the input corrected
     assert [state for state in states(study_of(tmp_path / "tuned")) if state != "FAIL"] == ["COMPLETE"]
+
+
+def test_a_file_as_the_tunings_directory_is_refused_in_one_line(tmp_path, fast_polls, capsys):
+    (tmp_path / "t1").mkdir()
+    (tmp_path / "t1/results.md").write_text("a tuning's results\n")
+    argv = ["--trainer", STAND_IN, "--env_id", "Tune-v0", "--trials", "1", "--seeds", "2", "--jobs", "1",
+            "--space", "x=0:6", "--dir", "t1/results.md"]
+    assert tune.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: --dir t1/results.md is a file"), err
+    assert (tmp_path / "t1/results.md").read_text() == "a tuning's results\n"
 
 
 def test_without_optuna_it_says_what_to_install(tmp_path, fast_polls, monkeypatch, capsys):
