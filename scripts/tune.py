@@ -57,6 +57,9 @@ TOP = 5  # trials in results.md's table
 REPS = 2000  # bootstrap resamples of the intervals
 MAX_FAILURES = 5  # trials failed in a row that stop a tuning
 TUNE_SETS = ("env_id", "seed", "num_seeds", "exp_name", "torch_threads")  # each trial's, from tune.py's own flags
+# The trainers' flags that name a file: the trials run inside the tuning's directory, so a path given relative to
+# where tune.py started is made absolute (absolute_paths()).
+PATH_FLAGS = ("checkpoint",)
 
 
 def counted_states(optuna) -> tuple:
@@ -146,6 +149,19 @@ def check_flags(flags: list[str], fields: dict, source: str = "after --"):
                                 "(tune.py's own flags go before --)")
             if name in TUNE_SETS:
                 raise UserError(f"{given} ({source}): tune.py sets --{name} for each run from its own flags; drop it")
+
+
+def absolute_paths(flags: list[str]) -> list[str]:
+    """flags with the value of each of PATH_FLAGS (--checkpoint PATH or --checkpoint=PATH) made absolute."""
+    flags = list(flags)
+    for i, given in enumerate(flags):
+        if flag_name(given) in PATH_FLAGS:
+            if "=" in given:
+                name, _, value = given.partition("=")
+                flags[i] = f"{name}={Path(value).absolute()}"
+            elif i + 1 < len(flags):
+                flags[i + 1] = str(Path(flags[i + 1]).absolute())
+    return flags
 
 
 def did_you_mean(name: str, names) -> str:
@@ -399,6 +415,9 @@ def tune(options):
                         "and confirm on more seeds with scripts/sweep.sh")
     check_flags(options.flags, fields)
     check_flags(shlex.split(options.confirm_flags), fields, "--confirm_flags")
+    options.flags = absolute_paths(options.flags)
+    if absolute_paths(shlex.split(options.confirm_flags)) != shlex.split(options.confirm_flags):
+        options.confirm_flags = shlex.join(absolute_paths(shlex.split(options.confirm_flags)))
     space = [parse_dimension(text, fields, source) for text, source in dimensions]
     for i, (text, source) in enumerate(dimensions):
         first = next(j for j, dimension in enumerate(space) if dimension.name == space[i].name)

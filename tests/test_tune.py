@@ -15,7 +15,7 @@ import types
 import numpy as np
 import pytest
 
-from tests.util import REPO
+from tests.util import REPO, run_script
 
 optuna = pytest.importorskip("optuna")
 sys.path.insert(0, str(REPO / "scripts"))
@@ -187,6 +187,20 @@ def test_bad_input_is_one_line_and_the_study_stays_usable(tmp_path, fast_polls, 
     assert len(lines) == 1 and lines[0].startswith("error: ") and refusal in lines[0], err
     assert tune.main(argv + ["--space", "x=0:6"]) == 0  # the same directory, the input corrected
     assert [state for state in states(study_of(tmp_path / "tuned")) if state != "FAIL"] == ["COMPLETE"]
+
+
+def test_a_checkpoint_given_relative_to_where_tune_started_is_found(tmp_path, fast_polls):
+    """The trials run inside the tuning's directory: --checkpoint's path after -- is taken from where tune.py runs."""
+    trained = run_script("ppo.py", ["--env_id", "CartPole-v1", "--exp_name", "start", "--num_envs", "2", "--num_steps",
+                                    "16", "--num_minibatches", "2", "--total_timesteps", "32", "--no_capture_video"],
+                         tmp_path)
+    assert trained.returncode == 0, trained.stderr
+    argv = ["--trainer", str(REPO / "ppo.py"), "--env_id", "CartPole-v1", "--trials", "1", "--seeds", "1", "--jobs",
+            "1", "--dir", "tuned", "--space", "learning_rate=1e-4:1e-3:log", "--", "--num_envs", "2", "--num_steps",
+            "16", "--num_minibatches", "2", "--total_timesteps", "64", "--eval_freq", "2", "--num_eval_envs", "1",
+            "--checkpoint", "runs/start/final_ckpt.pt"]
+    assert tune.main(argv) == 0
+    assert states(study_of(tmp_path / "tuned")) == ["COMPLETE"]
 
 
 def test_a_file_as_the_tunings_directory_is_refused_in_one_line(tmp_path, fast_polls, capsys):
