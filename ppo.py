@@ -1603,7 +1603,8 @@ def main(args: Args) -> int:
         run_dir = resume_path.parent
         run_name = resume_state["run_name"]
         if resume_state["iteration"] >= num_iterations:
-            raise UserError(f"the run already finished its {resume_state['iteration']} iterations; "
+            raise UserError(f"the run's checkpoint is at iteration {resume_state['iteration']} and "
+                            f"--total_timesteps={args.total_timesteps} ends the run at iteration {num_iterations}: "
                             "raise --total_timesteps to continue it")
         if rank == 0:
             note_changed_source(resume_state, resume_path)

@@ -181,6 +181,10 @@ def test_sigkill_during_training_then_resume(tmp_path, trainer):
     assert 9 <= saved < 400
     for checkpoint in run.glob("*.pt"):  # every checkpoint a kill left behind is whole
         assert load(checkpoint)["iteration"] == int(checkpoint.stem.split("_")[1])
+    short = run_script(f"{trainer}.py", ["--resume", "runs/kill", "--total_timesteps", str(32 * 2)], tmp_path)
+    assert short.returncode == 2 and short.stderr.count("\n") == 1, short.stderr  # a killed run, not a finished one
+    assert (f"error: the run's checkpoint is at iteration {saved} and --total_timesteps=64 ends the run at iteration "
+            "2: raise --total_timesteps to continue it") in short.stderr, short.stderr
     resumed = run_script(f"{trainer}.py", ["--resume", "runs/kill", "--total_timesteps", str(32 * (saved + 6))],
                          tmp_path)
     assert resumed.returncode == 0, resumed.stderr
