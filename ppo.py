@@ -2673,6 +2673,8 @@ FLAGS_OF_SOME_TRAINERS = {
     "shared_rnn": "ppo_rnn.py",
     "obs_mode": "ppo_rgb.py", "include_state": "ppo_rgb.py", "aug_shift": "ppo_rgb.py", "clip_reward": "ppo_rgb.py",
     "agent_obs": "ippo.py", "centralized_critic": "ippo.py", "env_kwargs": "ippo.py", "share_parameters": "ippo.py"}
+# Flags of ManiSkill's baselines whose job another program of the project does: what to run instead
+FLAGS_OF_OTHER_PROGRAMS = {"evaluate": "evaluate a checkpoint with python ppo_eval.py runs/RUN (docs/checkpoints.md)"}
 
 
 def parse_args(argv: list[str]) -> Args:
@@ -2682,6 +2684,8 @@ def parse_args(argv: list[str]) -> Args:
         name = name if name in FLAGS_OF_SOME_TRAINERS else name.removeprefix("no_")
         if name in FLAGS_OF_SOME_TRAINERS and name not in fields:
             raise UserError(f"--{name} is a flag of {FLAGS_OF_SOME_TRAINERS[name]}, not of {TRAINER}.py")
+        if name in FLAGS_OF_OTHER_PROGRAMS and name not in fields:
+            raise UserError(f"--{name} is not a flag of {TRAINER}.py: {FLAGS_OF_OTHER_PROGRAMS[name]}")
     args = tyro.cli(Args, args=argv, use_underscores=True, description=__doc__)
     if args.resume is None:
         return args

@@ -247,3 +247,6 @@ def test_a_trainer_given_another_trainers_flag_names_whose_it_is(tmp_path, capfd
     assert refusal == "error: --seq_len is a flag of ppo_rnn.py, not of ppo_rgb.py"
     refusal = refused_in_one_line(ippo, ["--no_critic_obs"], tmp_path, capfd, whole_process=False)
     assert refusal == "error: --critic_obs is a flag of ppo.py, ppo_rnn.py and ppo_rgb.py, not of ippo.py"
+    refusal = refused_in_one_line(ppo_rnn, ["--evaluate", "--checkpoint", "x.pt"], tmp_path, capfd, whole_process=False)
+    assert refusal == ("error: --evaluate is not a flag of ppo_rnn.py: evaluate a checkpoint with python ppo_eval.py "
+                       "runs/RUN (docs/checkpoints.md)")
