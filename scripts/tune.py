@@ -414,16 +414,17 @@ def tune(options):
         raise UserError(f"{options.trainer.name} trains one seed a process (it has no --num_seeds): give --seeds 1, "
                         "and confirm on more seeds with scripts/sweep.sh")
     check_flags(options.flags, fields)
-    check_flags(shlex.split(options.confirm_flags), fields, "--confirm_flags")
+    confirm_flags = shlex.split(options.confirm_flags)
+    check_flags(confirm_flags, fields, "--confirm_flags")
     options.flags = absolute_paths(options.flags)
-    if absolute_paths(shlex.split(options.confirm_flags)) != shlex.split(options.confirm_flags):
-        options.confirm_flags = shlex.join(absolute_paths(shlex.split(options.confirm_flags)))
-    space = [parse_dimension(text, fields, source) for text, source in dimensions]
-    for i, (text, source) in enumerate(dimensions):
-        first = next(j for j, dimension in enumerate(space) if dimension.name == space[i].name)
-        if first != i:
-            raise UserError(f"{source} {text!r}: --{space[i].name} is searched twice ({dimensions[first][1]} "
-                            f"{dimensions[first][0]!r} too): give each flag one range or one list of choices")
+    if absolute_paths(confirm_flags) != confirm_flags:  # a string rewritten only where it names a path
+        options.confirm_flags = shlex.join(absolute_paths(confirm_flags))
+    space, given = [parse_dimension(text, fields, source) for text, source in dimensions], {}
+    for (text, source), dimension in zip(dimensions, space):
+        if dimension.name in given:
+            raise UserError(f"{source} {text!r}: --{dimension.name} is searched twice ({given[dimension.name]} "
+                            "too): give each flag one range or one list of choices")
+        given[dimension.name] = f"{source} {text!r}"
     if options.dir.exists() and not options.dir.is_dir():
         raise UserError(f"--dir {options.dir} is a file: give the tuning's directory (where results.md and the study "
                         "go), a new one or one a tuning wrote")
