@@ -16,17 +16,21 @@ NAME=LOW:HIGH:log, or NAME=A,B,C (choices; true,false for a switch); --space_fil
 = "LOW:HIGH:log" lines). Flags after -- go to every trial and are the defaults --confirm compares with (a searched
 one there is the defaults' value). The tuning's directory (--dir) holds study.db (Optuna's SQLite storage), each
 trial's run (runs/trial_N, its seeds' runs inside) and log (logs/trial_N.log), and at the end results.md and the
-plots. The same command continues an interrupted tuning: a trial whose process is gone is marked failed and run
-again, so none counts twice; a second tune.py on the same directory joins the study. A trial's intermediate IQM
-(read from its TensorBoard logs as it runs) goes to Optuna's median pruner, which stops the trial with SIGTERM (its
-checkpoint stays).
---confirm K trains the best trial's settings and the defaults on K seeds that no trial used, and compares them;
+plots; --storage URL puts the study in a database that tune.py processes on several machines share. The same
+command continues an interrupted tuning: a trial whose tune.py died (no heartbeat) is marked failed and run again, so
+none counts twice; a second tune.py of the same settings joins the study, one of others is refused. A trial's
+intermediate IQM (read from its TensorBoard logs as it runs) goes to Optuna's median pruner, which stops the trial
+with SIGTERM (its checkpoint stays).
+--confirm K trains the best trial's settings and the defaults on K seeds that no trial used (nor their envs' reset
+seeds), and compares them, one confirmation at a time in a directory;
 --confirm_flags='--total_timesteps N' gives those two runs the full budget where trials were shorter.
 """
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
+import fcntl
 import hashlib
 import importlib.util
 import itertools
@@ -239,6 +243,8 @@ class Tuning:
         self.trainer = options.trainer.resolve()
         self.children = set()  # the trainers running now
         self.stop = threading.Event()  # set by Ctrl-C, SIGTERM or errors: every train() stops its trainer
+        self.storage = None  # Optuna's, open_study()'s
+        self.beating = set()  # the ids of the trials this process runs, whose heartbeats it records
 
     def command(self, params: dict, seed: int, num_seeds: int, exp_name: str, extra: list[str] = ()) -> list[str]:
         # the last of a flag's values counts: the confirmation's flags replace those after --, a trial's both
@@ -320,22 +326,8 @@ def optuna_module():
         raise UserError(f"scripts/tune.py needs Optuna ({e}): pip install optuna") from e
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # its warning of a failed trial is a traceback: ours is a line
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     return optuna
-
-
-def alive(trial) -> bool:
-    """Whether the tune.py that runs a trial still does (one of another machine is taken to); a trial is marked
-    RUNNING before its process says which it is, so one that names none is taken to run too."""
-    pid = trial.user_attrs.get("pid")
-    if pid is None or trial.user_attrs.get("host") != socket.gethostname():
-        return True
-    if pid == os.getpid():  # this process runs no trial yet: an earlier one of its pid (a restarted container)
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def stop_left_behind(trial):
@@ -349,32 +341,90 @@ def stop_left_behind(trial):
         pass
 
 
+# The pip package of each database driver SQLAlchemy imports (a missing one is named by the import's error)
+DRIVERS = {"psycopg": "'psycopg[binary]'", "psycopg2": "psycopg2-binary", "pymysql": "PyMySQL",
+           "MySQLdb": "mysqlclient"}
+
+
+def open_storage(optuna, tuning: Tuning):
+    """Optuna's RDBStorage at --storage (default: study.db in the tuning's directory), with heartbeats: a trial whose
+    tune.py recorded none for twice --heartbeat seconds, on whatever machine it ran, is failed and runs again."""
+    url = tuning.options.storage
+    if url is None:
+        tuning.dir.mkdir(parents=True, exist_ok=True)
+        url = f"sqlite:///{tuning.dir / 'study.db'}"
+    try:
+        from sqlalchemy.engine import make_url
+        shown_url = make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 (RDBStorage says what is wrong with it below)
+        shown_url = url
+    import sqlalchemy
+
+    try:
+        for attempt in itertools.count():
+            try:
+                return optuna.storages.RDBStorage(
+                    url, engine_kwargs={} if url.startswith("sqlite") else {"pool_pre_ping": True},  # idle links drop
+                    heartbeat_interval=tuning.options.heartbeat, failed_trial_callback=cut_short)
+            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+                if attempt == 4:
+                    raise
+                time.sleep(1)  # workers starting together create the tables together: one of them wins
+    except Exception as e:  # SQLAlchemy's: a driver missing, a URL that does not parse, a server that does not answer
+        missing = e
+        while missing is not None and not isinstance(missing, ModuleNotFoundError):  # Optuna rewords an ImportError
+            missing = missing.__cause__ or missing.__context__
+        if missing is not None:
+            raise UserError(f"--storage {shown_url} needs its database driver ({missing}): pip install "
+                            f"{DRIVERS.get(missing.name, missing.name)}") from e
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f"--storage {shown_url}: {reason}") from e
+
+
 def open_study(optuna, tuning: Tuning):
+    """Create the study, or join it where its settings are this command's (refused otherwise, before anything
+    runs); trials of a tune.py that died are failed and wait to run again."""
+    tuning.storage = open_storage(optuna, tuning)
     tuning.dir.mkdir(parents=True, exist_ok=True)
-    what = {"trainer": str(tuning.trainer), "env_id": tuning.options.env_id, "flags": tuning.options.flags,
+    trainer = tuning.trainer.read_bytes()
+    what = {"trainer": f"{tuning.trainer.name} (sha256 {hashlib.sha256(trainer).hexdigest()[:12]})",
+            "env_id": tuning.options.env_id, "flags": tuning.options.flags,
             "space": [dataclasses.asdict(d) for d in tuning.space], "seeds": tuning.options.seeds,
             "seed": tuning.options.seed, "metric": tuning.options.metric}
     what = json.loads(json.dumps(what))  # as the storage gives it back (tuples as lists)
-    study = optuna.create_study(
-        study_name="tune", storage=f"sqlite:///{tuning.dir / 'study.db'}", load_if_exists=True, direction="maximize",
-        pruner=(optuna.pruners.MedianPruner(n_startup_trials=tuning.options.prune_after) if tuning.options.prune_after
-                else optuna.pruners.NopPruner()))
+    pruner = (optuna.pruners.MedianPruner(n_startup_trials=tuning.options.prune_after) if tuning.options.prune_after
+              else optuna.pruners.NopPruner())
+    name = tuning.options.study_name
+    try:  # atomic: of processes starting together, one creates the study and says its settings
+        study = optuna.create_study(study_name=name, storage=tuning.storage, direction="maximize", pruner=pruner)
+        study.set_user_attr("tuning", what)
+    except optuna.exceptions.DuplicatedStudyError:
+        study = optuna.load_study(study_name=name, storage=tuning.storage, pruner=pruner)
+        optuna.storages.fail_stale_trials(study)
+        check_settings(optuna, study, tuning, what)
     # seeded by how far the study is, so that a continued or joining process draws on rather than again
     study.sampler = optuna.samplers.TPESampler(seed=tuning.options.sampler_seed + len(study.trials))
-    saved = study.user_attrs.get("tuning")
-    counted = study.get_trials(deepcopy=False, states=counted_states(optuna))
-    if saved is None or not counted:  # settings whose trials all failed (a bad flag, a metric never logged) may change
-        study.set_user_attr("tuning", what)
-    elif saved != what:
-        changed = "; ".join(f"{key} {shown(key, saved.get(key))} there, {shown(key, what[key])} here" for key in what
-                            if saved.get(key) != what[key])
-        raise UserError(f"{tuning.dir} holds a tuning of other settings ({changed}): continue it with its own "
-                        "command (logs/ holds its trials' commands), or give another --dir")
-    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        if not alive(trial):  # cut short: counted as failed, and its settings run again
-            stop_left_behind(trial)
-            rerun_later(optuna, study, trial)
     return study
+
+
+def check_settings(optuna, study, tuning: Tuning, what: dict):
+    """Refuse a study of other settings; settings that nothing counts, runs or waits on yet (their trials all failed:
+    a bad flag, a metric never logged) are replaced."""
+    deadline = time.monotonic() + 30
+    while (saved := study.user_attrs.get("tuning")) is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # the process that created the study writes its settings next
+    if saved == what:
+        return
+    states = optuna.trial.TrialState
+    if saved is None or not study.get_trials(deepcopy=False, states=(*counted_states(optuna), states.RUNNING,
+                                                                      states.WAITING)):
+        study.set_user_attr("tuning", what)
+        return
+    changed = "; ".join(f"{key} {shown(key, saved.get(key))} there, {shown(key, what[key])} here" for key in what
+                        if saved.get(key) != what[key])
+    where = (f"--storage's study {study.study_name!r}" if tuning.options.storage else str(tuning.dir))
+    raise UserError(f"{where} holds a tuning of other settings ({changed}): continue it with its own command (logs/ "
+                    "holds its trials' commands), or give another --dir or --study_name")
 
 
 def shown(key: str, value) -> str:
@@ -385,13 +435,33 @@ def shown(key: str, value) -> str:
     return shlex.join(value) if key == "flags" and isinstance(value, list) else str(value)
 
 
-def rerun_later(optuna, study, trial):
+def rerun_later(study, trial):
     """A trial cut short fails, so that it counts nowhere, and its settings wait to run again (once, where two
-    processes open the study together)."""
+    processes fail it together)."""
+    optuna = optuna_module()
     if study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True).state.name != "FAIL":
         return
     if not any(other.user_attrs.get("rerun_of") == trial.number for other in study.get_trials(deepcopy=False)):
         study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number})
+
+
+def cut_short(study, trial):
+    """Optuna's callback of a trial failed for want of heartbeats: its tune.py died. Its settings run again; its
+    trainer, where it runs on this machine, is stopped."""
+    if trial.user_attrs.get("host") == socket.gethostname():
+        stop_left_behind(trial)
+    rerun_later(study, trial)
+
+
+def heartbeats(tuning: Tuning, done: threading.Event):
+    """Every --heartbeat seconds, a heartbeat of each trial this process runs (Optuna's own heartbeat thread runs
+    inside study.optimize(), which tune.py's trials, asked for and told, do not)."""
+    while not done.wait(tuning.options.heartbeat):
+        for trial_id in list(tuning.beating):
+            try:
+                tuning.storage.record_heartbeat(trial_id)
+            except Exception as e:  # noqa: BLE001 (a database away a while: the next beat may reach it)
+                print(f"warning: no heartbeat recorded: {type(e).__name__}: {str(e).splitlines()[0]}", file=sys.stderr)
 
 
 def tune(options):
@@ -462,16 +532,28 @@ def run_trials(optuna, study, tuning: Tuning):
     def work():
         while not stop.is_set():
             with lock:
-                if counted() + len(study.get_trials(deepcopy=False, states=(states.RUNNING,))) >= options.trials:
+                optuna.storages.fail_stale_trials(study)
+                if counted() >= options.trials:
                     return
-                trial = study.ask()
-                trial.set_user_attr("pid", os.getpid())
-                trial.set_user_attr("host", socket.gethostname())
+                # the trials that run, in this process or another, may yet fail and run again: wait for them
+                if counted() + len(study.get_trials(deepcopy=False, states=(states.RUNNING,))) >= options.trials:
+                    trial = None
+                    show()
+                else:
+                    trial = study.ask()
+                    tuning.storage.record_heartbeat(trial._trial_id)  # Optuna's own Trial has no public id
+                    tuning.beating.add(trial._trial_id)
+                    trial.set_user_attr("pid", os.getpid())
+                    trial.set_user_attr("host", socket.gethostname())
+            if trial is None:
+                stop.wait(options.heartbeat)
+                continue
             params = {dimension.name: dimension.suggest(trial) for dimension in tuning.space}
             values, ended = tuning.train(params, options.seed, options.seeds, f"trial_{trial.number}", trial)
             with lock:
+                tuning.beating.discard(trial._trial_id)
                 if ended == "stopped":  # train() says so of any trial that ran while tune.py was stopping
-                    rerun_later(optuna, study, trial)
+                    rerun_later(study, trial)
                 elif ended in ("complete", "pruned"):
                     failures.clear()
                     if ended == "complete":
@@ -488,17 +570,23 @@ def run_trials(optuna, study, tuning: Tuning):
                         stop.set()
                     else:
                         tqdm.write(f"warning: trial {trial.number} {ended}", file=sys.stderr)
-                bar.n = min(counted(), options.trials)
-                best = [t.value for t in study.get_trials(deepcopy=False, states=(states.COMPLETE,))]
-                bar.set_postfix(best_iqm=f"{max(best):.4g}" if best else "-")
-                bar.refresh()
+                show()
+
+    def show():
+        bar.n = min(counted(), options.trials)
+        best = [t.value for t in study.get_trials(deepcopy=False, states=(states.COMPLETE,))]
+        bar.set_postfix(best_iqm=f"{max(best):.4g}" if best else "-")
+        bar.refresh()
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(options.jobs)]
+    done = threading.Event()
+    threading.Thread(target=heartbeats, args=(tuning, done), daemon=True).start()
     try:
         for thread in threads:
             thread.start()
         wait_for(threads, tuning)
     finally:
+        done.set()
         bar.close()
     if errors:
         raise UserError(errors[0])
@@ -615,10 +703,10 @@ def savings(complete: list, pruned: list) -> list[str]:
 
 def confirm(study, tuning: Tuning, best, seeds: int) -> tuple[list[str], list[Path]]:
     """The best trial's settings and the defaults (the trainer's, with the flags after --, then --confirm_flags),
-    side by side where --jobs allows, each on seeds that no trial used (those after the tuning's); a run that an
+    side by side where --jobs allows, each on seeds that no trial used (confirmation_seed()); a run that an
     earlier confirmation of the same trial, seeds and --confirm_flags completed is read from the study, not rerun.
     Its results.md lines and the two runs' directories, the best's first."""
-    first = tuning.options.seed + tuning.options.seeds
+    first = confirmation_seed(tuning)
     extra = shlex.split(tuning.options.confirm_flags)
     tag = f"_{hashlib.sha1(shlex.join(extra).encode()).hexdigest()[:8]}" if extra else ""
     run_dirs = {name: tuning.dir / "runs" / f"confirm{seeds}_{kind}{tag}"  # the best's first
@@ -644,13 +732,15 @@ def confirm(study, tuning: Tuning, best, seeds: int) -> tuple[list[str], list[Pa
 
     threads = [threading.Thread(target=run, args=(name, settings), daemon=True)
                for name, settings in (("best", best.params), ("defaults", {}))]
-    for batch in [threads] if tuning.options.jobs > 1 else [[thread] for thread in threads]:
-        for thread in batch:
-            thread.start()
-        wait_for(batch, tuning)
+    with one_at_a_time(tuning.dir / "confirm.lock"):  # another tune.py's confirmation: its result is read
+        for batch in [threads] if tuning.options.jobs > 1 else [[thread] for thread in threads]:
+            for thread in batch:
+                thread.start()
+            wait_for(batch, tuning)
     if errors:
         raise errors[0]
-    lines = [f"Confirmed on seeds {first}-{first + seeds - 1} (no trial used them){', with ' * bool(extra)}"
+    lines = [f"Confirmed on seeds {first}-{first + seeds - 1} (no trial used them or their envs' reset seeds)"
+             f"{', with ' * bool(extra)}"
              f"{shlex.join(extra)}, {tuning.options.metric} IQM [95% interval]:", "",
              f"| settings | {' | '.join(best.params)} | IQM | seeds |", f"|---|{'---|' * len(best.params)}---|---:|"]
     flags = [*tuning.options.flags, *extra]
@@ -668,6 +758,30 @@ def confirm(study, tuning: Tuning, best, seeds: int) -> tuple[list[str], list[Pa
     except UserError as e:
         lines += ["", f"(no probability of improvement: {e})"]
     return lines, list(run_dirs.values())
+
+
+def confirmation_seed(tuning: Tuning) -> int:
+    """The confirmation's first seed: past every seed a trial used, its envs' reset seeds too. A run of seed s resets
+    its num_envs training envs with seeds s, s + 1, ... and its num_eval_envs evaluation envs with the next ones (a
+    resumed run further on; no trial resumes), so seed s + i of --num_seeds uses up to s + i + num_envs +
+    num_eval_envs - 1, with the most of each flag that a trial may take (searched, or given after --)."""
+    options, most = tuning.options, 0
+    for name in ("num_envs", "num_eval_envs"):
+        searched = [value for d in tuning.space if d.name == name for value in (d.choices or (d.high,))]
+        most += max(map(int, searched or [given_value(options.flags, name, tuning.fields.get(name, 0))]))
+    return options.seed + options.seeds - 1 + max(most, 1)
+
+
+@contextlib.contextmanager
+def one_at_a_time(path: Path):
+    """An exclusive lock of path (flock: released when its process ends, however it ends)."""
+    with open(path, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another tune.py's confirmation ({path})", file=sys.stderr)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def confirmation_curves(run_dirs: list[Path], tuning: Tuning):
@@ -740,9 +854,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--confirm_flags", default="", metavar="'FLAGS'", help="trainer flags of --confirm's runs "
                         "alone, such as the full budget: --confirm_flags='--total_timesteps 1000000'")
     parser.add_argument("--dir", type=Path, help="the tuning's directory (default: tunes/{env}__{trainer})")
+    parser.add_argument("--storage", metavar="URL", help="the study's database, an SQLAlchemy URL that Optuna's "
+                        "RDBStorage takes, shared by tune.py processes on several machines (docs/tuning.md), such as "
+                        "postgresql://USER@HOST/DB (default: study.db, SQLite, in --dir)")
+    parser.add_argument("--study_name", default="tune", help="the study's name in --storage")
+    parser.add_argument("--heartbeat", type=int, default=10, metavar="SECONDS", help="a running trial's heartbeat: "
+                        "one whose tune.py recorded none for twice this, on any machine, is failed and runs again")
     options = parser.parse_args(own)
     options.flags = flags
-    for name, least in (("trials", 1), ("seeds", 1), ("jobs", 1), ("prune_after", 0), ("confirm", 0)):
+    for name, least in (("trials", 1), ("seeds", 1), ("jobs", 1), ("prune_after", 0), ("confirm", 0),
+                        ("heartbeat", 1)):
         if getattr(options, name) < least:
             parser.error(f"--{name} must be at least {least}")
     if not options.trainer.is_file():

@@ -77,8 +77,8 @@ def test_a_trial_worse_than_the_median_is_pruned_and_stopped(tmp_path, fast_poll
 
 def test_a_killed_tuning_continues_with_no_trial_counted_twice(tmp_path):
     argv = [sys.executable, str(REPO / "scripts/tune.py"), "--trainer", STAND_IN, "--env_id", "Tune-v0", "--trials",
-            "3", "--seeds", "2", "--jobs", "1", "--prune_after", "0", "--dir", "tuned", "--space", "x=0.0:6.0", "--",
-            "--steps", "6", "--step_seconds", "0.5"]
+            "3", "--seeds", "2", "--jobs", "1", "--prune_after", "0", "--dir", "tuned", "--heartbeat", "1", "--space",
+            "x=0.0:6.0", "--", "--steps", "6", "--step_seconds", "0.5"]
     first = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while not (tmp_path / "tuned/runs/trial_1").exists():  # trial 0 done, trial 1 running
@@ -95,6 +95,134 @@ def test_a_killed_tuning_continues_with_no_trial_counted_twice(tmp_path):
     rerun = [t for t in trials if t.user_attrs.get("rerun_of") == 1]
     assert len(rerun) == 1 and rerun[0].params == cut.params and rerun[0].state.name == "COMPLETE"
 
+
+
+@pytest.fixture(scope="module")
+def postgresql(tmp_path_factory):
+    """A PostgreSQL server of the tests' own (pgserver's wheel ships its binaries; as root it runs them as a user of
+    its own), started here and stopped after the module's tests: its URL."""
+    import pgserver
+
+    server = pgserver.get_server(tmp_path_factory.mktemp("postgresql") / "data", cleanup_mode="stop")
+    yield server.get_uri()
+    server.cleanup()
+
+
+def as_host(hostname: str, argv: list[str]) -> list[str]:
+    """argv run as on a machine of another name: in a UTS namespace of its own (unshare, as root or, where the
+    kernel lets a user, in a user namespace)."""
+    for unshare in (["unshare", "--uts"], ["unshare", "--user", "--map-root-user", "--uts"]):
+        if shutil.which("unshare") and subprocess.run([*unshare, "hostname", hostname]).returncode == 0:
+            return [*unshare, "sh", "-c", 'hostname "$0" && exec "$@"', hostname, *argv]
+    pytest.skip("no UTS namespace (unshare --uts) for a second hostname")
+
+
+def tune_on(host: str, study: str, url: str, trials: int, step_seconds: float) -> list[str]:
+    return as_host(host, [sys.executable, str(REPO / "scripts/tune.py"), "--trainer", STAND_IN, "--env_id", "Tune-v0",
+                          "--trials", str(trials), "--seeds", "2", "--jobs", "1", "--prune_after", "0", "--heartbeat",
+                          "1", "--storage", url, "--study_name", study, "--dir", host, "--space", "x=0.0:6.0", "--",
+                          "--steps", "6", "--step_seconds", str(step_seconds)])
+
+
+def test_two_machines_share_one_study_on_postgresql(tmp_path, postgresql):
+    """--storage: two tune.py on machines of other names, each with its own directory, meet the trials asked for
+    together, no trial counted twice, and rank the same best."""
+    workers = [subprocess.Popen(tune_on(host, "shared", postgresql, 5, 0.2), cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for host in ("host-a", "host-b")]
+    outputs = [worker.communicate(timeout=300) for worker in workers]
+    assert [worker.returncode for worker in workers] == [0, 0], [err[-2000:] for _, err in outputs]
+    trials = optuna.load_study(study_name="shared", storage=postgresql).trials
+    assert [trial.state.name for trial in trials] == ["COMPLETE"] * 5
+    for trial in trials:  # each trial ran once, on the machine that says so, in that machine's directory
+        ran_in = [host for host in ("host-a", "host-b") if (tmp_path / host / f"runs/trial_{trial.number}").is_dir()]
+        assert ran_in == [trial.user_attrs["host"]]
+    assert {trial.user_attrs["host"] for trial in trials} == {"host-a", "host-b"}
+    best = [out.split(BEST_COMMAND)[1].splitlines()[0] for out, _ in outputs]
+    assert best[0].replace("host-a", "host-b") == best[1]
+
+
+def test_a_tuning_killed_on_one_machine_is_finished_by_another(tmp_path, postgresql):
+    """A live trial on another machine is left alone however long it runs; one whose tune.py was killed sends no
+    heartbeat, is failed by the other machine's tune.py and run again there, and no more trials are counted."""
+    a = subprocess.Popen(tune_on("host-a", "killed", postgresql, 3, 0.5), cwd=tmp_path, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    b = subprocess.Popen(tune_on("host-b", "killed", postgresql, 3, 0.5), cwd=tmp_path, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+
+    def running_on() -> set:
+        if "killed" not in optuna.get_all_study_names(postgresql):  # not yet created
+            return set()
+        study = optuna.load_study(study_name="killed", storage=postgresql)
+        return {t.user_attrs.get("host") for t in study.get_trials(states=(optuna.trial.TrialState.RUNNING,))}
+    while running_on() != {"host-a", "host-b"}:
+        assert a.poll() is None and b.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    time.sleep(3)  # past the heartbeat's grace of 2 seconds, both alive
+    trials = optuna.load_study(study_name="killed", storage=postgresql).trials
+    assert "FAIL" not in [trial.state.name for trial in trials]
+    cut = next(t for t in trials if t.state.name == "RUNNING" and t.user_attrs.get("host") == "host-a")
+    a.send_signal(signal.SIGKILL)
+    a.wait()
+    _, err = b.communicate(timeout=300)
+    assert b.returncode == 0, err[-2000:]
+    trials = optuna.load_study(study_name="killed", storage=postgresql).trials
+    assert [t.number for t in trials if t.state.name == "FAIL"] == [cut.number]
+    assert [t.state.name for t in trials].count("COMPLETE") == 3
+    rerun, = [t for t in trials if t.user_attrs.get("rerun_of") == cut.number]
+    assert rerun.params == cut.params and rerun.state.name == "COMPLETE" and rerun.user_attrs["host"] == "host-b"
+
+
+def test_a_tuning_of_other_settings_is_refused_and_the_running_one_goes_on(tmp_path, fast_polls, capsys):
+    argv = ["--trainer", STAND_IN, "--env_id", "Tune-v0", "--trials", "2", "--seeds", "2", "--jobs", "1",
+            "--prune_after", "0", "--dir", "tuned", "--space", "x=0.0:6.0", "--", "--steps", "6", "--step_seconds",
+            "0.3"]
+    first = subprocess.Popen([sys.executable, str(REPO / "scripts/tune.py"), *argv], cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "tuned/runs").glob("trial_0/*__seed2/events*")):  # its first trial runs
+        assert first.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    other = argv[:argv.index("--space")] + ["--space", "x=0.0:1.0", *argv[argv.index("--"):]]
+    assert tune.main(other) == 2
+    err = capsys.readouterr().err
+    refusal = "holds a tuning of other settings (space x=0.0:6.0 there, x=0.0:1.0 here)"
+    assert err.startswith("error: ") and err.count("\n") == 1 and refusal in err, err
+    assert first.wait(timeout=300) == 0, first.stderr.read()[-2000:]
+    study = study_of(tmp_path / "tuned")
+    assert states(study) == ["COMPLETE", "COMPLETE"] and all(0 <= t.params["x"] <= 6 for t in study.trials)
+
+
+def test_two_confirmations_at_once_run_once(tmp_path):
+    """A second --confirm waits for the first and reads its result: nothing of the first is set aside or rewritten."""
+    argv = [sys.executable, str(REPO / "scripts/tune.py"), "--trainer", STAND_IN, "--env_id", "Tune-v0", "--trials",
+            "2", "--seeds", "2", "--jobs", "1", "--dir", "tuned", "--confirm", "2", "--space", "x=0.0:6.0", "--",
+            "--steps", "6", "--step_seconds", "0.3"]
+    both = [subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    outputs = [process.communicate(timeout=300) for process in both]
+    assert [process.returncode for process in both] == [0, 0], [err[-2000:] for _, err in outputs]
+    assert outputs[0][0] == outputs[1][0] == (tmp_path / "tuned/results.md").read_text()
+    runs = tmp_path / "tuned/runs"
+    assert not list(runs.glob("*_cut_*"))
+    confirmed = sorted(p.relative_to(runs).parent.name for p in runs.glob("confirm2_*/*__seed*/events*"))
+    assert len(confirmed) == 4 and len(set(confirmed)) == 4, confirmed  # 2 runs of 2 seeds, each written once
+    assert all(len(log.read_text().strip()) == 0 or "error" not in log.read_text() for log in
+               (tmp_path / "tuned/logs").glob("confirm2_*.log"))
+
+
+def test_the_confirmations_seeds_start_past_every_reset_seed_of_the_trials():
+    """Seed s of a trial resets its envs with s to s + num_envs + num_eval_envs - 1, with the most of each that a
+    trial may take: searched, given after --, or the trainer's default."""
+    options = types.SimpleNamespace(seed=1, seeds=4, flags=["--num_eval_envs", "3"])
+    fields = {"num_envs": 512, "num_eval_envs": 8}
+    tuning = types.SimpleNamespace(options=options, fields=fields,
+                                   space=[tune.Dimension("num_envs", choices=(2, 8)), tune.Dimension("x", 0.0, 1.0)])
+    assert tune.confirmation_seed(tuning) == 1 + 3 + 8 + 3  # seed 4's envs reset with seeds 4 to 14
+    tuning.space = [tune.Dimension("num_envs", 4, 16)]
+    assert tune.confirmation_seed(tuning) == 1 + 3 + 16 + 3
+    tuning.space, tuning.fields, options.flags = [], {}, []  # a trainer without the flags: one reset seed, its seed
+    assert tune.confirmation_seed(tuning) == 5
 
 
 def test_a_trainer_left_behind_is_stopped_and_no_other_process(tmp_path):
@@ -151,7 +279,7 @@ def test_confirm_runs_the_best_and_the_defaults_on_seeds_no_trial_used(tmp_path,
         x = trial.params["x"]
         assert trial.user_attrs["finals"] == pytest.approx([-(x - 3) ** 2 + seed / 100 for seed in (1, 2)], abs=1e-5)
     results = (tmp_path / "tuned/results.md").read_text()
-    assert "Confirmed on seeds 3-5 (no trial used them), with --steps 6" in results
+    assert "Confirmed on seeds 3-5 (no trial used them or their envs' reset seeds), with --steps 6" in results
     assert "P(best > defaults) = " in results and "| defaults | 5 | -3.96 [" in results  # the defaults' x
     command = results.split(BEST_COMMAND)[1].splitlines()[0].split()
     assert [given for given in command if given.startswith("--x")] == [f"--x={best.params['x']}"]
@@ -177,6 +305,12 @@ def test_confirm_runs_the_best_and_the_defaults_on_seeds_no_trial_used(tmp_path,
     (["--space", "x=0:6", "x=1:2"], "--space 'x=1:2': --x is searched twice (--space 'x=0:6' too)"),
     (["--space", "x=0:6", "--metric", "eval/never"], "logged no eval/never"),
     (["--space", "x=0:6", "--", "--fail"], "failed (exit 2): error: told to fail"),
+    (["--space", "x=0:6", "--storage", "mysql://tuner:secret@127.0.0.1:9/db"],
+     "--storage mysql://tuner:***@127.0.0.1:9/db needs its database driver (No module named 'MySQLdb'): pip install "
+     "mysqlclient"),
+    (["--space", "x=0:6", "--storage", "postgresql+psycopg://tuner@127.0.0.1:9/db"],
+     "--storage postgresql+psycopg://tuner@127.0.0.1:9/db: (psycopg.OperationalError) connection failed"),
+    (["--space", "x=0:6", "--storage", "nosuchdb://x"], "--storage nosuchdb://x: Can't load plugin"),
 ])
 def test_bad_input_is_one_line_and_the_study_stays_usable(tmp_path, fast_polls, capsys, given, refusal):
     argv = ["--trainer", STAND_IN, "--env_id", "Tune-v0", "--trials", "1", "--seeds", "2", "--jobs", "1",
