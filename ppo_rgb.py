@@ -2311,9 +2311,9 @@ class TorchVecEnv:
         self.episode_length += 1
 
         final_obs, finished = next_obs, None
-        # Gymnasium's vector envs give final observations where an episode ended (a torch-native one every step, as a
-        # tensor with its mask: whether any ended is not read), ManiSkill's in "final_observation" and "final_info"
-        # when any ended.
+        # Gymnasium's vector envs give final observations where an episode ended (a torch-native one there or every
+        # step, as a tensor with its mask: whether any ended is not read), ManiSkill's in "final_observation" and
+        # "final_info" when any ended.
         if "final_obs" in info or "final_info" in info:
             done = terminated | truncated
             if self.torch_native:
@@ -2463,27 +2463,46 @@ def make_torch_native_env(args: Args, num_envs: int, device: torch.device) -> gy
         raise UserError(f"{args.env_id}'s metadata['autoreset_mode'] is {env.metadata.get('autoreset_mode')!r}: "
                         f"{TRAINER}.py bootstraps from final observations, which need AutoresetMode.SAME_STEP "
                         "(docs/ppo.md)")
-    return TorchEnvContract(env, args.env_id)
+    return TorchEnvContract(env, args.env_id, check_every=args.num_steps)
 
 
 # Copied from ppo.py
 class TorchEnvContract:
     """A torch-native env's results checked against what the trainers assume of them (docs/ppo.md): tuples of the
-    right length, tensors with the batch first, observations of the space's shape, info["final_obs"] every step. On
-    the host alone (types and shapes, never values), so that a broken rule is one error line, not a traceback."""
+    right length, tensors with the batch first, observations of the space's shape, info["final_obs"] on the steps
+    where an episode ended. At each call on the host alone (types and shapes, never values), so that a broken rule is
+    one error line, not a traceback; whether an episode ended on a step without its final observation, which waits
+    for the device, every check_every steps (a rollout's) and at each reset."""
 
-    def __init__(self, env: gym.vector.VectorEnv, env_id: str):
-        self.env, self.env_id = env, env_id
-        self.episode_keys: Optional[set[str]] = None  # of info["final_info"]["episode"], the same every step
+    def __init__(self, env: gym.vector.VectorEnv, env_id: str, check_every: int):
+        self.env, self.env_id, self.check_every = env, env_id, check_every
+        self.episode_keys: Optional[set[str]] = None  # of info["final_info"]["episode"], the same every time
+        self.steps = 0
+        self.unreported: Optional[torch.Tensor] = None  # whether an episode ended on a step without info["final_obs"]
 
     def __getattr__(self, name: str):  # num_envs, device, metadata, spaces: the env's
         return getattr(self.env, name)
 
     def reset(self, *, seed: Optional[int] = None, options=None):
+        self.check_final_obs()
         return self.checked(self.env.reset(seed=seed, options=options), "reset()", ("obs", "info"))
 
     def step(self, action: torch.Tensor):
-        return self.checked(self.env.step(action), "step()", ("obs", "reward", "terminated", "truncated", "info"))
+        result = self.checked(self.env.step(action), "step()", ("obs", "reward", "terminated", "truncated", "info"))
+        if "final_obs" not in result[4]:  # Gymnasium's convention: no episode ended in this step
+            ended = (result[2].bool() | result[3].bool()).any()
+            self.unreported = ended if self.unreported is None else self.unreported | ended
+        self.steps += 1
+        if self.steps % self.check_every == 0:
+            self.check_final_obs()
+        return result
+
+    def check_final_obs(self):
+        if self.unreported is not None and self.unreported.item():
+            raise UserError(f"{self.env_id}'s step() ended an episode without info['final_obs'], its final "
+                            "observation: give it (with the mask info['_final_obs']) on every step where an episode "
+                            "ends, or on every step (docs/ppo.md)")
+        self.unreported = None
 
     def checked(self, result, call: str, names: tuple[str, ...]):
         if not isinstance(result, tuple) or len(result) != len(names):
@@ -2494,18 +2513,24 @@ class TorchEnvContract:
             raise UserError(f"{self.env_id}'s {call} returned info {type(info).__name__}, not a dict (docs/ppo.md)")
         leaves = [*self.observation_leaves("obs", obs), *((name, x, ()) for name, x in zip(names[1:], per_env))]
         if call == "step()":
-            if "final_obs" not in info:
-                raise UserError(f"{self.env_id}'s step() returned no info['final_obs']: a torch-native env gives "
-                                "its final observations every step (docs/ppo.md)")
-            episode = info.get("final_info", {}).get("episode", {})
-            if self.episode_keys is None:
-                self.episode_keys = set(episode)
-            if set(episode) != self.episode_keys:
-                raise UserError(f"{self.env_id}'s step() returned info['final_info']['episode'] with keys "
-                                f"{sorted(episode)}, and {sorted(self.episode_keys)} before: the same every step "
-                                "(docs/ppo.md)")
-            leaves += [*self.observation_leaves("info['final_obs']", info["final_obs"]),
-                       *((f"info['final_info']['episode'][{key!r}]", x, ()) for key, x in episode.items())]
+            final_info = info.get("final_info", {})
+            episode = final_info.get("episode", {}) if isinstance(final_info, dict) else None
+            if not isinstance(episode, dict):
+                raise UserError(f"{self.env_id}'s step() returned info['final_info'] {type(final_info).__name__} "
+                                "with 'episode' " f"{type(episode).__name__}: a dict whose 'episode' is a dict of "
+                                "tensors (docs/ppo.md)")
+            if "final_obs" not in info and ("final_info" in info or "_final_obs" in info):
+                raise UserError(f"{self.env_id}'s step() returned info['final_info'] or info['_final_obs'] without "
+                                "info['final_obs']: give the final observations where episodes end (docs/ppo.md)")
+            if "final_info" in info:
+                self.episode_keys = set(episode) if self.episode_keys is None else self.episode_keys
+                if set(episode) != self.episode_keys:
+                    raise UserError(f"{self.env_id}'s step() returned info['final_info']['episode'] with keys "
+                                    f"{sorted(episode)}, and {sorted(self.episode_keys)} before: the same every time "
+                                    "(docs/ppo.md)")
+            if "final_obs" in info:
+                leaves += self.observation_leaves("info['final_obs']", info["final_obs"])
+            leaves += [(f"info['final_info']['episode'][{key!r}]", x, ()) for key, x in episode.items()]
         for name, x, shape in leaves:
             if not isinstance(x, torch.Tensor) or x.shape != (self.num_envs, *shape):
                 given = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
@@ -2547,12 +2572,17 @@ class EnvBlocks:
     def step(self, action: torch.Tensor):
         steps = [block.step(block_action) for block, block_action in zip(self.blocks, action.chunk(len(self.blocks)))]
         obs, reward, terminated, truncated = (concatenated(x) for x in zip(*(step[:4] for step in steps)))
-        infos = [step[4] for step in steps]
-        info = {"final_obs": concatenated([block_info["final_obs"] for block_info in infos])}
-        episodes = [block_info.get("final_info", {}).get("episode", {}) for block_info in infos]
-        if episodes[0]:
-            info["final_info"] = {"episode": {key: torch.cat([episode[key] for episode in episodes])
-                                              for key in episodes[0]}}
+        infos, info = [step[4] for step in steps], {}
+        # A block gives its final observations and episode metrics every step or where its episodes ended (its
+        # contract checks which): a block without them stands in its obs and zeros, where none ended.
+        if any("final_obs" in block_info for block_info in infos):
+            info["final_obs"] = concatenated([block_info.get("final_obs", step[0]) for block_info, step in
+                                              zip(infos, steps)])
+        episodes = [block_info["final_info"]["episode"] for block_info in infos if "final_info" in block_info]
+        if episodes and episodes[0]:
+            info["final_info"] = {"episode": {
+                key: torch.cat([block_info["final_info"]["episode"][key] if "final_info" in block_info else
+                                torch.zeros_like(episodes[0][key]) for block_info in infos]) for key in episodes[0]}}
         return obs, reward, terminated, truncated, info
 
     def close(self):

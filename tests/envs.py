@@ -301,14 +301,17 @@ class PointMassVector(gym.vector.VectorEnv):
     """PointMass as a torch-native vector env: a batch stepped as tensors on its device, in Gymnasium's convention
     for native vector envs (registered with vector_entry_point, same-step autoreset, the final observations in
     info["final_obs"] with the mask info["_final_obs"], every step, so that nothing waits for the device). Its
-    episodes are those of PointMass's SyncVectorEnv bit for bit (x in float64, observations cast to float32)."""
+    episodes are those of PointMass's SyncVectorEnv bit for bit (x in float64, observations cast to float32).
+    final_obs_where_ended: info holds them on the steps where an episode ended alone, as Gymnasium's SyncVectorEnv
+    gives them (its envs step in lockstep, so it knows which steps those are without reading the device)."""
 
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
 
     def __init__(self, num_envs: int = 1, max_episode_steps: int = EPISODE_STEPS, device: str = "cpu",
-                 terminate_odd_episodes: bool = False):
+                 terminate_odd_episodes: bool = False, final_obs_where_ended: bool = False):
         self.num_envs, self.max_episode_steps, self.device = num_envs, max_episode_steps, torch.device(device)
-        self.terminate_odd_episodes = terminate_odd_episodes
+        self.terminate_odd_episodes, self.final_obs_where_ended = terminate_odd_episodes, final_obs_where_ended
+        self.lockstep_t, self.lockstep_episodes = 0, 0  # every env's, on the host
         self.single_observation_space, self.single_action_space = PointMass.observation_space, PointMass.action_space
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
@@ -323,6 +326,7 @@ class PointMassVector(gym.vector.VectorEnv):
         self.x.fill_(1.0)
         self.t.zero_()
         self.episodes += 1
+        self.lockstep_t, self.lockstep_episodes = 0, self.lockstep_episodes + 1
         return self._obs(), {}
 
     def step(self, action: torch.Tensor):
@@ -337,12 +341,20 @@ class PointMassVector(gym.vector.VectorEnv):
         self.x = torch.where(done, 1.0, self.x)
         self.t = torch.where(done, 0, self.t)
         self.episodes += done
-        return self._obs(), reward, terminated, truncated, {"final_obs": final_obs, "_final_obs": done}
+        self.lockstep_t += 1
+        ended = self.lockstep_t >= self.max_episode_steps or (
+            self.terminate_odd_episodes and self.lockstep_episodes % 2 == 1 and self.lockstep_t == EPISODE_STEPS // 2)
+        if ended:
+            self.lockstep_t, self.lockstep_episodes = 0, self.lockstep_episodes + 1
+        info = {"final_obs": final_obs, "_final_obs": done} if ended or not self.final_obs_where_ended else {}
+        return self._obs(), reward, terminated, truncated, info
 
 
 gym.register("PointMassTorch-v0", vector_entry_point=PointMassVector, max_episode_steps=EPISODE_STEPS)
 gym.register("PointMassEndsTorch-v0", vector_entry_point=PointMassVector, max_episode_steps=EPISODE_STEPS,
              kwargs={"terminate_odd_episodes": True})
+gym.register("PointMassEndsWhereEndedTorch-v0", vector_entry_point=PointMassVector, max_episode_steps=EPISODE_STEPS,
+             kwargs={"terminate_odd_episodes": True, "final_obs_where_ended": True})
 
 
 class PointMassPixelsVector(PointMassVector):
@@ -364,6 +376,8 @@ class PointMassPixelsVector(PointMassVector):
 gym.register("PointMassPixelsTorch-v0", vector_entry_point=PointMassPixelsVector, max_episode_steps=EPISODE_STEPS)
 gym.register("PointMassPixelsEndsTorch-v0", vector_entry_point=PointMassPixelsVector, max_episode_steps=EPISODE_STEPS,
              kwargs={"terminate_odd_episodes": True})
+gym.register("PointMassPixelsEndsWhereEndedTorch-v0", vector_entry_point=PointMassPixelsVector,
+             max_episode_steps=EPISODE_STEPS, kwargs={"terminate_odd_episodes": True, "final_obs_where_ended": True})
 gym.register("PointMassPixelsEnds-v0", entry_point=PointMassPixels, max_episode_steps=EPISODE_STEPS,
              kwargs={"terminate_odd_episodes": True})
 

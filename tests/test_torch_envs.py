@@ -20,8 +20,11 @@ from tests.util import (HostSyncs, assert_same_numbers, fast_args, load, refused
 
 
 @pytest.mark.parametrize("torch_id, gym_id", [("PointMassTorch-v0", "PointMass-v0"),
-                                              ("PointMassEndsTorch-v0", "PointMassEnds-v0")])
+                                              ("PointMassEndsTorch-v0", "PointMassEnds-v0"),
+                                              ("PointMassEndsWhereEndedTorch-v0", "PointMassEnds-v0")])
 def test_a_torch_env_steps_the_episodes_of_its_gymnasium_version(torch_id, gym_id):
+    """Its final observations every step, or (WhereEnded) on the steps where an episode ended alone, as
+    SyncVectorEnv gives them."""
     num_envs = 3
     torch_envs = gym.make_vec(f"tests.envs:{torch_id}", num_envs=num_envs, vectorization_mode="vector_entry_point")
     gym_envs = gym.vector.SyncVectorEnv([lambda: gym.make(f"tests.envs:{gym_id}")] * num_envs,
@@ -38,7 +41,8 @@ def test_a_torch_env_steps_the_episodes_of_its_gymnasium_version(torch_id, gym_i
         for torch_value, gym_value in zip(torch_out, gym_out):  # observation, reward, terminated, truncated
             assert np.array_equal(torch_value.numpy(), gym_value)
         ended = gym_info.get("_final_obs", np.zeros(num_envs, dtype=bool))
-        assert np.array_equal(torch_info["_final_obs"].numpy(), ended)
+        assert ("_final_obs" in torch_info) == ("_final_obs" in gym_info or "WhereEnded" not in torch_id)
+        assert np.array_equal(torch_info.get("_final_obs", torch.zeros(num_envs, dtype=torch.bool)).numpy(), ended)
         if ended.any():
             assert np.array_equal(torch_info["final_obs"].numpy()[ended], np.stack(gym_info["final_obs"][ended]))
         terminations += int(gym_out[2].sum())
@@ -97,17 +101,20 @@ TRAINERS = {"ppo": (ppo, "PointMassEnds", {}), "ppo_rgb": (ppo_rgb, "PointMassPi
             "ppo_rnn": (ppo_rnn, "PointMassEnds", dict(rnn_hidden_size=8, seq_len=8))}
 
 
-@pytest.mark.parametrize("name", TRAINERS)
-def test_a_trainer_on_a_torch_env_computes_what_it_computes_on_the_gymnasium_version(tmp_path, monkeypatch, name):
-    """PointMass with terminations and truncations, through the torch-native path and through SyncVectorEnv and
-    numpy: every rollout's rewards, values, dones, bootstrap values and advantages, the logged numbers and the
-    weights, bit for bit."""
+@pytest.mark.parametrize("name, final_obs", [(name, final_obs) for name in TRAINERS
+                                             for final_obs in ("every step", "where ended")])
+def test_a_trainer_on_a_torch_env_computes_what_it_computes_on_the_gymnasium_version(tmp_path, monkeypatch, name,
+                                                                                     final_obs):
+    """PointMass with terminations and truncations, through the torch-native path (its final observations every
+    step, or where an episode ended alone) and through SyncVectorEnv and numpy: every rollout's rewards, values,
+    dones, bootstrap values and advantages, the logged numbers and the weights, bit for bit."""
     trainer, env, extra = TRAINERS[name]
     flags = dict(num_envs=3, num_steps=24, total_timesteps=3 * 24 * 6, norm_obs=True, norm_reward=True,
                  num_minibatches=3, **extra)
     captured = spy_on_advantages(monkeypatch, trainer)
     monkeypatch.chdir(tmp_path)
-    assert trainer.cli(fast_args(f"tests.envs:{env}Torch-v0", "torch", **flags)) == 0
+    torch_id = f"tests.envs:{env}{'WhereEnded' * (final_obs == 'where ended')}Torch-v0"
+    assert trainer.cli(fast_args(torch_id, "torch", **flags)) == 0
     torch_rollouts, captured[:] = captured[:], []
     assert trainer.cli(fast_args(f"tests.envs:{env}-v0", "gym", **flags)) == 0
     assert len(torch_rollouts) == len(captured) == 6
@@ -122,12 +129,16 @@ def test_a_trainer_on_a_torch_env_computes_what_it_computes_on_the_gymnasium_ver
 
 @pytest.mark.parametrize("name, env_id, num_seeds", [("ppo", "CartPoleTorch-v1", 1), ("ppo", "CartPoleTorch-v1", 2),
                                                     ("ppo_rnn", "CartPoleTorch-v1", 1),
-                                                    ("ppo_rgb", "PointMassPixelsEndsTorch-v0", 1)])
+                                                    ("ppo_rgb", "PointMassPixelsEndsTorch-v0", 1),
+                                                    ("ppo", "PointMassEndsWhereEndedTorch-v0", 1),
+                                                    ("ppo", "PointMassEndsWhereEndedTorch-v0", 2)])
 def test_a_rollout_on_a_torch_env_waits_for_the_device_only_after_its_last_step(tmp_path, monkeypatch, name, env_id,
                                                                                 num_seeds):
     """Observation and reward normalization, terminations and truncations: a training run's rollouts make no host
     synchronization in their steps; their finished episodes are selected once, after the last step (one boolean-mask
-    read per metric: return, episode length, and under --num_seeds the seed index)."""
+    read per metric: return, episode length, and under --num_seeds the seed index). An env that gives its final
+    observations where an episode ended alone is checked at the last step (one read of each env's: did an episode
+    end on a step without them?)."""
     trainer = TRAINERS[name][0]
     syncs_of_rollouts, rollout = [], trainer.rollout
 
@@ -144,7 +155,8 @@ def test_a_rollout_on_a_torch_env_waits_for_the_device_only_after_its_last_step(
     if num_seeds > 1:
         flags["num_seeds"] = num_seeds
     assert trainer.cli(fast_args(f"tests.envs:{env_id}", "syncs", **flags)) == 0
-    assert syncs_of_rollouts == [["__getitem__"] * (2 if num_seeds == 1 else 3)] * 3
+    checks = ["item"] * num_seeds if "WhereEnded" in env_id else []  # an env each seed under --num_seeds
+    assert syncs_of_rollouts == [checks + ["__getitem__"] * (2 if num_seeds == 1 else 3)] * 3
     logged = scalars(tmp_path / ("runs/syncs" if num_seeds == 1 else "runs/syncs/syncs__seed1"))
     assert len(logged["train/return"]) == 3  # episodes finished in each rollout
 
@@ -168,6 +180,20 @@ def test_each_seed_of_a_torch_env_trains_as_a_run_of_that_seed_alone(tmp_path, m
                                        torch.tensor([value for _, value in logged_alone[tag]]), rtol=1e-3, atol=1e-5)
     returns = [[value for _, value in scalars(tmp_path / f"runs/alone{seed}")["train/return"]] for seed in (5, 6)]
     assert returns[0] != returns[1]  # the seeds' episodes differ, so a mixed-up block would show
+
+
+def test_seeds_of_an_env_that_gives_final_observations_where_episodes_ended_train_as_with_them_every_step(
+        tmp_path, monkeypatch):
+    """--num_seeds 2: each seed's env gives them on its own steps, and the blocks' infos are merged (the others'
+    observations stand in): the same weights as the env that gives them every step, bit for bit."""
+    monkeypatch.chdir(tmp_path)
+    flags = dict(num_envs=4, num_steps=24, total_timesteps=4 * 24 * 3, num_seeds=2, max_episode_steps=12)
+    for name, env_id in (("every", "PointMassEndsTorch-v0"), ("where", "PointMassEndsWhereEndedTorch-v0")):
+        assert ppo.cli(fast_args(f"tests.envs:{env_id}", name, **flags)) == 0
+    for seed in (1, 2):
+        every, where = (load(tmp_path / f"runs/{name}/{name}__seed{seed}/final_ckpt.pt") for name in ("every", "where"))
+        for key in every["model"]:
+            assert torch.equal(every["model"][key], where["model"][key]), key
 
 
 @pytest.mark.parametrize("name, env_id", [("ppo", "CartPoleTorch-v1"), ("ppo_rnn", "CartPoleTorch-v1"),
@@ -263,12 +289,32 @@ class InfoNone(tests.envs.PointMassVector):
         return *super().step(action)[:4], None
 
 
-class SomeStepsMetrics(tests.envs.PointMassVector):
+class ChangingMetrics(tests.envs.PointMassVector):
     def step(self, action):
         *out, info = super().step(action)
-        if int(self.t[0]) % 2:
-            info["final_info"] = {"episode": {"success_once": torch.zeros(self.num_envs)}}
+        info["final_info"] = {"episode": {"success_once" if int(self.t[0]) % 2 else "fail_once":
+                                          torch.zeros(self.num_envs)}}
         return *out, info
+
+
+class FinalInfoList(tests.envs.PointMassVector):
+    def step(self, action):
+        *out, info = super().step(action)
+        return *out, {**info, "final_info": [{}] * self.num_envs}
+
+
+class FinalInfoWithoutFinalObs(tests.envs.PointMassVector):
+    def step(self, action):
+        *out, info = super().step(action)
+        return *out, {"final_info": {"episode": {"success_once": torch.zeros(self.num_envs)}}}
+
+
+class MissesAnEnd(tests.envs.PointMassVector):
+    """Its final observations where episodes ended, but for the truncations of its third episodes."""
+
+    def step(self, action):
+        *out, info = super().step(action)
+        return *out, {} if int(self.episodes[0]) == 4 else info
 
 
 class BrokenConstructor(tests.envs.PointMassVector):
@@ -278,7 +324,8 @@ class BrokenConstructor(tests.envs.PointMassVector):
 
 
 for broken in (NextStepReset, NoFinalObs, NoDeviceArgument, NoDeviceKept, WrongShape, NumpyOut, FourTuple,
-               BareReset, InfoNone, SomeStepsMetrics, BrokenConstructor):
+               BareReset, InfoNone, ChangingMetrics, FinalInfoList, FinalInfoWithoutFinalObs, MissesAnEnd,
+               BrokenConstructor):
     gym.register(f"{broken.__name__}-v0", vector_entry_point=broken, max_episode_steps=tests.envs.EPISODE_STEPS)
 
 
@@ -287,13 +334,17 @@ for broken in (NextStepReset, NoFinalObs, NoDeviceArgument, NoDeviceKept, WrongS
     ("tests.envs:PointMassTorch-v0", dict(critic_obs=True), "--critic_obs does not apply"),
     ("tests.envs:PointMassTorch-v0", dict(async_envs=True), "--async_envs does not apply"),
     ("tests.test_torch_envs:NextStepReset-v0", {}, "metadata['autoreset_mode'] is <AutoresetMode.NEXT_STEP"),
-    ("tests.test_torch_envs:NoFinalObs-v0", {}, "step() returned no info['final_obs']"),
+    ("tests.test_torch_envs:NoFinalObs-v0", {}, "step() ended an episode without info['final_obs']"),
+    ("tests.test_torch_envs:MissesAnEnd-v0", {}, "step() ended an episode without info['final_obs']"),
     ("tests.test_torch_envs:WrongShape-v0", {}, "reset() returned obs (2, 3), not a tensor of shape (2, 2)"),
     ("tests.test_torch_envs:NumpyOut-v0", {}, "step() returned obs ndarray, not a tensor of shape (2, 2)"),
     ("tests.test_torch_envs:FourTuple-v0", {}, "step() returned tuple, not (obs, reward, terminated, truncated, info)"),
     ("tests.test_torch_envs:BareReset-v0", {}, "reset() returned Tensor, not (obs, info)"),
     ("tests.test_torch_envs:InfoNone-v0", {}, "step() returned info NoneType, not a dict"),
-    ("tests.test_torch_envs:SomeStepsMetrics-v0", {}, "with keys [], and ['success_once'] before"),
+    ("tests.test_torch_envs:ChangingMetrics-v0", {}, "with keys ['fail_once'], and ['success_once'] before"),
+    ("tests.test_torch_envs:FinalInfoList-v0", {}, "returned info['final_info'] list with 'episode' NoneType: a dict"),
+    ("tests.test_torch_envs:FinalInfoWithoutFinalObs-v0", {}, "info['final_info'] or info['_final_obs'] without "
+                                                              "info['final_obs']"),
     ("tests.test_torch_envs:NoDeviceArgument-v0", {}, "its constructor takes num_envs, device"),
     ("tests.test_torch_envs:NoDeviceKept-v0", {}, "keeps the device it is given in self.device"),
 ])
