@@ -2649,6 +2649,15 @@ class VmasVectorEnv:
         """VMAS holds nothing to release."""
 
 
+# Copied from ppo.py
+def render_without_a_display():
+    """Videos render off screen (rgb_array). Without a display, SDL (pygame's, which Gymnasium's classic-control and
+    Box2D envs and PettingZoo's MPE draw with) would look for one and print "error: XDG_RUNTIME_DIR is invalid or
+    not set", a line that reads as the trainer's own: its dummy driver renders the same frames and prints nothing."""
+    if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+
+
 class PettingZooEnvs:
     """Copies of a PettingZoo Parallel env stepped one after another, numpy in and out, in this process or a worker's.
     Env k is reset with seed + first_index + k by reset(seed); it runs until all its agents' episodes have ended
@@ -2660,6 +2669,8 @@ class PettingZooEnvs:
     def __init__(self, env_id: str, num_envs: int, max_steps: Optional[int], env_kwargs: dict, state: bool,
                  first_index: int = 0, video_dir: Optional[str] = None):
         make = pettingzoo_env_fn(env_id)
+        if video_dir:
+            render_without_a_display()
         try:
             self.envs = [make(**env_kwargs, **({"render_mode": "rgb_array"} if video_dir and k == 0 else {}))
                          for k in range(num_envs)]

@@ -1906,11 +1906,20 @@ class ResetEpisodeTrigger:
         return fired
 
 
+def render_without_a_display():
+    """Videos render off screen (rgb_array). Without a display, SDL (pygame's, which Gymnasium's classic-control and
+    Box2D envs and PettingZoo's MPE draw with) would look for one and print "error: XDG_RUNTIME_DIR is invalid or
+    not set", a line that reads as the trainer's own: its dummy driver renders the same frames and prints nothing."""
+    if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+
+
 def build_gym_env(env_id: str, max_episode_steps: Optional[int], video_dir: Optional[str], video_trigger,
                   video_length: Optional[int], name_prefix: str, critic_obs: bool = False) -> gym.Env:
     if video_dir is None:  # not every env's constructor takes a render_mode
         env = gym.make(env_id, max_episode_steps=max_episode_steps)
         return CriticObservation(env) if critic_obs else env
+    render_without_a_display()
     try:
         env = gym.make(env_id, max_episode_steps=max_episode_steps, render_mode="rgb_array")
     except TypeError as e:

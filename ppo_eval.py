@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
+import logging
 import math
 import os
 import random
@@ -78,7 +79,7 @@ class EvalArgs:
     """CPU threads for torch (0: torch's default)"""
     export: Optional[str] = None
     """instead of evaluating, write the deterministic policy to this .onnx (ONNX) or .pt2 (torch.export) file, and
-    what its inputs and outputs are to the same name with .json"""
+    what its inputs and outputs are to the file's name with .json added (policy.onnx.json)"""
 
     env_id: Optional[str] = None
     """evaluate on another task (default: the run's); its spaces must be the checkpoint's"""
@@ -379,8 +380,9 @@ def main(args: EvalArgs) -> int:
     # Every episode ends within the time limit, and the next one starts at once.
     max_steps = int(episodes_per_env.max()) * run.max_episode_steps
     output_dir = None if args.export else prepare_output_dir(args, checkpoint)
-    if args.output is not None:
-        check_output(Path(args.output))
+    for flag, given in (("--output", args.output), ("--export", args.export)):
+        if given is not None:
+            check_output(Path(given), flag)
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -586,8 +588,9 @@ def export_policy(policy: DeployedPolicy, first, envs, ckpt: dict, checkpoint: P
     if policy.keys and envs.vectors:
         description["state"] = "the observation's vectors, concatenated: " + ", ".join(
             f"{key} ({size})" for key, size in envs.vectors)
-    write_json(path.with_suffix(".json"), description)
-    print(f"policy      {path} ({path.suffix[1:]}), described in {path.with_suffix('.json')}; on the env's first "
+    described = path.with_name(path.name + ".json")  # its own: policy.onnx and policy.pt2 both may be written
+    write_json(described, description)
+    print(f"policy      {path} ({path.suffix[1:]}), described in {described}; on the env's first "
           f"observations its actions differ from what the envs receive in training by {error:.1e} at most")
 
 
@@ -603,6 +606,8 @@ def write_policy(policy: DeployedPolicy, inputs: tuple, dynamic_shapes: tuple, p
     except ImportError as e:
         raise UserError(f"--export to ONNX needs onnx, onnxscript and onnxruntime: pip install onnx onnxscript "
                         f"onnxruntime ({e})") from e
+    # the exporter logs a warning for each of torchvision's operators when torchvision is not installed: not ours
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     torch.onnx.export(policy, inputs, str(path), dynamo=True, verbose=False, external_data=False,
                       input_names=policy.input_names, output_names=policy.output_names, dynamic_shapes=dynamic_shapes)
     session = onnxruntime.InferenceSession(str(path))
@@ -640,23 +645,34 @@ def remove_empty_dirs(output_dir: Optional[Path], new_dirs: list[Path]):
         directory.rmdir()
 
 
-def check_output(path: Path):
-    """Try a write where --output goes before evaluating, so that a path that cannot be written fails at once."""
+def check_output(path: Path, flag: str):
+    """Try a write where --output or --export goes before any work, so that a path that cannot be written fails at
+    once."""
     if path.is_dir():
-        raise UserError(f"--output {path} is a directory; give a file name, e.g. {path / 'results.json'}")
+        raise UserError(f"{flag} {path} is a directory; give a file name, e.g. "
+                        f"{path / ('results.json' if flag == '--output' else 'policy.onnx')}")
     tmp = path.with_name(path.name + ".tmp")
     try:
         tmp.touch()
         tmp.unlink()
     except OSError as e:
-        raise UserError(f"--output {path} cannot be written ({e.strerror}); give a file in a writable directory") from e
+        raise UserError(f"{flag} {path} cannot be written ({e.strerror}); give a file in a writable directory") from e
+
+
+def strict_json(x):
+    """x with its infinite and NaN floats (a Box's unbounded side) as null: JSON has no Infinity."""
+    if isinstance(x, dict):
+        return {key: strict_json(value) for key, value in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [strict_json(value) for value in x]
+    return None if isinstance(x, float) and not math.isfinite(x) else x
 
 
 def write_json(path: Path, results: dict):
     """Write to a temporary file, then rename: an interrupted write never leaves half a file."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(json.dumps(results, indent=2) + "\n")
+        tmp.write_text(json.dumps(strict_json(results), indent=2, allow_nan=False) + "\n")
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)

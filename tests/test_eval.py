@@ -214,6 +214,7 @@ def test_bad_checkpoints_are_one_clear_line(tmp_path, monkeypatch, capfd):
         (["runs/ids", "--max_episode_steps", "0"], "--max_episode_steps must be positive"),
         (["runs/ids", "--output", "runs"], "is a directory"),
         (["runs/ids", "--output", "/proc/nope/results.json"], "cannot be written"),  # before evaluating
+        (["runs/ids", "--export", "/proc/nope/policy.onnx"], "--export /proc/nope/policy.onnx cannot be written"),
     ]
     # Two cases take the whole way of a process (its exit status, nothing else on stderr); the others call the same
     # cli() in this process, which saves a start of torch and the simulators each.

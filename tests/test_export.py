@@ -18,7 +18,7 @@ import ppo_eval
 import ppo_rgb
 import ppo_rnn
 import tests.envs  # noqa: F401  (registers the test envs)
-from tests.util import REPO, fast_args, load
+from tests.util import REPO, fast_args, load, run_script
 
 onnxruntime = pytest.importorskip("onnxruntime")
 EXPORT_FORMATS = ("onnx", "pt2")
@@ -73,7 +73,8 @@ def exported(tmp_path, fmt: str, agent: str = ""):
     if not agent:
         assert ppo_eval.cli([str(tmp_path / "runs/run"), "--export", str(path)]) == 0
     path = path.with_name(f"policy{agent}.{fmt}")
-    description = json.loads(path.with_suffix(".json").read_text())
+    description = json.loads(path.with_name(path.name + ".json").read_text(),  # strict JSON: no Infinity or NaN
+                             parse_constant=lambda constant: pytest.fail(f"{constant} in {path}.json"))
     names = [spec["name"] for spec in description["inputs"]]
     if fmt == "onnx":
         session = onnxruntime.InferenceSession(str(path))
@@ -129,6 +130,12 @@ def test_exported_policy_acts_as_the_trainer_on_recorded_observations(tmp_path, 
         assert_acts_as(action, expected, space)
         assert description["action_space"] == load(tmp_path / "runs/run/final_ckpt.pt")["action_space"]
         assert description["outputs"][0]["dtype"] == str(space.dtype)
+        observation_space = load(tmp_path / "runs/run/final_ckpt.pt")["observation_space"]
+        if trainer.__name__ == "ppo":  # PointMass's unbounded observations: null bounds
+            assert observation_space["low"] == [-np.inf] * 2 and description["observation_space"]["low"] == [None] * 2
+    # each file described in its own JSON, which the next export to the same stem leaves alone
+    assert {path.name: json.loads(path.read_text())["format"] for path in tmp_path.glob("policy*.json")} == {
+        f"policy.{fmt}.json": fmt for fmt in EXPORT_FORMATS}
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -160,6 +167,15 @@ def test_exported_recurrent_policy_carries_its_state_through_episodes(tmp_path, 
             starts_seen += int(start.sum())
         assert starts_seen == 4  # every env began a second episode on the way
     envs.close()
+
+
+def test_an_export_prints_its_line_and_nothing_of_torchs(tmp_path):
+    """A process of its own: the ONNX exporter's warnings (one per torchvision operator, without torchvision) come
+    once a process."""
+    trained(tmp_path, "ppo_Box")[2].close()
+    exported = run_script("ppo_eval.py", ["runs/run", "--export", "policy.onnx"], tmp_path, timeout=300)
+    assert exported.returncode == 0 and exported.stderr == "", exported.stderr
+    assert exported.stdout.startswith("policy      policy.onnx (onnx), described in policy.onnx.json; ")
 
 
 def test_export_refuses_another_suffix_in_one_line(tmp_path, capfd):

@@ -214,6 +214,16 @@ def test_video_for_gymnasium_env(tmp_path):
     assert all(video_frames(v)[0] == 17 for v in train_videos)  # a 16-step rollout and the frame it starts from
 
 
+@pytest.mark.parametrize("trainer", ["ppo.py", "ppo_rnn.py"])
+def test_a_video_recorded_without_a_display_prints_no_error_line(tmp_path, trainer):
+    """CartPole draws with pygame, whose SDL looks for a display and, finding none, would print "error:
+    XDG_RUNTIME_DIR is invalid or not set"; the trainer's lines are all the error lines a run prints."""
+    headless = {"DISPLAY": "", "WAYLAND_DISPLAY": "", "XDG_RUNTIME_DIR": ""}
+    result = run_script(trainer, fast_args("CartPole-v1", "vid", capture_video=True), tmp_path, extra_env=headless)
+    assert result.returncode == 0 and "error" not in result.stderr.lower(), result.stderr
+    assert list((tmp_path / "runs/vid/videos").glob("eval-episode-*.mp4"))
+
+
 def test_sigterm_then_resume_equals_uninterrupted_run(tmp_path):
     """Linear lr schedule, observation, reward and value normalization, a privileged critic's inputs and RNG streams
     all continue exactly. The siblings' SIGTERM and resume: tests/test_reliability.py's, under torchrun."""
