@@ -153,6 +153,9 @@ def check_flags(flags: list[str], fields: dict, source: str = "after --"):
                                 "(tune.py's own flags go before --)")
             if name in TUNE_SETS:
                 raise UserError(f"{given} ({source}): tune.py sets --{name} for each run from its own flags; drop it")
+            if name == "resume":
+                raise UserError(f"{given} ({source}): every trial trains from the start; to start each from a run's "
+                                "weights, give --checkpoint runs/RUN/final_ckpt.pt")
 
 
 def absolute_paths(flags: list[str]) -> list[str]:

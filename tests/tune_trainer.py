@@ -25,6 +25,7 @@ class Args:
     torch_threads: int = 0
     capture_video: bool = True
     fail: bool = False
+    resume: str | None = None  # as the trainers', which tune.py refuses
 
 
 def main():
