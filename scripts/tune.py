@@ -555,7 +555,10 @@ def run_trials(optuna, study, tuning: Tuning):
             values, ended = tuning.train(params, options.seed, options.seeds, f"trial_{trial.number}", trial)
             with lock:
                 tuning.beating.discard(trial._trial_id)
-                if ended == "stopped":  # train() says so of any trial that ran while tune.py was stopping
+                if tuning.storage.get_trial(trial._trial_id).state.is_finished():  # failed by another tune.py
+                    tqdm.write(f"warning: trial {trial.number} was failed as it ran, its heartbeats late (a busy "
+                               "machine or database: raise --heartbeat); its settings run again", file=sys.stderr)
+                elif ended == "stopped":  # train() says so of any trial that ran while tune.py was stopping
                     rerun_later(study, trial)
                 elif ended in ("complete", "pruned"):
                     failures.clear()

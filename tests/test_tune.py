@@ -77,7 +77,7 @@ def test_a_trial_worse_than_the_median_is_pruned_and_stopped(tmp_path, fast_poll
 
 def test_a_killed_tuning_continues_with_no_trial_counted_twice(tmp_path):
     argv = [sys.executable, str(REPO / "scripts/tune.py"), "--trainer", STAND_IN, "--env_id", "Tune-v0", "--trials",
-            "3", "--seeds", "2", "--jobs", "1", "--prune_after", "0", "--dir", "tuned", "--heartbeat", "1", "--space",
+            "3", "--seeds", "2", "--jobs", "1", "--prune_after", "0", "--dir", "tuned", "--heartbeat", "2", "--space",
             "x=0.0:6.0", "--", "--steps", "6", "--step_seconds", "0.5"]
     first = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
@@ -120,7 +120,7 @@ def as_host(hostname: str, argv: list[str]) -> list[str]:
 def tune_on(host: str, study: str, url: str, trials: int, step_seconds: float) -> list[str]:
     return as_host(host, [sys.executable, str(REPO / "scripts/tune.py"), "--trainer", STAND_IN, "--env_id", "Tune-v0",
                           "--trials", str(trials), "--seeds", "2", "--jobs", "1", "--prune_after", "0", "--heartbeat",
-                          "1", "--storage", url, "--study_name", study, "--dir", host, "--space", "x=0.0:6.0", "--",
+                          "2", "--storage", url, "--study_name", study, "--dir", host, "--space", "x=0.0:6.0", "--",
                           "--steps", "6", "--step_seconds", str(step_seconds)])
 
 
@@ -144,9 +144,9 @@ def test_two_machines_share_one_study_on_postgresql(tmp_path, postgresql):
 def test_a_tuning_killed_on_one_machine_is_finished_by_another(tmp_path, postgresql):
     """A live trial on another machine is left alone however long it runs; one whose tune.py was killed sends no
     heartbeat, is failed by the other machine's tune.py and run again there, and no more trials are counted."""
-    a = subprocess.Popen(tune_on("host-a", "killed", postgresql, 3, 0.5), cwd=tmp_path, stdout=subprocess.DEVNULL,
+    a = subprocess.Popen(tune_on("host-a", "killed", postgresql, 3, 1.5), cwd=tmp_path, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
-    b = subprocess.Popen(tune_on("host-b", "killed", postgresql, 3, 0.5), cwd=tmp_path, stdout=subprocess.DEVNULL,
+    b = subprocess.Popen(tune_on("host-b", "killed", postgresql, 3, 1.5), cwd=tmp_path, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
 
@@ -158,7 +158,7 @@ def test_a_tuning_killed_on_one_machine_is_finished_by_another(tmp_path, postgre
     while running_on() != {"host-a", "host-b"}:
         assert a.poll() is None and b.poll() is None and time.monotonic() < deadline
         time.sleep(0.2)
-    time.sleep(3)  # past the heartbeat's grace of 2 seconds, both alive
+    time.sleep(5)  # past the heartbeat's grace of 4 seconds, both alive
     trials = optuna.load_study(study_name="killed", storage=postgresql).trials
     assert "FAIL" not in [trial.state.name for trial in trials]
     cut = next(t for t in trials if t.state.name == "RUNNING" and t.user_attrs.get("host") == "host-a")
