@@ -248,6 +248,7 @@ class Tuning:
         self.stop = threading.Event()  # set by Ctrl-C, SIGTERM or errors: every train() stops its trainer
         self.storage = None  # Optuna's, open_study()'s
         self.beating = set()  # the ids of the trials this process runs, whose heartbeats it records
+        self.what = None  # the settings a study of this command holds, open_study()'s
 
     def command(self, params: dict, seed: int, num_seeds: int, exp_name: str, extra: list[str] = ()) -> list[str]:
         # the last of a flag's values counts: the confirmation's flags replace those after --, a trial's both
@@ -273,7 +274,10 @@ class Tuning:
     def train(self, params: dict, seed: int, num_seeds: int, name: str, trial=None,
               extra: list[str] = ()) -> tuple[list[float], str]:
         """Run the trainer in the tuning's directory; (each seed's final metric, how it ended: complete, pruned,
-        stopped or failed). With a trial, its intermediate IQMs go to the pruner, which may stop it."""
+        stopped, failed, or failed elsewhere: by another tune.py, its heartbeats late). With a trial, its
+        intermediate IQMs go to the pruner, which may stop it."""
+        from optuna.exceptions import UpdateFinishedTrialError
+
         run_dir, log = self.dir / "runs" / name, self.dir / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         paths = [os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])]  # where module:Env-v0 ids are found
@@ -283,29 +287,39 @@ class Tuning:
             process = subprocess.Popen(self.command(params, seed, num_seeds, name, extra), cwd=self.dir, env=env,
                                        stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
             self.children.add(process)
-            if trial is not None:
-                trial.set_user_attr("child", process.pid)
-            evaluations, pruned, stopped, ended = 0, False, False, False
-            while not ended:
-                ended = process.poll() is not None  # then its last evaluations are read once more
-                if self.stop.is_set() and not (stopped or ended):  # also where the stop came before it started
-                    stopped = True
-                    process.send_signal(signal.SIGTERM)  # the trainer saves a checkpoint and stops
-                # the pruner compares trials at their k-th evaluation (steps differ where --num_envs is searched),
-                # each evaluation however many one poll finds
-                for k, (_, value) in enumerate(progress(run_dir, self.options.metric) if trial is not None else []):
-                    if k < evaluations or pruned or stopped:
-                        continue
-                    evaluations = k + 1
-                    trial.report(value, k)
-                    if not ended and self.may_prune(trial.study, evaluations) and trial.should_prune():
-                        pruned = True
-                        trial.set_user_attr("pruned_at", evaluations)
-                        process.send_signal(signal.SIGTERM)
-                if not ended:
-                    time.sleep(POLL_SECONDS)
-            process.wait()
-            self.children.discard(process)
+            evaluations, pruned, stopped, ended, failed_elsewhere = 0, False, False, False, False
+            try:
+                if trial is not None:
+                    trial.set_user_attr("child", process.pid)
+                while not ended:
+                    ended = process.poll() is not None  # then its last evaluations are read once more
+                    if self.stop.is_set() and not (stopped or ended):  # also where the stop came before it started
+                        stopped = True
+                        process.send_signal(signal.SIGTERM)  # the trainer saves a checkpoint and stops
+                    # the pruner compares trials at their k-th evaluation (steps differ where --num_envs is searched),
+                    # each evaluation however many one poll finds
+                    for k, (_, value) in enumerate(progress(run_dir, self.options.metric) if trial else []):
+                        if k < evaluations or pruned or stopped or failed_elsewhere:
+                            continue
+                        evaluations = k + 1
+                        try:
+                            trial.report(value, k)
+                            if not ended and self.may_prune(trial.study, evaluations) and trial.should_prune():
+                                pruned = True
+                                trial.set_user_attr("pruned_at", evaluations)
+                                process.send_signal(signal.SIGTERM)
+                        except UpdateFinishedTrialError:  # another tune.py failed it: it runs again there
+                            failed_elsewhere = True
+                            process.send_signal(signal.SIGTERM)
+                    if not ended:
+                        time.sleep(POLL_SECONDS)
+            finally:
+                if process.poll() is None:  # an error of tune.py's own (a database away): the trainer stops too
+                    process.send_signal(signal.SIGTERM)
+                process.wait()
+                self.children.discard(process)
+        if failed_elsewhere:
+            return [], "failed elsewhere"
         if pruned:
             return [], "pruned"
         if stopped or self.stop.is_set():  # a trainer that stopped early may exit 0: its finals are not final
@@ -388,16 +402,24 @@ def open_study(optuna, tuning: Tuning):
     """Create the study, or join it where its settings are this command's (refused otherwise, before anything
     runs); trials of a tune.py that died are failed and wait to run again."""
     tuning.storage = open_storage(optuna, tuning)
-    tuning.dir.mkdir(parents=True, exist_ok=True)
+    name = tuning.options.study_name
+    try:
+        tuning.dir.mkdir(parents=True, exist_ok=True)
+        marker = tuning.dir / "study_name"  # its runs and logs are numbered by one study's trials
+        if marker.exists() and marker.read_text().strip() != name:
+            raise UserError(f"--dir {tuning.options.dir} holds the runs of study {marker.read_text().strip()!r}, "
+                            f"whose trial numbers {name!r}'s would reuse: give each study its own --dir")
+        marker.write_text(name + "\n")
+    except OSError as e:
+        raise UserError(f"--dir {tuning.options.dir} cannot be written ({e}): give a directory you can write") from e
     trainer = tuning.trainer.read_bytes()
     what = {"trainer": f"{tuning.trainer.name} (sha256 {hashlib.sha256(trainer).hexdigest()[:12]})",
             "env_id": tuning.options.env_id, "flags": tuning.options.flags,
             "space": [dataclasses.asdict(d) for d in tuning.space], "seeds": tuning.options.seeds,
-            "seed": tuning.options.seed, "metric": tuning.options.metric}
-    what = json.loads(json.dumps(what))  # as the storage gives it back (tuples as lists)
+            "seed": tuning.options.seed, "metric": tuning.options.metric, "heartbeat": tuning.options.heartbeat}
+    tuning.what = what = json.loads(json.dumps(what))  # as the storage gives it back (tuples as lists)
     pruner = (optuna.pruners.MedianPruner(n_startup_trials=tuning.options.prune_after) if tuning.options.prune_after
               else optuna.pruners.NopPruner())
-    name = tuning.options.study_name
     try:  # atomic: of processes starting together, one creates the study and says its settings
         study = optuna.create_study(study_name=name, storage=tuning.storage, direction="maximize", pruner=pruner)
         study.set_user_attr("tuning", what)
@@ -405,8 +427,6 @@ def open_study(optuna, tuning: Tuning):
         study = optuna.load_study(study_name=name, storage=tuning.storage, pruner=pruner)
         optuna.storages.fail_stale_trials(study)
         check_settings(optuna, study, tuning, what)
-    # seeded by how far the study is, so that a continued or joining process draws on rather than again
-    study.sampler = optuna.samplers.TPESampler(seed=tuning.options.sampler_seed + len(study.trials))
     return study
 
 
@@ -423,11 +443,15 @@ def check_settings(optuna, study, tuning: Tuning, what: dict):
                                                                       states.WAITING)):
         study.set_user_attr("tuning", what)
         return
-    changed = "; ".join(f"{key} {shown(key, saved.get(key))} there, {shown(key, what[key])} here" for key in what
-                        if saved.get(key) != what[key])
+    raise other_settings(study, tuning, saved)
+
+
+def other_settings(study, tuning: Tuning, saved: dict) -> UserError:
+    changed = "; ".join(f"{key} {shown(key, saved.get(key))} there, {shown(key, tuning.what[key])} here"
+                        for key in tuning.what if saved.get(key) != tuning.what[key])
     where = (f"--storage's study {study.study_name!r}" if tuning.options.storage else str(tuning.dir))
-    raise UserError(f"{where} holds a tuning of other settings ({changed}): continue it with its own command (logs/ "
-                    "holds its trials' commands), or give another --dir or --study_name")
+    return UserError(f"{where} holds a tuning of other settings ({changed}): continue it with its own command "
+                     "(logs/ holds its trials' commands), or give another --dir or --study_name")
 
 
 def shown(key: str, value) -> str:
@@ -438,33 +462,47 @@ def shown(key: str, value) -> str:
     return shlex.join(value) if key == "flags" and isinstance(value, list) else str(value)
 
 
-def rerun_later(study, trial):
-    """A trial cut short fails, so that it counts nowhere, and its settings wait to run again (once, where two
-    processes fail it together)."""
-    optuna = optuna_module()
-    if study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True).state.name != "FAIL":
-        return
-    if not any(other.user_attrs.get("rerun_of") == trial.number for other in study.get_trials(deepcopy=False)):
+def rerun_later(tuning: Tuning, study, trial):
+    """A trial cut short fails, so that it counts nowhere, and its settings wait to run again: enqueued by the one
+    process whose write failed it, where two try at once."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    try:
+        failed = tuning.storage.set_trial_state_values(trial._trial_id, state=optuna_module().trial.TrialState.FAIL)
+    except UpdateFinishedTrialError:
+        failed = False
+    if failed:
         study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number})
 
 
 def cut_short(study, trial):
-    """Optuna's callback of a trial failed for want of heartbeats: its tune.py died. Its settings run again; its
-    trainer, where it runs on this machine, is stopped."""
+    """Optuna's callback of a trial that fail_stale_trials() failed for want of heartbeats (only in the process
+    that failed it): its tune.py died. Its settings run again; its trainer, where it runs on this machine, stops."""
     if trial.user_attrs.get("host") == socket.gethostname():
         stop_left_behind(trial)
-    rerun_later(study, trial)
+    study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number})
 
 
-def heartbeats(tuning: Tuning, done: threading.Event):
+def heartbeats(tuning: Tuning, study, done: threading.Event):
     """Every --heartbeat seconds, a heartbeat of each trial this process runs (Optuna's own heartbeat thread runs
-    inside study.optimize(), which tune.py's trials, asked for and told, do not)."""
+    inside study.optimize(), which tune.py's trials, asked for and told, do not), and the trials of a tune.py that
+    died failed (their trainers here stopped) however long this one's trials run."""
+    optuna = optuna_module()
     while not done.wait(tuning.options.heartbeat):
-        for trial_id in list(tuning.beating):
-            try:
+        try:
+            for trial_id in list(tuning.beating):
                 tuning.storage.record_heartbeat(trial_id)
-            except Exception as e:  # noqa: BLE001 (a database away a while: the next beat may reach it)
-                print(f"warning: no heartbeat recorded: {type(e).__name__}: {str(e).splitlines()[0]}", file=sys.stderr)
+            optuna.storages.fail_stale_trials(study)
+        except Exception as e:  # noqa: BLE001 (a database away a while: the next beat may reach it)
+            tqdm_write(f"warning: no heartbeat recorded: {first_line(e)}")
+
+
+def first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+
+
+def tqdm_write(line: str):
+    from tqdm import tqdm
+    tqdm.write(line, file=sys.stderr)
 
 
 def tune(options):
@@ -529,13 +567,15 @@ def run_trials(optuna, study, tuning: Tuning):
         try:
             work()
         except Exception as e:  # a thread's error would otherwise end it unseen, its trial left running
-            errors.append(f"{type(e).__name__}: {e}")
+            errors.append(str(e) if isinstance(e, UserError) else first_line(e))
             stop.set()
 
     def work():
         while not stop.is_set():
             with lock:
                 optuna.storages.fail_stale_trials(study)
+                if (saved := study.user_attrs.get("tuning")) != tuning.what:  # replaced by a command of its own
+                    raise other_settings(study, tuning, saved)
                 if counted() >= options.trials:
                     return
                 # the trials that run, in this process or another, may yet fail and run again: wait for them
@@ -543,40 +583,62 @@ def run_trials(optuna, study, tuning: Tuning):
                     trial = None
                     show()
                 else:
-                    trial = study.ask()
-                    tuning.storage.record_heartbeat(trial._trial_id)  # Optuna's own Trial has no public id
-                    tuning.beating.add(trial._trial_id)
-                    trial.set_user_attr("pid", os.getpid())
-                    trial.set_user_attr("host", socket.gethostname())
+                    trial, params = ask()
             if trial is None:
                 stop.wait(options.heartbeat)
                 continue
-            params = {dimension.name: dimension.suggest(trial) for dimension in tuning.space}
             values, ended = tuning.train(params, options.seed, options.seeds, f"trial_{trial.number}", trial)
             with lock:
                 tuning.beating.discard(trial._trial_id)
-                if tuning.storage.get_trial(trial._trial_id).state.is_finished():  # failed by another tune.py
-                    tqdm.write(f"warning: trial {trial.number} was failed as it ran, its heartbeats late (a busy "
-                               "machine or database: raise --heartbeat); its settings run again", file=sys.stderr)
-                elif ended == "stopped":  # train() says so of any trial that ran while tune.py was stopping
-                    rerun_later(study, trial)
-                elif ended in ("complete", "pruned"):
-                    failures.clear()
-                    if ended == "complete":
-                        trial.set_user_attr("finals", values)
-                    study.tell(trial, iqm(values) if values else None,
-                               state=states.COMPLETE if values else states.PRUNED)
-                else:
-                    study.tell(trial, state=states.FAIL)
-                    failures.append(f"trial {trial.number} {ended}")
-                    # the first trial failing for its input (exit 2: a trainer's refusal), or a metric never logged
-                    if not counted() and ("exit 2)" in ended or "logged no" in ended) or len(failures) >= MAX_FAILURES:
-                        errors.append(failures[-1] if len(failures) == 1 else
-                                      f"{len(failures)} trials failed in a row; the last: {failures[-1]}")
-                        stop.set()
-                    else:
-                        tqdm.write(f"warning: trial {trial.number} {ended}", file=sys.stderr)
+                try:
+                    if ended == "failed elsewhere" or tuning.storage.get_trial(trial._trial_id).state.is_finished():
+                        raise optuna.exceptions.UpdateFinishedTrialError  # as telling it would
+                    tell(trial, values, ended)
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    tqdm.write(f"warning: trial {trial.number} was failed by another tune.py as it ran, its "
+                               "heartbeats late (a busy machine or database: a larger --heartbeat); its settings run "
+                               "again", file=sys.stderr)
                 show()
+
+    def ask():
+        """A trial, and its settings: drawn by a sampler seeded by its number, so that workers starting together
+        draw apart; one that processes asking together took past --trials fails, marked surplus, counted nowhere."""
+        trial = study.ask()
+        try:
+            tuning.storage.record_heartbeat(trial._trial_id)  # Optuna's own Trial has no public id
+        except Exception:
+            study.tell(trial, state=states.FAIL)  # without a heartbeat, it would never be found stale
+            raise
+        tuning.beating.add(trial._trial_id)
+        trial.set_user_attr("host", socket.gethostname())
+        before = study.get_trials(deepcopy=False, states=(*counted_states(optuna), states.RUNNING))
+        if sum(other.number < trial.number for other in before) >= options.trials:
+            trial.set_user_attr("surplus", True)
+            study.tell(trial, state=states.FAIL)
+            tuning.beating.discard(trial._trial_id)
+            return None, None
+        study.sampler = optuna.samplers.TPESampler(seed=options.sampler_seed + trial.number)
+        return trial, {dimension.name: dimension.suggest(trial) for dimension in tuning.space}
+
+    def tell(trial, values: list[float], ended: str):
+        if ended == "stopped":  # train() says so of any trial that ran while tune.py was stopping
+            rerun_later(tuning, study, trial)
+        elif ended in ("complete", "pruned"):
+            failures.clear()
+            if ended == "complete":
+                trial.set_user_attr("finals", values)
+            study.tell(trial, iqm(values) if values else None, state=states.COMPLETE if values else states.PRUNED,
+                       skip_if_finished=True)
+        else:
+            study.tell(trial, state=states.FAIL, skip_if_finished=True)
+            failures.append(f"trial {trial.number} {ended}")
+            # the first trial failing for its input (exit 2: a trainer's refusal), or a metric never logged
+            if not counted() and ("exit 2)" in ended or "logged no" in ended) or len(failures) >= MAX_FAILURES:
+                errors.append(failures[-1] if len(failures) == 1 else
+                              f"{len(failures)} trials failed in a row; the last: {failures[-1]}")
+                stop.set()
+            else:
+                tqdm.write(f"warning: trial {trial.number} {ended}", file=sys.stderr)
 
     def show():
         bar.n = min(counted(), options.trials)
@@ -586,7 +648,7 @@ def run_trials(optuna, study, tuning: Tuning):
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(options.jobs)]
     done = threading.Event()
-    threading.Thread(target=heartbeats, args=(tuning, done), daemon=True).start()
+    threading.Thread(target=heartbeats, args=(tuning, study, done), daemon=True).start()
     try:
         for thread in threads:
             thread.start()
@@ -639,7 +701,8 @@ def report(optuna, study, tuning: Tuning):
         raise UserError(f"no trial of {tuning.dir} completed (see {tuning.dir / 'logs'})")
     pruned = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,))
     names = [dimension.name for dimension in tuning.space]
-    failed = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)))
+    failed = len([trial for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+                  if not trial.user_attrs.get("surplus")])
     lines = [f"{len(complete)} trials completed, {len(pruned)} pruned, {failed} failed (cut trials among them, run "
              f"again); {tuning.options.metric}, IQM of {tuning.options.seeds} seeds [95% interval]\n",
              *savings(complete, pruned), f"The best {min(TOP, len(complete))} of the {len(complete)} completed:\n",
@@ -723,14 +786,14 @@ def confirm(study, tuning: Tuning, best, seeds: int) -> tuple[list[str], list[Pa
         run_dir = run_dirs[name]
         run_name = run_dir.name
         try:
-            values = study.user_attrs.get(run_name)
+            values = study.user_attrs.get(f"{run_name}_from_seed{first}")
             if values is None:
                 if run_dir.exists():  # a confirmation cut short: set aside, so that no seed's curve reads on into it
                     run_dir.rename(run_dir.with_name(f"{run_name}_cut_{time.strftime('%Y%m%d-%H%M%S')}"))
                 values, ended = tuning.train(settings, first, seeds, run_name, extra=extra)
                 if ended != "complete":
                     raise UserError(f"--confirm: the {name} run {ended}")
-                study.set_user_attr(run_name, values)
+                study.set_user_attr(f"{run_name}_from_seed{first}", values)
             results[name] = values
         except Exception as e:  # the other run stops too
             errors.append(e if isinstance(e, UserError) else UserError(f"--confirm: {type(e).__name__}: {e}"))
@@ -783,10 +846,14 @@ def one_at_a_time(path: Path):
     """An exclusive lock of path (flock: released when its process ends, however it ends)."""
     with open(path, "a") as lock:
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"waiting for another tune.py's confirmation ({path})", file=sys.stderr)
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(f"waiting for another tune.py's confirmation ({path})", file=sys.stderr)
+                fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError as e:  # a file system without locks (some NFS and Lustre mounts)
+            raise UserError(f"--confirm cannot lock {path} ({e.strerror}): give a --dir on a local file "
+                            "system") from e
         yield
 
 
@@ -862,8 +929,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, help="the tuning's directory (default: tunes/{env}__{trainer})")
     parser.add_argument("--storage", metavar="URL", help="the study's database, an SQLAlchemy URL that Optuna's "
                         "RDBStorage takes, shared by tune.py processes on several machines (docs/tuning.md), such as "
-                        "postgresql://USER@HOST/DB (default: study.db, SQLite, in --dir)")
-    parser.add_argument("--study_name", default="tune", help="the study's name in --storage")
+                        "postgresql+psycopg://USER@HOST/DB (default: study.db, SQLite, in --dir)")
+    parser.add_argument("--study_name", default="tune", help="the study's name in its storage (--storage or "
+                        "study.db); a --dir holds the runs of one study")
     parser.add_argument("--heartbeat", type=int, default=10, metavar="SECONDS", help="a running trial's heartbeat: "
                         "one whose tune.py recorded none for twice this, on any machine, is failed and runs again")
     options = parser.parse_args(own)

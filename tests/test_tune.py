@@ -126,13 +126,16 @@ def tune_on(host: str, study: str, url: str, trials: int, step_seconds: float) -
 
 def test_two_machines_share_one_study_on_postgresql(tmp_path, postgresql):
     """--storage: two tune.py on machines of other names, each with its own directory, meet the trials asked for
-    together, no trial counted twice, and rank the same best."""
+    together, no trial counted twice (any asked for past --trials at once is failed as surplus), draw apart though
+    they start together, and rank the same best."""
     workers = [subprocess.Popen(tune_on(host, "shared", postgresql, 5, 0.2), cwd=tmp_path, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True) for host in ("host-a", "host-b")]
     outputs = [worker.communicate(timeout=300) for worker in workers]
     assert [worker.returncode for worker in workers] == [0, 0], [err[-2000:] for _, err in outputs]
     trials = optuna.load_study(study_name="shared", storage=postgresql).trials
-    assert [trial.state.name for trial in trials] == ["COMPLETE"] * 5
+    assert all(trial.user_attrs.get("surplus") for trial in trials if trial.state.name != "COMPLETE")
+    trials = [trial for trial in trials if trial.state.name == "COMPLETE"]
+    assert len(trials) == 5 and len({trial.params["x"] for trial in trials}) == 5
     for trial in trials:  # each trial ran once, on the machine that says so, in that machine's directory
         ran_in = [host for host in ("host-a", "host-b") if (tmp_path / host / f"runs/trial_{trial.number}").is_dir()]
         assert ran_in == [trial.user_attrs["host"]]
@@ -171,6 +174,39 @@ def test_a_tuning_killed_on_one_machine_is_finished_by_another(tmp_path, postgre
     assert [t.state.name for t in trials].count("COMPLETE") == 3
     rerun, = [t for t in trials if t.user_attrs.get("rerun_of") == cut.number]
     assert rerun.params == cut.params and rerun.state.name == "COMPLETE" and rerun.user_attrs["host"] == "host-b"
+
+
+def test_a_trial_whose_heartbeats_stop_is_failed_and_run_again_and_its_late_result_dropped(tmp_path, fast_polls,
+                                                                                           monkeypatch, capsys):
+    """Trial 0's heartbeats stop after its first (a stalled machine): the other job's wait fails it past the grace,
+    stops its trainer and runs its settings again; the late run's end is a warning, not an error."""
+    record_heartbeat, beats = optuna.storages.RDBStorage.record_heartbeat, {}
+
+    def late_for_the_first(storage, trial_id):
+        beats[trial_id] = beats.get(trial_id, 0) + 1
+        if trial_id != min(beats) or beats[trial_id] == 1:
+            record_heartbeat(storage, trial_id)
+    monkeypatch.setattr(optuna.storages.RDBStorage, "record_heartbeat", late_for_the_first)
+    argv = ["--trainer", STAND_IN, "--env_id", "Tune-v0", "--trials", "1", "--seeds", "1", "--jobs", "2",
+            "--heartbeat", "1", "--prune_after", "0", "--dir", "tuned", "--space", "x=0.0:6.0", "--", "--steps", "20",
+            "--step_seconds", "0.3"]
+    assert tune.main(argv) == 0
+    trials = study_of(tmp_path / "tuned").trials
+    assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"] and trials[1].user_attrs["rerun_of"] == 0
+    assert trials[1].params == trials[0].params
+    assert "warning: trial 0 was failed by another tune.py as it ran" in capsys.readouterr().err
+    steps, _, _ = tune.read_scalars(tmp_path / "tuned/runs/trial_0", "eval/return")
+    assert len(steps) < 20  # its trainer was stopped
+
+
+def test_a_directory_holds_one_studys_runs(tmp_path, fast_polls, capsys):
+    argv = ["--trainer", STAND_IN, "--env_id", "Tune-v0", "--trials", "1", "--seeds", "1", "--dir", "tuned",
+            "--space", "x=0.0:6.0"]
+    assert tune.main(argv) == 0
+    capsys.readouterr()
+    assert tune.main(argv + ["--study_name", "other"]) == 2
+    assert "error: --dir tuned holds the runs of study 'tune', whose trial numbers 'other''s would reuse" in (
+        capsys.readouterr().err)
 
 
 def test_a_tuning_of_other_settings_is_refused_and_the_running_one_goes_on(tmp_path, fast_polls, capsys):
