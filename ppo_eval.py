@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.util
+import itertools
 import json
 import logging
 import math
@@ -354,6 +355,10 @@ def prepare_output_dir(args: EvalArgs, checkpoint: Path) -> Optional[Path]:
         output_dir = Path(args.output_dir)
     else:
         output_dir = checkpoint.parent / "eval" / f"{checkpoint.stem}__seed{args.seed}__{int(time.time())}"
+        for k in itertools.count(2):  # another evaluation of this second's
+            if not output_dir.exists():
+                break
+            output_dir = output_dir.with_name(f"{output_dir.name.rpartition('__')[0]}__{int(time.time())}_{k}")
     if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
         raise UserError(f"{output_dir} already exists and is not an empty directory; its files stay as they are: "
                         "pass another --output_dir")

@@ -2486,7 +2486,7 @@ class TorchEnvContract:
 
     def __init__(self, env: gym.vector.VectorEnv, env_id: str, check_every: int):
         self.env, self.env_id, self.check_every = env, env_id, check_every
-        self.episode_keys: Optional[set[str]] = None  # of info["final_info"]["episode"], the same every time
+        self.episode_keys: Optional[set[str]] = None  # of info["final_info"]["episode"], the same each step
         self.steps = 0
         self.unreported: Optional[torch.Tensor] = None  # whether an episode ended on a step without info["final_obs"]
 
@@ -2532,13 +2532,12 @@ class TorchEnvContract:
             if "final_obs" not in info and ("final_info" in info or "_final_obs" in info):
                 raise UserError(f"{self.env_id}'s step() returned info['final_info'] or info['_final_obs'] without "
                                 "info['final_obs']: give the final observations where episodes end (docs/ppo.md)")
-            if "final_info" in info:
+            if "final_obs" in info:  # the finished episodes' metrics are stacked over these steps
                 self.episode_keys = set(episode) if self.episode_keys is None else self.episode_keys
                 if set(episode) != self.episode_keys:
                     raise UserError(f"{self.env_id}'s step() returned info['final_info']['episode'] with keys "
-                                    f"{sorted(episode)}, and {sorted(self.episode_keys)} before: the same every time "
-                                    "(docs/ppo.md)")
-            if "final_obs" in info:
+                                    f"{sorted(episode)}, and {sorted(self.episode_keys)} before: the same on every "
+                                    "step that gives info['final_obs'] (docs/ppo.md)")
                 leaves += self.observation_leaves("info['final_obs']", info["final_obs"])
             leaves += [(f"info['final_info']['episode'][{key!r}]", x, ()) for key, x in episode.items()]
         for name, x, shape in leaves:

@@ -383,10 +383,10 @@ def open_storage(optuna, tuning: Tuning):
                 return optuna.storages.RDBStorage(
                     url, engine_kwargs={} if url.startswith("sqlite") else {"pool_pre_ping": True},  # idle links drop
                     heartbeat_interval=tuning.options.heartbeat, failed_trial_callback=cut_short)
-            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+            except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError, sqlalchemy.exc.OperationalError):
                 if attempt == 4:
                     raise
-                time.sleep(1)  # workers starting together create the tables together: one of them wins
+                time.sleep(1)  # workers starting together create the tables together (one wins), or lock SQLite's
     except Exception as e:  # SQLAlchemy's: a driver missing, a URL that does not parse, a server that does not answer
         missing = e
         while missing is not None and not isinstance(missing, ModuleNotFoundError):  # Optuna rewords an ImportError

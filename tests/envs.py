@@ -303,13 +303,17 @@ class PointMassVector(gym.vector.VectorEnv):
     info["final_obs"] with the mask info["_final_obs"], every step, so that nothing waits for the device). Its
     episodes are those of PointMass's SyncVectorEnv bit for bit (x in float64, observations cast to float32).
     final_obs_where_ended: info holds them on the steps where an episode ended alone, as Gymnasium's SyncVectorEnv
-    gives them (its envs step in lockstep, so it knows which steps those are without reading the device)."""
+    gives them (its envs step in lockstep, so it knows which steps those are without reading the device).
+    longer_for_odd_seeds: reset(seed=s) with s odd makes the time limit 3 steps longer, so that the blocks of
+    --num_seeds end their episodes on different steps."""
 
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
 
     def __init__(self, num_envs: int = 1, max_episode_steps: int = EPISODE_STEPS, device: str = "cpu",
-                 terminate_odd_episodes: bool = False, final_obs_where_ended: bool = False):
+                 terminate_odd_episodes: bool = False, final_obs_where_ended: bool = False,
+                 longer_for_odd_seeds: bool = False):
         self.num_envs, self.max_episode_steps, self.device = num_envs, max_episode_steps, torch.device(device)
+        self.time_limit, self.longer_for_odd_seeds = max_episode_steps, longer_for_odd_seeds
         self.terminate_odd_episodes, self.final_obs_where_ended = terminate_odd_episodes, final_obs_where_ended
         self.lockstep_t, self.lockstep_episodes = 0, 0  # every env's, on the host
         self.single_observation_space, self.single_action_space = PointMass.observation_space, PointMass.action_space
@@ -323,6 +327,8 @@ class PointMassVector(gym.vector.VectorEnv):
         return torch.stack([self.x, self.t / EPISODE_STEPS], dim=1).float()
 
     def reset(self, *, seed=None, options=None):
+        if self.longer_for_odd_seeds and seed is not None:
+            self.max_episode_steps = self.time_limit + 3 * (seed % 2)
         self.x.fill_(1.0)
         self.t.zero_()
         self.episodes += 1
@@ -355,6 +361,10 @@ gym.register("PointMassEndsTorch-v0", vector_entry_point=PointMassVector, max_ep
              kwargs={"terminate_odd_episodes": True})
 gym.register("PointMassEndsWhereEndedTorch-v0", vector_entry_point=PointMassVector, max_episode_steps=EPISODE_STEPS,
              kwargs={"terminate_odd_episodes": True, "final_obs_where_ended": True})
+for where_ended in (False, True):
+    gym.register(f"PointMassEndsBySeed{'WhereEnded' * where_ended}Torch-v0", vector_entry_point=PointMassVector,
+                 max_episode_steps=EPISODE_STEPS, kwargs={"terminate_odd_episodes": True, "longer_for_odd_seeds": True,
+                                                          "final_obs_where_ended": where_ended})
 
 
 class PointMassPixelsVector(PointMassVector):

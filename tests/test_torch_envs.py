@@ -184,12 +184,21 @@ def test_each_seed_of_a_torch_env_trains_as_a_run_of_that_seed_alone(tmp_path, m
 
 def test_seeds_of_an_env_that_gives_final_observations_where_episodes_ended_train_as_with_them_every_step(
         tmp_path, monkeypatch):
-    """--num_seeds 2: each seed's env gives them on its own steps, and the blocks' infos are merged (the others'
-    observations stand in): the same weights as the env that gives them every step, bit for bit."""
+    """--num_seeds 2: each seed's env gives them on its own steps (the seeds' episodes end on different steps),
+    and the blocks' infos are merged (the others' observations stand in): the same weights as the env that gives them
+    every step, bit for bit."""
     monkeypatch.chdir(tmp_path)
-    flags = dict(num_envs=4, num_steps=24, total_timesteps=4 * 24 * 3, num_seeds=2, max_episode_steps=12)
-    for name, env_id in (("every", "PointMassEndsTorch-v0"), ("where", "PointMassEndsWhereEndedTorch-v0")):
+    flags = dict(num_envs=4, num_steps=24, total_timesteps=4 * 24 * 3, num_seeds=2)
+    merged, step = [], ppo.EnvBlocks.step
+
+    def recording_step(self, action):
+        result = step(self, action)
+        merged.append(sum(block.env.lockstep_t == 0 for block in self.blocks) == 1)  # one block's episodes ended
+        return result
+    monkeypatch.setattr(ppo.EnvBlocks, "step", recording_step)
+    for name, env_id in (("every", "PointMassEndsBySeedTorch-v0"), ("where", "PointMassEndsBySeedWhereEndedTorch-v0")):
         assert ppo.cli(fast_args(f"tests.envs:{env_id}", name, **flags)) == 0
+    assert any(merged)  # steps where one block's episodes ended and the other's did not
     for seed in (1, 2):
         every, where = (load(tmp_path / f"runs/{name}/{name}__seed{seed}/final_ckpt.pt") for name in ("every", "where"))
         for key in every["model"]:
@@ -289,6 +298,14 @@ class InfoNone(tests.envs.PointMassVector):
         return *super().step(action)[:4], None
 
 
+class SomeStepsMetrics(tests.envs.PointMassVector):
+    def step(self, action):
+        *out, info = super().step(action)
+        if int(self.t[0]) % 2:
+            info["final_info"] = {"episode": {"success_once": torch.zeros(self.num_envs)}}
+        return *out, info
+
+
 class ChangingMetrics(tests.envs.PointMassVector):
     def step(self, action):
         *out, info = super().step(action)
@@ -324,8 +341,8 @@ class BrokenConstructor(tests.envs.PointMassVector):
 
 
 for broken in (NextStepReset, NoFinalObs, NoDeviceArgument, NoDeviceKept, WrongShape, NumpyOut, FourTuple,
-               BareReset, InfoNone, ChangingMetrics, FinalInfoList, FinalInfoWithoutFinalObs, MissesAnEnd,
-               BrokenConstructor):
+               BareReset, InfoNone, SomeStepsMetrics, ChangingMetrics, FinalInfoList, FinalInfoWithoutFinalObs,
+               MissesAnEnd, BrokenConstructor):
     gym.register(f"{broken.__name__}-v0", vector_entry_point=broken, max_episode_steps=tests.envs.EPISODE_STEPS)
 
 
@@ -341,6 +358,7 @@ for broken in (NextStepReset, NoFinalObs, NoDeviceArgument, NoDeviceKept, WrongS
     ("tests.test_torch_envs:FourTuple-v0", {}, "step() returned tuple, not (obs, reward, terminated, truncated, info)"),
     ("tests.test_torch_envs:BareReset-v0", {}, "reset() returned Tensor, not (obs, info)"),
     ("tests.test_torch_envs:InfoNone-v0", {}, "step() returned info NoneType, not a dict"),
+    ("tests.test_torch_envs:SomeStepsMetrics-v0", {}, "with keys [], and ['success_once'] before"),
     ("tests.test_torch_envs:ChangingMetrics-v0", {}, "with keys ['fail_once'], and ['success_once'] before"),
     ("tests.test_torch_envs:FinalInfoList-v0", {}, "returned info['final_info'] list with 'episode' NoneType: a dict"),
     ("tests.test_torch_envs:FinalInfoWithoutFinalObs-v0", {}, "info['final_info'] or info['_final_obs'] without "

@@ -100,7 +100,8 @@ def test_a_killed_tuning_continues_with_no_trial_counted_twice(tmp_path):
 @pytest.fixture(scope="module")
 def postgresql(tmp_path_factory):
     """A PostgreSQL server of the tests' own (pgserver's wheel ships its binaries; as root it runs them as a user of
-    its own), started here and stopped after the module's tests: its URL."""
+    its own, pgserver, which it adds, and opens the directories above its data and binaries to others' reading and
+    traversal), started here and stopped after the module's tests: its URL."""
     import pgserver
 
     server = pgserver.get_server(tmp_path_factory.mktemp("postgresql") / "data", cleanup_mode="stop")
