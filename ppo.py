@@ -2712,7 +2712,10 @@ FLAGS_OF_SOME_TRAINERS = {
     "obs_mode": "ppo_rgb.py", "include_state": "ppo_rgb.py", "aug_shift": "ppo_rgb.py", "clip_reward": "ppo_rgb.py",
     "agent_obs": "ippo.py", "centralized_critic": "ippo.py", "env_kwargs": "ippo.py", "share_parameters": "ippo.py"}
 # Flags of ManiSkill's baselines whose job another program of the project does: what to run instead
-FLAGS_OF_OTHER_PROGRAMS = {"evaluate": "evaluate a checkpoint with python ppo_eval.py runs/RUN (docs/checkpoints.md)"}
+FLAGS_OF_OTHER_PROGRAMS = {
+    "evaluate": "evaluate a checkpoint with python ppo_eval.py runs/RUN (docs/checkpoints.md)",
+    "save_trajectory": "record a checkpoint's ManiSkill trajectories with python ppo_eval.py runs/RUN "
+                       "--save_trajectory (docs/evaluation.md)"}
 
 
 def parse_args(argv: list[str]) -> Args:

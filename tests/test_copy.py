@@ -250,3 +250,6 @@ def test_a_trainer_given_another_trainers_flag_names_whose_it_is(tmp_path, capfd
     refusal = refused_in_one_line(ppo_rnn, ["--evaluate", "--checkpoint", "x.pt"], tmp_path, capfd, whole_process=False)
     assert refusal == ("error: --evaluate is not a flag of ppo_rnn.py: evaluate a checkpoint with python ppo_eval.py "
                        "runs/RUN (docs/checkpoints.md)")
+    refusal = refused_in_one_line(ippo, ["--save_trajectory"], tmp_path, capfd, whole_process=False)
+    assert refusal == ("error: --save_trajectory is not a flag of ippo.py: record a checkpoint's ManiSkill "
+                       "trajectories with python ppo_eval.py runs/RUN --save_trajectory (docs/evaluation.md)")
