@@ -2524,11 +2524,11 @@ class TorchEnvContract:
         leaves = [*self.observation_leaves("obs", obs), *((name, x, ()) for name, x in zip(names[1:], per_env))]
         if call == "step()":
             final_info = info.get("final_info", {})
-            episode = final_info.get("episode", {}) if isinstance(final_info, dict) else None
+            episode = final_info.get("episode", {}) if isinstance(final_info, dict) else final_info
             if not isinstance(episode, dict):
-                raise UserError(f"{self.env_id}'s step() returned info['final_info'] {type(final_info).__name__} "
-                                "with 'episode' " f"{type(episode).__name__}: a dict whose 'episode' is a dict of "
-                                "tensors (docs/ppo.md)")
+                given = "info['final_info']" + ("['episode']" if isinstance(final_info, dict) else "")
+                raise UserError(f"{self.env_id}'s step() returned {given} {type(episode).__name__}, not a dict: "
+                                "info['final_info']['episode'] is a dict of tensors (docs/ppo.md)")
             if "final_obs" not in info and ("final_info" in info or "_final_obs" in info):
                 raise UserError(f"{self.env_id}'s step() returned info['final_info'] or info['_final_obs'] without "
                                 "info['final_obs']: give the final observations where episodes end (docs/ppo.md)")

@@ -370,11 +370,7 @@ def open_storage(optuna, tuning: Tuning):
     if url is None:
         tuning.dir.mkdir(parents=True, exist_ok=True)
         url = f"sqlite:///{tuning.dir / 'study.db'}"
-    try:
-        from sqlalchemy.engine import make_url
-        shown_url = make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 (RDBStorage says what is wrong with it below)
-        shown_url = url
+    shown_url = storage_name(url)
     import sqlalchemy
 
     try:
@@ -398,20 +394,26 @@ def open_storage(optuna, tuning: Tuning):
         raise UserError(f"--storage {shown_url}: {reason}") from e
 
 
+def storage_name(url: str) -> str:
+    """The URL with its password hidden, as lines show it."""
+    try:
+        from sqlalchemy.engine import make_url
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 (RDBStorage says what is wrong with it)
+        return url
+
+
 def open_study(optuna, tuning: Tuning):
     """Create the study, or join it where its settings are this command's (refused otherwise, before anything
-    runs); trials of a tune.py that died are failed and wait to run again."""
-    tuning.storage = open_storage(optuna, tuning)
+    runs); trials of a tune.py that died are failed and wait to run again. A refused command writes nothing."""
     name = tuning.options.study_name
-    try:
-        tuning.dir.mkdir(parents=True, exist_ok=True)
-        marker = tuning.dir / "study_name"  # its runs and logs are numbered by one study's trials
-        if marker.exists() and marker.read_text().strip() != name:
-            raise UserError(f"--dir {tuning.options.dir} holds the runs of study {marker.read_text().strip()!r}, "
-                            f"whose trial numbers {name!r}'s would reuse: give each study its own --dir")
-        marker.write_text(name + "\n")
-    except OSError as e:
-        raise UserError(f"--dir {tuning.options.dir} cannot be written ({e}): give a directory you can write") from e
+    # the directory's runs and logs are numbered by one study's trials
+    ours = f"{name} in {'study.db' if tuning.options.storage is None else storage_name(tuning.options.storage)}"
+    marker = tuning.dir / "study"
+    if marker.is_file() and (held := marker.read_text().strip()) != ours:
+        raise UserError(f"--dir {tuning.options.dir} holds the runs of study {held}, whose trial numbers {ours}'s "
+                        "would reuse: give each study its own --dir")
+    tuning.storage = open_storage(optuna, tuning)
     trainer = tuning.trainer.read_bytes()
     what = {"trainer": f"{tuning.trainer.name} (sha256 {hashlib.sha256(trainer).hexdigest()[:12]})",
             "env_id": tuning.options.env_id, "flags": tuning.options.flags,
@@ -427,6 +429,11 @@ def open_study(optuna, tuning: Tuning):
         study = optuna.load_study(study_name=name, storage=tuning.storage, pruner=pruner)
         optuna.storages.fail_stale_trials(study)
         check_settings(optuna, study, tuning, what)
+    try:
+        tuning.dir.mkdir(parents=True, exist_ok=True)
+        marker.write_text(ours + "\n")
+    except OSError as e:
+        raise UserError(f"--dir {tuning.options.dir} cannot be written ({e}): give a directory you can write") from e
     return study
 
 
@@ -477,6 +484,8 @@ def rerun_later(tuning: Tuning, study, trial):
 def cut_short(study, trial):
     """Optuna's callback of a trial that fail_stale_trials() failed for want of heartbeats (only in the process
     that failed it): its tune.py died. Its settings run again; its trainer, where it runs on this machine, stops."""
+    tqdm_write(f"warning: trial {trial.number}, run by a tune.py on {trial.user_attrs.get('host', 'a machine')} that "
+               "records no heartbeat, failed: its settings run again")
     if trial.user_attrs.get("host") == socket.gethostname():
         stop_left_behind(trial)
     study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number})

@@ -205,9 +205,16 @@ def test_a_directory_holds_one_studys_runs(tmp_path, fast_polls, capsys):
             "--space", "x=0.0:6.0"]
     assert tune.main(argv) == 0
     capsys.readouterr()
-    assert tune.main(argv + ["--study_name", "other"]) == 2
-    assert "error: --dir tuned holds the runs of study 'tune', whose trial numbers 'other''s would reuse" in (
-        capsys.readouterr().err)
+    for other, named in ((["--study_name", "other"], "other in study.db"),
+                         (["--storage", f"sqlite:///{tmp_path / 'elsewhere.db'}"], f"tune in sqlite:///{tmp_path}")):
+        assert tune.main(argv + other) == 2
+        assert (f"error: --dir tuned holds the runs of study tune in study.db, whose trial numbers {named}") in (
+            capsys.readouterr().err)
+    assert not (tmp_path / "elsewhere.db").exists()  # a refused command writes nothing
+    shared = ["--storage", f"sqlite:///{tmp_path / 'shared.db'}", "--study_name", "s"]
+    assert tune.main(argv[:-4] + ["--dir", "a", "--space", "x=0.0:6.0", *shared]) == 0
+    assert tune.main(argv[:-4] + ["--dir", "b", "--space", "x=0.0:1.0", *shared]) == 2  # other settings
+    assert not (tmp_path / "b").exists()
 
 
 def test_a_tuning_of_other_settings_is_refused_and_the_running_one_goes_on(tmp_path, fast_polls, capsys):
