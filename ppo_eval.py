@@ -354,11 +354,9 @@ def prepare_output_dir(args: EvalArgs, checkpoint: Path) -> Optional[Path]:
     if args.output_dir is not None:
         output_dir = Path(args.output_dir)
     else:
-        output_dir = checkpoint.parent / "eval" / f"{checkpoint.stem}__seed{args.seed}__{int(time.time())}"
-        for k in itertools.count(2):  # another evaluation of this second's
-            if not output_dir.exists():
-                break
-            output_dir = output_dir.with_name(f"{output_dir.name.rpartition('__')[0]}__{int(time.time())}_{k}")
+        first = checkpoint.parent / "eval" / f"{checkpoint.stem}__seed{args.seed}__{int(time.time())}"
+        names = itertools.chain([first], (first.with_name(f"{first.name}_{k}") for k in itertools.count(2)))
+        output_dir = next(path for path in names if not path.exists())  # another evaluation's of this second
     if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
         raise UserError(f"{output_dir} already exists and is not an empty directory; its files stay as they are: "
                         "pass another --output_dir")

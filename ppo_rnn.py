@@ -2529,11 +2529,10 @@ class EnvBlocks:
         if any("final_obs" in block_info for block_info in infos):
             info["final_obs"] = concatenated([block_info.get("final_obs", step[0]) for block_info, step in
                                               zip(infos, steps)])
-        episodes = [block_info["final_info"]["episode"] for block_info in infos if "final_info" in block_info]
-        if episodes and episodes[0]:
-            info["final_info"] = {"episode": {
-                key: torch.cat([block_info["final_info"]["episode"][key] if "final_info" in block_info else
-                                torch.zeros_like(episodes[0][key]) for block_info in infos]) for key in episodes[0]}}
+        episodes = [block_info.get("final_info", {}).get("episode", {}) for block_info in infos]
+        if keys := next((episode for episode in episodes if episode), None):
+            info["final_info"] = {"episode": {key: torch.cat([episode[key] if episode else torch.zeros_like(keys[key])
+                                                              for episode in episodes]) for key in keys}}
         return obs, reward, terminated, truncated, info
 
     def close(self):

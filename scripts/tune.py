@@ -473,12 +473,17 @@ def rerun_later(tuning: Tuning, study, trial):
     """A trial cut short fails, so that it counts nowhere, and its settings wait to run again: enqueued by the one
     process whose write failed it, where two try at once."""
     from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
     try:
-        failed = tuning.storage.set_trial_state_values(trial._trial_id, state=optuna_module().trial.TrialState.FAIL)
+        failed = tuning.storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
     except UpdateFinishedTrialError:
         failed = False
     if failed:
-        study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number})
+        run_again(study, trial)
+
+
+def run_again(study, trial):
+    study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number})
 
 
 def cut_short(study, trial):
@@ -488,7 +493,7 @@ def cut_short(study, trial):
                "records no heartbeat, failed: its settings run again")
     if trial.user_attrs.get("host") == socket.gethostname():
         stop_left_behind(trial)
-    study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number})
+    run_again(study, trial)
 
 
 def heartbeats(tuning: Tuning, study, done: threading.Event):
@@ -537,8 +542,8 @@ def tune(options):
     confirm_flags = shlex.split(options.confirm_flags)
     check_flags(confirm_flags, fields, "--confirm_flags")
     options.flags = absolute_paths(options.flags)
-    if absolute_paths(confirm_flags) != confirm_flags:  # a string rewritten only where it names a path
-        options.confirm_flags = shlex.join(absolute_paths(confirm_flags))
+    if (absolute := absolute_paths(confirm_flags)) != confirm_flags:  # a string rewritten only where it names a path
+        options.confirm_flags = shlex.join(absolute)
     space, given = [parse_dimension(text, fields, source) for text, source in dimensions], {}
     for (text, source), dimension in zip(dimensions, space):
         if dimension.name in given:
@@ -604,9 +609,9 @@ def run_trials(optuna, study, tuning: Tuning):
                         raise optuna.exceptions.UpdateFinishedTrialError  # as telling it would
                     tell(trial, values, ended)
                 except optuna.exceptions.UpdateFinishedTrialError:
-                    tqdm.write(f"warning: trial {trial.number} was failed by another tune.py as it ran, its "
+                    tqdm_write(f"warning: trial {trial.number} was failed by another tune.py as it ran, its "
                                "heartbeats late (a busy machine or database: a larger --heartbeat); its settings run "
-                               "again", file=sys.stderr)
+                               "again")
                 show()
 
     def ask():
@@ -647,7 +652,7 @@ def run_trials(optuna, study, tuning: Tuning):
                               f"{len(failures)} trials failed in a row; the last: {failures[-1]}")
                 stop.set()
             else:
-                tqdm.write(f"warning: trial {trial.number} {ended}", file=sys.stderr)
+                tqdm_write(f"warning: trial {trial.number} {ended}")
 
     def show():
         bar.n = min(counted(), options.trials)
