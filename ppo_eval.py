@@ -10,6 +10,7 @@ with their uncertainty; or export its policy for deployment.
     python ppo_eval.py runs/RUN --run_trainer                        # with the trainer file the run kept
     python ppo_eval.py runs/RUN --export policy.pt2                  # the policy for deployment (torch.export)
     python ppo_eval.py runs/RUN --export policy.onnx                 # ONNX: pip install onnx onnxscript onnxruntime
+    python ppo_eval.py runs/RUN --capture_video --track              # to the run's wandb run too: pip install wandb
 
 The policy is rebuilt from the checkpoint alone, with the trainer's own code: its Agent, its envs (with the run's
 evaluation settings) and its evaluation loop. Env i of N plays its first num_episodes // N episodes, one more for
@@ -20,6 +21,7 @@ early weigh no more than those that last. See docs/evaluation.md.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import importlib.util
 import itertools
@@ -78,6 +80,9 @@ class EvalArgs:
     """if toggled, the policy and ManiSkill's simulation and rendering run on CUDA when it is available"""
     torch_threads: int = 1
     """CPU threads for torch (0: torch's default)"""
+    track: bool = False
+    """log the results and videos to Weights and Biases (needs `pip install wandb`): to the wandb run that trained the
+    checkpoint where it was tracked (--track), else to a new run, {run_name}__eval, in the run's project"""
     export: Optional[str] = None
     """instead of evaluating, write the deterministic policy to this .onnx (ONNX) or .pt2 (torch.export) file, and
     what its inputs and outputs are to the file's name with .json added (policy.onnx.json)"""
@@ -318,6 +323,10 @@ def validate(args: EvalArgs):
     require(bool(args.checkpoint), "checkpoint", "a checkpoint file or a run directory")
     require(args.export is None or Path(args.export).suffix in EXPORT_FORMATS, "export",
             f"a file name ending in {' or '.join(EXPORT_FORMATS)}")
+    if args.track and args.export is not None:
+        raise UserError("--track logs an evaluation's results, and --export evaluates nothing: give one")
+    if args.track and importlib.util.find_spec("wandb") is None:
+        raise UserError("--track logs to Weights and Biases, which is not installed: pip install wandb")
 
 
 def validate_run(run, trainer, maniskill: bool, args: EvalArgs):
@@ -453,7 +462,42 @@ def main(args: EvalArgs) -> int:
             results["checkpoint"]["agents"] = ckpt["agents"]
         write_json(Path(args.output), results)
         print(f"results: {args.output}")
+    if args.track:
+        track(trainer, ckpt, checkpoint, summary, output_dir)
     return 0
+
+
+def track(trainer, ckpt: dict, checkpoint: Path, summary: dict[str, dict], output_dir: Optional[Path]):
+    """--track: the evaluation's means and rates, and its videos, logged to the wandb run that trained the checkpoint
+    where it was tracked and has ended, else to a new one. wandb keeps a run's own steps increasing, so they are
+    logged against the checkpoint's global step as a metric of their own (ppo_eval/global_step)."""
+    import wandb
+
+    saved = ckpt["args"]
+    tracked = bool(saved.get("track")) and ckpt.get("run_id") is not None
+    if tracked and still_training(checkpoint.parent):  # wandb takes one process's writes to a run
+        print(f"note: {checkpoint.parent} is still training, so the evaluation goes to a wandb run of its own, "
+              f"{ckpt['run_name']}__eval", file=sys.stderr)
+        tracked = False
+    run_id = ppo.wandb_run_id(ckpt["run_id"], saved["seed"]) if tracked else None
+    project = ppo.wandb_project(saved.get("wandb_project_name"), trainer.find_env(saved["env_id"])[0])
+    try:
+        run = wandb.init(project=project, entity=saved.get("wandb_entity"),
+                         group=saved.get("wandb_group"), tags=list(saved.get("wandb_tags") or []),
+                         name=ckpt["run_name"] if tracked else f"{ckpt['run_name']}__eval", id=run_id,
+                         resume="allow" if tracked else None, config=None if tracked else saved,
+                         dir=os.environ.get("WANDB_DIR", checkpoint.parent), reinit="create_new")
+    except wandb.errors.Error as e:
+        raise UserError(f"--track could not start a wandb run: {str(e).rstrip('.')} (or keep the run on this "
+                        "machine, to `wandb sync` later: WANDB_MODE=offline)") from e
+    run.define_metric("ppo_eval/*", step_metric="ppo_eval/global_step")
+    values = {f"ppo_eval/{key}": row["rate"] if row["interval"] == "wilson" else row["mean"]
+              for key, row in summary.items()}
+    videos = [] if output_dir is None else sorted((output_dir / "videos").glob("*.mp4"))
+    if videos:
+        values["ppo_eval/video"] = [wandb.Video(str(path), format="mp4") for path in videos]
+    run.log({"ppo_eval/global_step": ckpt["global_step"], **values})
+    run.finish()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -633,6 +677,18 @@ def episode_value(key: str, value: float):
     if key in RATE_METRICS:
         return bool(value)
     return int(value) if key == "episode_len" else float(value)
+
+
+def still_training(run_dir: Path) -> bool:
+    """Whether a trainer holds the run directory's lock (RunDirLock's)."""
+    try:
+        with open(run_dir / ".lock") as lock:
+            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except FileNotFoundError:
+        return False
+    except BlockingIOError:
+        return True
+    return False
 
 
 def remove_empty_dirs(output_dir: Optional[Path], new_dirs: list[Path]):

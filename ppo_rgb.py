@@ -71,6 +71,7 @@ import os
 import pickle
 import random
 import re
+import secrets
 import shlex
 import signal
 import sys
@@ -139,11 +140,16 @@ class Args:
     torch_threads: int = 0
     """CPU threads for torch (0: torch's default, the cores): the CNN's update on 2 threads takes 0.6x the time of 1"""
     track: bool = False
-    """if toggled, also log to Weights and Biases (needs `pip install wandb`)"""
-    wandb_project_name: str = "ManiSkill"
-    """the wandb project name"""
+    """if toggled, also log to Weights and Biases, with the videos (needs `pip install wandb`); under --num_seeds, a
+    wandb run for each seed"""
+    wandb_project_name: Optional[str] = None
+    """the wandb project name (default: "ManiSkill" for ManiSkill's tasks, else "ppo-baselines")"""
     wandb_entity: Optional[str] = None
     """the wandb entity (team) name"""
+    wandb_group: Optional[str] = None
+    """the wandb group of the run (default: under --num_seeds, the run's name, grouping its seeds)"""
+    wandb_tags: tuple[str, ...] = ()
+    """the wandb tags of the run"""
     capture_video: bool = True
     """if toggled, record videos of evaluation episodes under runs/{run_name}/videos"""
     save_model: bool = True
@@ -265,7 +271,7 @@ class Args:
 # Copied from ppo.py
 RESUME_CHANGEABLE_FIELDS = ("total_timesteps", "eval_freq", "checkpoint_freq", "keep_checkpoints", "capture_video",
                             "save_train_video_freq", "save_model", "track", "wandb_project_name", "wandb_entity",
-                            "torch_threads", "cuda", "torch_deterministic")
+                            "wandb_group", "wandb_tags", "torch_threads", "cuda", "torch_deterministic")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -821,6 +827,7 @@ class Setup:
     num_eval_steps: int
     num_iterations: int
     checkpoint_trainer: Optional[str]  # the file that wrote --checkpoint
+    run_id: str  # the run's, kept by its checkpoints so that --resume continues its wandb runs (wandb_run_id())
 
 
 # Copied from ppo.py
@@ -894,12 +901,8 @@ def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Op
 
 
 # Copied from ppo.py
-def log_episode_metrics(writer: SummaryWriter, prefix: str, metrics: dict[str, torch.Tensor],
-                        global_step: int) -> dict[str, float]:
-    means = {key: values.float().mean().item() for key, values in metrics.items() if values.numel() > 0}
-    for key, value in means.items():
-        writer.add_scalar(f"{prefix}/{key}", value, global_step)
-    return means
+def episode_means(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
+    return {key: values.float().mean().item() for key, values in metrics.items() if values.numel() > 0}
 
 
 # Copied from ppo.py
@@ -1791,6 +1794,7 @@ class Run:
                 print(f"\nevaluation at iteration {iteration}: no episode finished within {setup.num_eval_steps} "
                       "steps", file=sys.stderr)
             self.log.flush()
+        self.log.videos(global_step)
         self.unsaved.refuse_changes()  # the evaluation's changes too, before a checkpoint leaves them out
         self.progress.set_postfix(postfix, refresh=False)
         self.progress.update(1)
@@ -1827,7 +1831,7 @@ class Run:
                 raise UserError(rule) from e  # a copy's code written for one seed, which --num_seeds cannot batch
         finally:
             self.stop.restore()
-            self.log.close()
+            self.log.close(exit_code=1 if e is not None else self.status or 0)
         if e is None and self.status is None:
             self.status = 0
             if rank == 0:
@@ -1910,7 +1914,8 @@ def main(args: Args) -> int:
                 eval_envs = make_envs(args, maniskill, device, evaluation=True, run_dir=run_dir,
                                       num_eval_steps=num_eval_steps)
             setup = Setup(run_name, run_dir, device, rank, **derived,
-                          checkpoint_trainer=init_state and init_state.get("trainer"))
+                          checkpoint_trainer=init_state and init_state.get("trainer"),
+                          run_id=(resume_state or {}).get("run_id") or secrets.token_hex(8))
             status = train(args, setup, envs, eval_envs, resume_state, init_state)
             if num_ranks > 1:
                 dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)  # rank 0's last writes
@@ -1972,6 +1977,7 @@ FLAG_RULES = (
     (("log_std_init",), finite, "a finite number"),
     (("aug_shift",), lambda pixels: pixels >= 0, "0 (off) or a number of pixels"),
     (("hidden_sizes",), lambda sizes: all(size >= 1 for size in sizes), "positive widths"),
+    (("wandb_tags",), lambda tags: all(1 <= len(tag) <= 64 for tag in tags), "tags of 1 to 64 characters (wandb's)"),
 )
 
 
@@ -1993,7 +1999,7 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
     if args.anneal_lr and args.lr_schedule not in ("constant", "linear"):
         raise UserError(f"--anneal_lr means --lr_schedule=linear and conflicts with --lr_schedule={args.lr_schedule}")
     if args.num_seeds > 1:
-        for given, flag in ((num_ranks > 1, "torchrun"), (args.compile, "--compile"), (args.track, "--track")):
+        for given, flag in ((num_ranks > 1, "torchrun"), (args.compile, "--compile")):
             if given:
                 raise UserError(f"--num_seeds does not work with {flag} yet; start a run of each seed instead "
                                 "(scripts/sweep.sh)")
@@ -2404,7 +2410,7 @@ def make_run_envs(args: Args, maniskill: bool, device: torch.device, *, evaluati
                                        max_steps_per_video, trajectory_path)
         if torch_native_id(args.env_id):
             return make_torch_native_envs(args, num_envs, device)
-        prefix = "eval" if evaluation else "train"
+        prefix = unused_video_prefix(video_dir, "eval" if evaluation else "train")
         if evaluation and video_dir is not None:
             video_trigger = ResetEpisodeTrigger()
         env_fns = [functools.partial(build_gym_env, args.env_id, args.max_episode_steps, video_dir if i == 0 else None,
@@ -2421,6 +2427,14 @@ def make_run_envs(args: Args, maniskill: bool, device: torch.device, *, evaluati
         raise UserError(f"{args.env_id} needs an optional dependency: {e}{hint}") from e
     except (gym.error.Error, ImportError) as e:
         raise UserError(f"cannot make env {args.env_id!r}: {e}") from e
+
+
+# Copied from ppo.py
+def unused_video_prefix(video_dir: Optional[str], prefix: str) -> str:
+    """RecordVideo numbers a process's videos from 0: a resumed run's go beside the earlier ones (eval2-episode-0.mp4),
+    not over them."""
+    taken = set() if video_dir is None else {path.name.split("-")[0] for path in Path(video_dir).glob("*.mp4")}
+    return next(name for name in (prefix, *(f"{prefix}{k}" for k in range(2, len(taken) + 2))) if name not in taken)
 
 
 # Copied from ppo.py
@@ -2721,12 +2735,6 @@ def load_agent_state(agent: nn.Module, state: dict):
 def open_run(args: Args, setup: Setup, resume_state: Optional[dict], announce: bool = True) -> SummaryWriter:
     """Rank 0's start of the run's logs; on --resume, what came after the checkpoint is set aside first. announce:
     print the run's line (False where the caller announces many runs in one)."""
-    if args.track:
-        import wandb
-
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=dataclasses.asdict(args), name=setup.run_name, id=setup.run_name, resume="allow",
-                   save_code=True)
     purge_step = None
     if resume_state is not None:
         # Only now that the run has started: a resume that fails must leave the run as it was.
@@ -2752,13 +2760,12 @@ def open_run(args: Args, setup: Setup, resume_state: Optional[dict], announce: b
 
 # Copied from ppo.py
 class RunLog:
-    """Rank 0's logs: TensorBoard (and W&B under --track) in the run directory; under --num_seeds each seed's in its
-    own run directory too (which this process alone writes: locked, as main() locked the run's), statistic[i] to seed
-    i's. On the other ranks it writes nothing."""
+    """Rank 0's logs: TensorBoard in the run directory; under --num_seeds each seed's in its own run directory too
+    (which this process alone writes: locked, as main() locked the run's), statistic[i] to seed i's; under --track,
+    each of these runs' wandb run as well (WandbRun). On the other ranks it writes nothing."""
 
     def __init__(self, args: Args, setup: Setup, resume_state: Optional[dict]):
-        self.writers, self.run_writer, self.locks = [], None, []
-        self.track = args.track and setup.rank == 0
+        self.writers, self.run_writer, self.locks, self.wandb_runs = [], None, [], []
         self.thread_excepthook = threading.excepthook
         if setup.rank != 0:
             return
@@ -2766,6 +2773,11 @@ class RunLog:
             seed_runs_of_run = seed_runs(args, setup) if args.num_seeds > 1 else []
             for _, seed_setup in seed_runs_of_run:
                 self.locks.append(RunDirLock(seed_setup.run_dir))
+            if args.track:  # first: a wandb run that cannot start leaves no TensorBoard log behind
+                for i, (run_args, run_setup) in enumerate(seed_runs_of_run or [(args, setup)]):
+                    # the run's training videos show its first envs, which are its first seed's
+                    train_videos = setup.run_dir / "train_videos" if i == 0 else None
+                    self.wandb_runs.append(WandbRun(run_args, run_setup, train_videos, quiet=i > 0))
             # TensorBoard's writer thread prints a traceback where a write fails, then hands the error to this
             # thread's next write, which train() reports in one line.
             threading.excepthook = (lambda hook: None if issubclass(hook.exc_type, OSError)
@@ -2778,15 +2790,24 @@ class RunLog:
                 print(f"its {args.num_seeds} seeds' runs: {first} to {last}", flush=True)
             self.writers = self.writers or [self.run_writer]
         except BaseException:
-            self.close()
+            for lock in self.locks:  # as main() undoes the run directory's start
+                lock.undo()
+            self.close(exit_code=1)
             raise
 
+    def write(self, i: int, values: dict[str, float], step: int):
+        for tag, value in values.items():
+            self.writers[i].add_scalar(tag, value, step)
+        if self.wandb_runs and values:
+            self.wandb_runs[i].log(values, step)
+
     def scalars(self, values: dict, step: int):
-        for i, writer in enumerate(self.writers):
-            for tag, value in values.items():  # tensors until here: only rank 0 waits for them
-                value = float(value.reshape(-1)[i]) if isinstance(value, torch.Tensor) else value
-                if not math.isnan(value):  # NaN: the seed took no step, so it has no losses to log
-                    writer.add_scalar(tag, value, step)
+        for i in range(len(self.writers)):
+            # tensors until here: only rank 0 waits for them
+            seed_values = {tag: float(value.reshape(-1)[i]) if isinstance(value, torch.Tensor) else value
+                           for tag, value in values.items()}
+            # NaN: the seed took no step, so it has no losses to log
+            self.write(i, {tag: value for tag, value in seed_values.items() if not math.isnan(value)}, step)
 
     def episodes(self, prefix: str, episodes, step: int) -> dict:
         """The means of each seed's finished episodes (a rollout's, which SeedBlocks' "seed_index" splits by seed, or
@@ -2794,28 +2815,93 @@ class RunLog:
         if not self.writers:
             return {}
         each_seeds = episodes if isinstance(episodes, list) else episodes_by_seed(episodes, len(self.writers))
-        means = [log_episode_metrics(writer, prefix, seed_episodes, step)
-                 for writer, seed_episodes in zip(self.writers, each_seeds)]
-        for writer, seed_means in zip(self.writers, means):
+        means = [episode_means(seed_episodes) for seed_episodes in each_seeds]
+        for i, seed_means in enumerate(means):
+            values = {f"{prefix}/{key}": value for key, value in seed_means.items()}
             if prefix == "train" and "return" in seed_means:
-                writer.add_scalar("charts/episodic_return", seed_means["return"], step)
-                writer.add_scalar("charts/episodic_length", seed_means["episode_len"], step)
+                values.update({"charts/episodic_return": seed_means["return"],
+                               "charts/episodic_length": seed_means["episode_len"]})
+            self.write(i, values, step)
         return progress_items(prefix, mean_over_seeds(means))
+
+    def videos(self, step: int):
+        for run in self.wandb_runs:
+            run.upload_videos(step)
 
     def flush(self):
         for writer in self.writers:
             writer.flush()
 
-    def close(self):
+    def close(self, exit_code: int):
         threading.excepthook = self.thread_excepthook
-        for writer in {self.run_writer, *self.writers} - {None}:
-            with contextlib.suppress(OSError):  # a full disk fails the writer's last flush as well
-                writer.close()
-        for lock in self.locks:
-            lock.release()
-        if self.track:
-            import wandb
-            wandb.finish()
+        try:
+            for run in self.wandb_runs:  # before the locks: wandb writes into the seeds' run directories
+                run.finish(exit_code)
+        finally:
+            for writer in {self.run_writer, *self.writers} - {None}:
+                with contextlib.suppress(OSError):  # a full disk fails the writer's last flush as well
+                    writer.close()
+            for lock in self.locks:
+                lock.release()
+
+
+# Copied from ppo.py
+class WandbRun:
+    """--track: a run's wandb run (a seed's, under --num_seeds), which receives what its TensorBoard log does, at the
+    same global steps (its wandb steps, and a global_step key as sync_tensorboard gives), and each video that appears
+    in its run directory's videos/ or in train_videos. Its id (wandb_run_id()) comes from the run's checkpoints, so
+    --resume continues it. wandb keeps a run's steps increasing and cannot replace them: a resumed run logs from the
+    step where the stopped run's log ends (online; offline, the stopped run's log is not known)."""
+
+    def __init__(self, args: Args, setup: Setup, train_videos: Optional[Path], quiet: bool):
+        import wandb
+
+        self.wandb = wandb
+        self.video_dirs = {"eval/video": setup.run_dir / "videos", "train/video": train_videos}
+        self.uploaded = {path for _, path in self.video_files()}  # a resumed run's were uploaded before
+        try:
+            self.run = wandb.init(
+                project=wandb_project(args.wandb_project_name, find_env(args.env_id)[0]), entity=args.wandb_entity,
+                group=args.wandb_group, tags=list(args.wandb_tags), name=setup.run_name,
+                id=wandb_run_id(setup.run_id, args.seed), resume="allow", config=dataclasses.asdict(args),
+                dir=os.environ.get("WANDB_DIR", setup.run_dir), save_code=True, reinit="create_new",
+                # one process's seeds: the first run alone prints, records the console and the machine's load
+                settings=wandb.Settings(silent=True, console="off", x_disable_stats=True) if quiet else None)
+        except wandb.errors.Error as e:
+            raise UserError(f"--track could not start a wandb run: {str(e).rstrip('.')} (or keep the runs on this "
+                            "machine, to `wandb sync` later: WANDB_MODE=offline)") from e
+        self.first_step = self.run.step  # a resumed run's next step (run.step asks wandb's service: once)
+
+    def log(self, values: dict, step: int):
+        if step >= self.first_step:  # else the stopped run logged this step before this one resumed
+            self.run.log({"global_step": step, **values}, step=step)
+
+    def video_files(self) -> list[tuple[str, Path]]:
+        return [(key, path) for key, folder in self.video_dirs.items() if folder is not None
+                for path in sorted(folder.glob("*.mp4"))]
+
+    def upload_videos(self, step: int):
+        new = {}
+        for key, path in self.video_files():
+            if path not in self.uploaded:
+                self.uploaded.add(path)
+                new.setdefault(key, []).append(self.wandb.Video(str(path), format="mp4"))
+        if new:  # a list always: one media type a key, however many videos a step brings
+            self.log(new, step)
+
+    def finish(self, exit_code: int):
+        self.run.finish(exit_code=exit_code)
+
+
+# Copied from ppo.py
+def wandb_project(wandb_project_name: Optional[str], maniskill: bool) -> str:
+    return wandb_project_name or ("ManiSkill" if maniskill else "ppo-baselines")
+
+
+# Copied from ppo.py
+def wandb_run_id(run_id: str, seed: int) -> str:
+    """A run's wandb run: its run_id and seed, so that a seed of a --num_seeds run resumed alone continues its own."""
+    return f"{run_id}-{seed}"
 
 
 # Copied from ppo.py
@@ -2836,7 +2922,8 @@ def checkpoint_states(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent,
              "observation_space": space_to_dict(envs.single_observation_space),
              "action_space": space_to_dict(envs.single_action_space),
              "global_step": global_step, "iteration": iteration, "world_size": world_size(),
-             "source_sha256": SOURCE_SHA256, "rng": rank_rngs[0], "other_ranks_rng": rank_rngs[1:], "seed_rngs": []}
+             "source_sha256": SOURCE_SHA256, "run_id": setup.run_id, "rng": rank_rngs[0],
+             "other_ranks_rng": rank_rngs[1:], "seed_rngs": []}
     if args.num_seeds == 1:
         return [(setup.run_dir, state)]
     state["seed_rngs"] = [generator.get_state() for generator in agent.generators]
@@ -2912,9 +2999,10 @@ def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, 
 # Copied from ppo.py
 def seed_dirs(args: Args, run_dir: Path) -> list[tuple[Args, Path]]:
     """--num_seeds: each seed as a run of its own, {run_name}__seed{seed} in the run's directory: its flags (those of
-    a run of that seed alone) and its directory."""
+    a run of that seed alone, in the run's wandb group) and its directory."""
     names = [f"{run_dir.name}__seed{seed}" for seed in range(args.seed, args.seed + args.num_seeds)]
-    return [(dataclasses.replace(args, seed=args.seed + i, num_seeds=1, exp_name=name), run_dir / name)
+    return [(dataclasses.replace(args, seed=args.seed + i, num_seeds=1, exp_name=name,
+                                 wandb_group=args.wandb_group or run_dir.name), run_dir / name)
             for i, name in enumerate(names)]
 
 

@@ -614,6 +614,9 @@ def test_an_agent_absent_from_an_episode_is_out_of_it_and_the_others_end_it(tmp_
         both = finished["return"][:2], (finished["a/return"][:2] + b_return[:2]) / 2
         torch.testing.assert_close(*both)
         torch.testing.assert_close(finished["return"][2:], finished["a/return"][2:])
+    # b's logged return: its episodes' alone
+    logged = [value for _, value in scalars(tmp_path / "runs/run")["train/b/return"]]
+    assert logged == pytest.approx([finished["b/return"][:2].mean().item() for finished in episodes])
     results = tmp_path / "results.json"
     assert ppo_eval.cli(["runs/run", "--num_episodes", "2", "--no_capture_video", "--output", str(results)]) == 0
     evaluation = json.loads(results.read_text())

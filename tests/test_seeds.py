@@ -243,8 +243,7 @@ def test_seeds_on_maniskill_cpu_workers(tmp_path, trainer):
 
 
 @pytest.mark.parametrize("trainer", [ppo, ppo_rnn, ppo_rgb, ippo])
-@pytest.mark.parametrize("flag, given", [("torchrun", dict()), ("--compile", dict(compile=True)),
-                                         ("--track", dict(track=True))])
+@pytest.mark.parametrize("flag, given", [("torchrun", dict()), ("--compile", dict(compile=True))])
 def test_num_seeds_refuses_what_it_does_not_do_yet(flag, given, trainer):
     args = trainer.Args(env_id="CartPole-v1", num_seeds=2, num_envs=2, num_steps=16, num_minibatches=2, **given)
     with pytest.raises(trainer.UserError, match=f"--num_seeds does not work with {flag} yet"):
