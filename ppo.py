@@ -1708,6 +1708,8 @@ FLAG_RULES = (
     (("gae_lambda",), lambda value: finite(value) and 0.0 <= value <= 1.0, "in [0, 1]"),
     (("log_std_init",), finite, "a finite number"),
     (("hidden_sizes",), lambda sizes: all(size >= 1 for size in sizes), "positive widths"),
+    (("wandb_project_name", "wandb_entity", "wandb_group"), lambda name: name is None or name.strip() != "",
+     "a name (or None: the default)"),
     (("wandb_tags",), lambda tags: all(1 <= len(tag) <= 64 for tag in tags), "tags of 1 to 64 characters (wandb's)"),
 )
 
@@ -1941,7 +1943,9 @@ def build_gym_env(env_id: str, max_episode_steps: Optional[int], video_dir: Opti
         trigger = dict(episode_trigger=video_trigger)
     else:
         trigger = dict(step_trigger=video_trigger, video_length=video_length)
-    return gym.wrappers.RecordVideo(env, video_dir, name_prefix=name_prefix, disable_logger=True, **trigger)
+    with warnings.catch_warnings():  # a resumed run's videos go beside the earlier ones (unused_video_prefix)
+        warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
+        return gym.wrappers.RecordVideo(env, video_dir, name_prefix=name_prefix, disable_logger=True, **trigger)
 
 
 def space_to_dict(space: gym.Space) -> dict:
@@ -2549,9 +2553,8 @@ class WandbRun:
                 dir=os.environ.get("WANDB_DIR", setup.run_dir), save_code=True, reinit="create_new",
                 # one process's seeds: the first run alone prints, records the console and the machine's load
                 settings=wandb.Settings(silent=True, console="off", x_disable_stats=True) if quiet else None)
-        except wandb.errors.Error as e:
-            raise UserError(f"--track could not start a wandb run: {str(e).rstrip('.')} (or keep the runs on this "
-                            "machine, to `wandb sync` later: WANDB_MODE=offline)") from e
+        except (wandb.errors.Error, ValueError) as e:  # ValueError: settings wandb refuses (WANDB_MODE=...)
+            raise UserError(wandb_start_failed(e)) from e
         self.first_step = self.run.step  # a resumed run's next step (run.step asks wandb's service: once)
 
     def log(self, values: dict, step: int):
@@ -2573,6 +2576,12 @@ class WandbRun:
 
     def finish(self, exit_code: int):
         self.run.finish(exit_code=exit_code)
+
+
+def wandb_start_failed(e: Exception) -> str:
+    offline = "" if os.environ.get("WANDB_MODE") == "offline" else (
+        " (or keep the runs on this machine, to `wandb sync` later: WANDB_MODE=offline)")
+    return f"--track could not start a wandb run: {' '.join(str(e).split()).rstrip('.')}"[:400] + offline
 
 
 def wandb_project(wandb_project_name: Optional[str], maniskill: bool) -> str:
@@ -2893,12 +2902,12 @@ def load_checkpoint(path, any_trainer: bool = False) -> dict:
     """A checkpoint this trainer can continue, or (any_trainer) start from: another file's too, such as the baseline
     a copy of this file starts from, where its network fits (load_weights says where it does not)."""
     ckpt = read_checkpoint(path)
+    if ckpt.get("trainer") != TRAINER and not any_trainer:  # before the format: another trainer's may differ
+        raise UserError(f"{path} was written by {ckpt.get('trainer')}.py, not {TRAINER}.py: continue or start from it "
+                        f"with {ckpt.get('trainer')}.py")
     if ckpt["format"] != CHECKPOINT_FORMAT:
         raise UserError(f"{path} has checkpoint format {ckpt['format']}; this {TRAINER}.py reads format "
                         f"{CHECKPOINT_FORMAT}")
-    if ckpt.get("trainer") != TRAINER and not any_trainer:
-        raise UserError(f"{path} was written by {ckpt.get('trainer')}.py, not {TRAINER}.py: continue or start from it "
-                        f"with {ckpt.get('trainer')}.py")
     return ckpt
 
 

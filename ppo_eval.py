@@ -487,9 +487,8 @@ def track(trainer, ckpt: dict, checkpoint: Path, summary: dict[str, dict], outpu
                          name=ckpt["run_name"] if tracked else f"{ckpt['run_name']}__eval", id=run_id,
                          resume="allow" if tracked else None, config=None if tracked else saved,
                          dir=os.environ.get("WANDB_DIR", checkpoint.parent), reinit="create_new")
-    except wandb.errors.Error as e:
-        raise UserError(f"--track could not start a wandb run: {str(e).rstrip('.')} (or keep the run on this "
-                        "machine, to `wandb sync` later: WANDB_MODE=offline)") from e
+    except (wandb.errors.Error, ValueError) as e:  # ValueError: settings wandb refuses (WANDB_MODE=...)
+        raise UserError(ppo.wandb_start_failed(e)) from e
     run.define_metric("ppo_eval/*", step_metric="ppo_eval/global_step")
     values = {f"ppo_eval/{key}": row["rate"] if row["interval"] == "wilson" else row["mean"]
               for key, row in summary.items()}

@@ -439,6 +439,8 @@ BAD_INPUTS = [
     (["--env_id", "tests.envs:PointMassButtons-v0"], "action space"),
     (["--env_id", "CartPole-v1", "--anneal_lr", "--lr_schedule", "adaptive"], "anneal_lr"),
     (["--env_id", "CartPole-v1", "--track"], "pip install wandb"),
+    (["--env_id", "CartPole-v1", "--wandb_group", ""], "--wandb_group"),
+    (["--env_id", "CartPole-v1", "--wandb_tags", "ok", ""], "--wandb_tags"),
     (["--env_id", "CartPole-v1", "--learning_rate", "nan"], "--learning_rate"),
     (["--env_id", "CartPole-v1", "--learning_rate", "inf"], "--learning_rate"),
     (["--env_id", "CartPole-v1", "--seed", "-1"], "--seed"),
@@ -492,6 +494,15 @@ def test_bad_input_is_one_clear_line(tmp_path, capfd, monkeypatch, argv, mention
     assert mentions in refused_in_one_line(ppo, full_argv, tmp_path, capfd, whole_process=argv in WHOLE_PROCESS)
     assert not (tmp_path / "runs").exists()  # a failed start leaves nothing behind, not even an empty directory
     assert not (tmp_path / "outside").exists() and absolute_escape.exists() == was_there  # the two --exp_name escapes
+
+
+def test_resuming_another_trainers_checkpoint_names_both_files(tmp_path):
+    """ippo.py's checkpoints have a format of their own: the line says which file wrote the checkpoint, not that its
+    format is another."""
+    path = tmp_path / "ckpt_1.pt"
+    torch.save({"format": ippo.CHECKPOINT_FORMAT, "trainer": "ippo", "model": {}}, path)
+    with pytest.raises(ppo.UserError, match="written by ippo.py, not ppo.py"):
+        ppo.load_checkpoint(path)
 
 
 @pytest.mark.parametrize("trainer", [ppo, ppo_rnn, ippo, ppo_rgb], ids=["ppo", "ppo_rnn", "ippo", "ppo_rgb"])

@@ -166,14 +166,15 @@ def test_an_untracked_runs_evaluation_is_a_new_wandb_run(tmp_path):
 def test_track_without_wandb_or_a_login_is_one_line(tmp_path, capfd, monkeypatch):
     assert run_script("ppo.py", fast_args(POINT_MASS, "plain", total_timesteps=32), tmp_path,
                       timeout=300).returncode == 0
-    # no API key and no terminal to ask for one: wandb refuses before it writes anything
+    # no API key and no terminal to ask for one; a mode wandb does not know
     login = {"WANDB_MODE": "online", "WANDB_API_KEY": "", "HOME": str(tmp_path), "WANDB_CONFIG_DIR": str(tmp_path)}
-    result = run_script("ppo.py", fast_args(POINT_MASS, "online", track=True, num_seeds=2), tmp_path, timeout=300,
-                        extra_env=login)
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert len(errors) == 1 and errors[0].startswith("error: --track could not start a wandb run"), errors
-    assert "WANDB_MODE=offline" in errors[0] and not (tmp_path / "runs/online").exists()
+    for extra_env, says in ((login, "No API key configured"), ({"WANDB_MODE": "offlin"}, "Settings mode")):
+        result = run_script("ppo.py", fast_args(POINT_MASS, "online", track=True, num_seeds=2), tmp_path,
+                            timeout=300, extra_env=extra_env)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        assert len(errors) == 1 and errors[0].startswith("error: --track could not start a wandb run"), errors
+        assert says in errors[0] and "WANDB_MODE=offline" in errors[0] and not (tmp_path / "runs/online").exists()
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
     line = refused_in_one_line(ppo_eval, ["runs/plain", "--track"], tmp_path, capfd, whole_process=False)
     assert "pip install wandb" in line
