@@ -2180,11 +2180,21 @@ def build_gym_env(env_id: str, max_episode_steps: Optional[int], video_dir: Opti
     # Rendering dependencies (pygame, a GL context) fail only at the first frame: find out now, not mid-run.
     env.reset()
     env.render()
+    return record_video(env, video_dir, video_trigger, video_length, name_prefix)
+
+
+# Copied from ppo.py
+def record_video(env: gym.Env, video_dir: str, video_trigger, video_length: Optional[int], name_prefix: str) -> gym.Env:
+    """Gymnasium's RecordVideo. It numbers a process's videos from 0: a resumed run's take a prefix of their own
+    (eval2-episode-0.mp4) beside the earlier ones, whose folder it need not warn of."""
     if isinstance(video_trigger, ResetEpisodeTrigger):
         trigger = dict(episode_trigger=video_trigger)
     else:
         trigger = dict(step_trigger=video_trigger, video_length=video_length)
-    with warnings.catch_warnings():  # a resumed run's videos go beside the earlier ones (unused_video_prefix)
+    taken = {path.name.split("-")[0] for path in Path(video_dir).glob("*.mp4")}
+    name_prefix = next(name for name in (name_prefix, *(f"{name_prefix}{k}" for k in range(2, len(taken) + 2)))
+                       if name not in taken)
+    with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Overwriting existing videos")
         return gym.wrappers.RecordVideo(env, video_dir, name_prefix=name_prefix, disable_logger=True, **trigger)
 
@@ -2354,7 +2364,7 @@ def make_run_envs(args: Args, maniskill: bool, device: torch.device, *, evaluati
                                        max_steps_per_video, trajectory_path)
         if torch_native_id(args.env_id):
             return make_torch_native_envs(args, num_envs, device)
-        prefix = unused_video_prefix(video_dir, "eval" if evaluation else "train")
+        prefix = "eval" if evaluation else "train"
         if evaluation and video_dir is not None:
             video_trigger = ResetEpisodeTrigger()
         env_fns = [functools.partial(build_gym_env, args.env_id, args.max_episode_steps, video_dir if i == 0 else None,
@@ -2373,14 +2383,6 @@ def make_run_envs(args: Args, maniskill: bool, device: torch.device, *, evaluati
         raise UserError(f"{args.env_id} needs an optional dependency: {e}{hint}") from e
     except (gym.error.Error, ImportError) as e:
         raise UserError(f"cannot make env {args.env_id!r}: {e}") from e
-
-
-# Copied from ppo.py
-def unused_video_prefix(video_dir: Optional[str], prefix: str) -> str:
-    """RecordVideo numbers a process's videos from 0: a resumed run's go beside the earlier ones (eval2-episode-0.mp4),
-    not over them."""
-    taken = set() if video_dir is None else {path.name.split("-")[0] for path in Path(video_dir).glob("*.mp4")}
-    return next(name for name in (prefix, *(f"{prefix}{k}" for k in range(2, len(taken) + 2))) if name not in taken)
 
 
 # Copied from ppo.py
