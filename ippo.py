@@ -112,6 +112,9 @@ NETWORK_FIELDS = ("norm_obs", "norm_value", "hidden_sizes", "activation", "share
 LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
 NORMAL_ENTROPY_AT_UNIT_STD = 0.5 + 0.5 * math.log(2 * math.pi)
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+# A forbidden action's logit (DiscreteActions): sb3-contrib's. Unlike -inf, it keeps a mask that forbids every action
+# of a dimension, and the entropy's gradient, finite.
+MASKED_LOGIT = -1e8
 
 
 @dataclass
@@ -376,7 +379,10 @@ class RewardNormalizer(nn.Module):
 class DiscreteActions(nn.Module):
     """The policy's distribution over Discrete, MultiDiscrete and MultiBinary actions, from the actor's logits: a
     Categorical; a Categorical per dimension (each dimension's logits a row of a grid, padded with -inf); a Bernoulli
-    per dimension. Log-probabilities and entropies are summed over the dimensions; the mode is each dimension's."""
+    per dimension. Log-probabilities and entropies are summed over the dimensions; the mode is each dimension's.
+    An action mask (True where the env allows an action; a MultiDiscrete's dimensions one after another, as the
+    logits) gives the actions it forbids the logit MASKED_LOGIT, as sb3-contrib's MaskableCategorical: their
+    probability is exactly 0, so they are never drawn nor the mode, and add nothing to the entropy."""
 
     def __init__(self, action_space: dict):
         super().__init__()
@@ -402,17 +408,24 @@ class DiscreteActions(nn.Module):
         grid[..., self.rows, self.cols] = logits
         return grid
 
-    def distribution(self, logits: torch.Tensor) -> torch.distributions.Distribution:
+    def distribution(self, logits: torch.Tensor, action_mask: Optional[torch.Tensor] = None
+                     ) -> torch.distributions.Distribution:
+        logits = self.masked(logits, action_mask)
         if self.kind == "Discrete":
             return Categorical(logits=logits, validate_args=False)  # validation syncs with the GPU
         if self.kind == "MultiBinary":
             return Independent(Bernoulli(logits=logits, validate_args=False), 1, validate_args=False)
         return Independent(Categorical(logits=self.grid(logits), validate_args=False), 1, validate_args=False)
 
-    def mode(self, logits: torch.Tensor) -> torch.Tensor:
+    def mode(self, logits: torch.Tensor, action_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self.kind == "MultiBinary":
             return (logits > 0).float()
+        logits = self.masked(logits, action_mask)
         return (logits if self.kind == "Discrete" else self.grid(logits)).argmax(-1)
+
+    @staticmethod
+    def masked(logits: torch.Tensor, action_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        return logits if action_mask is None else logits.masked_fill(~action_mask, MASKED_LOGIT)
 
 
 def action_width(space: dict) -> int:
@@ -1542,6 +1555,10 @@ class SeedBlocks:
 
     def __getattr__(self, name: str):  # spaces, devices, video: the vector env's
         return getattr(self.envs, name)
+
+    @property
+    def action_mask(self) -> Optional[torch.Tensor]:
+        return None if self.envs.action_mask is None else self.blocks(self.envs.action_mask)
 
     def blocks(self, x: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor | dict[str, torch.Tensor]:
         if isinstance(x, dict):  # an observation of ppo_rgb.py's

@@ -514,8 +514,9 @@ class DeployedPolicy(nn.Module):
     order; ppo_rnn.py's observation, recurrent state and episode start, with the next state as a second output; the
     observation of ippo.py's agent agent_index, and its own action (agents of different spaces share padded ones in
     training). A --critic_obs policy takes the actor's observation alone: the observation without the critic's
-    privileged part. env_action() gets this module in place of the envs: it holds their action spaces and bounds
-    (ENV_ACTION_READS), on the CPU."""
+    privileged part. Where the env gives action masks, the mask follows the observation as an input (True where an
+    action is allowed), and the policy's mode is over the actions it allows. env_action() gets this module in place
+    of the envs: it holds their action spaces and bounds (ENV_ACTION_READS), on the CPU."""
 
     ENV_ACTION_READS = ("single_action_space", "action_spaces", "action_low", "action_high", "action_start")
 
@@ -529,6 +530,7 @@ class DeployedPolicy(nn.Module):
         # have no such line, (time, batch, ...)
         self.time_dim = 1 if getattr(trainer, "SEQUENCES_BATCH_FIRST", False) else 0
         self.keys = [key for key in envs.obs_layout if key != "critic"] if hasattr(envs, "obs_layout") else None
+        self.masked = getattr(envs, "action_mask", None) is not None
         self.obs_dim = getattr(agent, "obs_dim", None)  # the actor's first dims of ppo.py's and ppo_rnn.py's
         self.box = hasattr(envs, "action_low")
         self.action_size = None  # ippo.py's agent's own entries of the joint action (all of a Discrete one's)
@@ -543,7 +545,8 @@ class DeployedPolicy(nn.Module):
                 self.register_buffer(name, value.cpu())
             elif value is not None:
                 setattr(self, name, value)
-        self.input_names = (self.keys or ["obs"]) + (["rnn_state", "episode_start"] if self.recurrent else [])
+        self.input_names = ((self.keys or ["obs"]) + (["action_mask"] if self.masked else [])
+                            + (["rnn_state", "episode_start"] if self.recurrent else []))
         self.output_names = ["action"] + (["next_rnn_state"] if self.recurrent else [])
 
     def forward(self, *inputs: torch.Tensor):
@@ -555,15 +558,18 @@ class DeployedPolicy(nn.Module):
         """The agent's deterministic action before env_action() (ippo.py's: every agent's, each given this
         observation), and ppo_rnn.py's next state."""
         agent = self.agent
-        if self.recurrent:
-            obs, state, episode_start = inputs
-            action, state = agent.get_action(agent.normalize_obs(obs).unsqueeze(self.time_dim), state,
-                                             episode_start.unsqueeze(self.time_dim), deterministic=True)
-            return action.select(self.time_dim, 0), state
+        num_obs = len(self.keys or ["obs"])
         obs = dict(zip(self.keys, inputs)) if self.keys else inputs[0]
+        action_mask = inputs[num_obs] if self.masked else None
+        if self.recurrent:
+            state, episode_start = inputs[num_obs + self.masked:]
+            action, state = agent.get_action(
+                agent.normalize_obs(obs).unsqueeze(self.time_dim), state, episode_start.unsqueeze(self.time_dim),
+                None if action_mask is None else action_mask.unsqueeze(self.time_dim), deterministic=True)
+            return action.select(self.time_dim, 0), state
         if self.agent_index is not None:  # every agent's actor sees only its own row: give each this observation
             obs = nn.functional.pad(obs, (0, self.row_dim - self.obs_dim))[:, None].expand(-1, agent.num_agents, -1)
-        return (agent.get_action(agent.normalize_obs(obs), deterministic=True),)
+        return (agent.get_action(agent.normalize_obs(obs), action_mask, deterministic=True),)
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
         """ippo.py's agent's own action out of the joint one; in the action space's dtype."""
@@ -593,6 +599,8 @@ def export_policy(policy: DeployedPolicy, first, envs, ckpt: dict, checkpoint: P
     through the trainer's env_action() with the envs themselves. Describe it in a JSON file beside it."""
     policy = policy.cpu()
     observations = [first[key] for key in policy.keys] if policy.keys else [first[..., :policy.obs_dim]]
+    if policy.masked:
+        observations.append(envs.action_mask)
     inputs = [(x if len(x) > 1 else torch.cat([x, x])).cpu() for x in observations]
     batch = torch.export.Dim("batch")
     dynamic_shapes = [{0: batch} for _ in inputs]
@@ -609,6 +617,9 @@ def export_policy(policy: DeployedPolicy, first, envs, ckpt: dict, checkpoint: P
             raise UserError(f"{ckpt['trainer']}.py's env_action() reads what an exported policy does not carry "
                             f"({e}); it may read the envs' {', '.join(policy.ENV_ACTION_READS)}") from e
         received = policy.to_env(policy.env_action(envs, action.to(envs.device)).cpu())
+    if policy.masked and not allowed(action, inputs[len(observations) - 1], envs.single_action_space):
+        raise UserError(f"on the env's first observations, {ckpt['trainer']}.py's get_action() takes an action that "
+                        "the env's action mask forbids: it must give the mask to the distribution (DiscreteActions)")
     expected = (received, *state)
     try:
         with warnings.catch_warnings():
@@ -629,6 +640,9 @@ def export_policy(policy: DeployedPolicy, first, envs, ckpt: dict, checkpoint: P
     if policy.recurrent:
         description["initial_rnn_state"] = ("zeros; episode_start is True at an episode's first observation, which "
                                             "also resets the rnn_state it is given to zeros")
+    if policy.masked:
+        description["action_mask"] = ("True where the env allows an action (info['action_mask']), a MultiDiscrete's "
+                                      "dimensions one after another; the action is the mode of those allowed")
     if ckpt["args"].get("critic_obs"):
         description["critic_obs"] = "the critic's privileged observation (--critic_obs) is not an input"
     if policy.keys and envs.vectors:
@@ -658,6 +672,14 @@ def write_policy(policy: DeployedPolicy, inputs: tuple, dynamic_shapes: tuple, p
                       input_names=policy.input_names, output_names=policy.output_names, dynamic_shapes=dynamic_shapes)
     session = onnxruntime.InferenceSession(str(path))
     return session.run(None, {name: x.numpy() for name, x in zip(policy.input_names, inputs)})
+
+
+def allowed(action: torch.Tensor, action_mask: torch.Tensor, space) -> bool:
+    """Whether every action (the agent's, counted from 0) is one its mask allows (a MultiDiscrete's in each dimension;
+    its masks' dimensions one after another)."""
+    nvec = torch.as_tensor(getattr(space, "nvec", [getattr(space, "n", 0)])).reshape(-1)
+    offsets = torch.cumsum(nvec, 0) - nvec
+    return bool(action_mask.gather(1, action.reshape(len(action), -1).long() + offsets).all())
 
 
 def as_tuple(x) -> tuple:

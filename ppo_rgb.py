@@ -119,6 +119,9 @@ ATARI_FRAME_SKIP = 4
 LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
 NORMAL_ENTROPY_AT_UNIT_STD = 0.5 + 0.5 * math.log(2 * math.pi)
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+# A forbidden action's logit (DiscreteActions): sb3-contrib's. Unlike -inf, it keeps a mask that forbids every action
+# of a dimension, and the entropy's gradient, finite.
+MASKED_LOGIT = -1e8
 
 
 @dataclass
@@ -352,7 +355,10 @@ class RewardNormalizer(nn.Module):
 class DiscreteActions(nn.Module):
     """The policy's distribution over Discrete, MultiDiscrete and MultiBinary actions, from the actor's logits: a
     Categorical; a Categorical per dimension (each dimension's logits a row of a grid, padded with -inf); a Bernoulli
-    per dimension. Log-probabilities and entropies are summed over the dimensions; the mode is each dimension's."""
+    per dimension. Log-probabilities and entropies are summed over the dimensions; the mode is each dimension's.
+    An action mask (True where the env allows an action; a MultiDiscrete's dimensions one after another, as the
+    logits) gives the actions it forbids the logit MASKED_LOGIT, as sb3-contrib's MaskableCategorical: their
+    probability is exactly 0, so they are never drawn nor the mode, and add nothing to the entropy."""
 
     def __init__(self, action_space: dict):
         super().__init__()
@@ -378,17 +384,24 @@ class DiscreteActions(nn.Module):
         grid[..., self.rows, self.cols] = logits
         return grid
 
-    def distribution(self, logits: torch.Tensor) -> torch.distributions.Distribution:
+    def distribution(self, logits: torch.Tensor, action_mask: Optional[torch.Tensor] = None
+                     ) -> torch.distributions.Distribution:
+        logits = self.masked(logits, action_mask)
         if self.kind == "Discrete":
             return Categorical(logits=logits, validate_args=False)  # validation syncs with the GPU
         if self.kind == "MultiBinary":
             return Independent(Bernoulli(logits=logits, validate_args=False), 1, validate_args=False)
         return Independent(Categorical(logits=self.grid(logits), validate_args=False), 1, validate_args=False)
 
-    def mode(self, logits: torch.Tensor) -> torch.Tensor:
+    def mode(self, logits: torch.Tensor, action_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self.kind == "MultiBinary":
             return (logits > 0).float()
+        logits = self.masked(logits, action_mask)
         return (logits if self.kind == "Discrete" else self.grid(logits)).argmax(-1)
+
+    @staticmethod
+    def masked(logits: torch.Tensor, action_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        return logits if action_mask is None else logits.masked_fill(~action_mask, MASKED_LOGIT)
 
 
 class NatureCNN(nn.Module):
@@ -474,17 +487,19 @@ class Agent(nn.Module):
         value = self.critic(features).squeeze(-1)
         return value if self.value_normalizer is None else self.value_normalizer.denormalize(value)
 
-    def get_action(self, obs: dict[str, torch.Tensor], deterministic: bool = False) -> torch.Tensor:
+    def get_action(self, obs: dict[str, torch.Tensor], action_mask: Optional[torch.Tensor] = None,
+                   deterministic: bool = False) -> torch.Tensor:
         if not deterministic:
-            return self.get_action_and_value(obs)[0]
+            return self.get_action_and_value(obs, action_mask)[0]
         logits_or_mean = self.actor(self.encoder(obs))
-        return self.discrete_actions.mode(logits_or_mean) if self.discrete else logits_or_mean
+        return self.discrete_actions.mode(logits_or_mean, action_mask) if self.discrete else logits_or_mean
 
-    def get_action_and_value(self, obs: dict[str, torch.Tensor], action: Optional[torch.Tensor] = None):
+    def get_action_and_value(self, obs: dict[str, torch.Tensor], action_mask: Optional[torch.Tensor] = None,
+                             action: Optional[torch.Tensor] = None):
         features = self.encoder(obs)
         value = self.value(features, obs)
         if self.discrete:
-            pi = self.discrete_actions.distribution(self.actor(features))
+            pi = self.discrete_actions.distribution(self.actor(features), action_mask)
             if action is None:
                 action = pi.sample()
             return action, pi.log_prob(action), pi.entropy(), value
@@ -516,7 +531,7 @@ class RolloutBuffer:
     """One rollout's tensors, (num_steps, num_envs, ...), on the learner's device (a vector env of seed blocks':
     (num_steps, num_seeds, num_envs, ...)); obs is a dict of them, each image in its own dtype. dones[t] marks the
     episodes that ended with step t; bootstrap_values[t] is V(final obs) for those of them that bootstrap, 0
-    elsewhere."""
+    elsewhere; action_masks[t], the actions that obs[t] allowed (None where the envs give no action mask)."""
 
     def __init__(self, num_steps: int, envs: TorchVecEnv, device: torch.device):
         self.env_dims = len(envs.batch_shape)
@@ -531,6 +546,8 @@ class RolloutBuffer:
                                    dtype=torch.long if integer else torch.float32, device=device)
         self.logprobs, self.rewards, self.dones, self.values, self.bootstrap_values = (
             torch.zeros((num_steps, *envs.batch_shape), device=device) for _ in range(5))
+        self.action_masks = None if envs.action_mask is None else torch.zeros(
+            (num_steps, *envs.action_mask.shape), dtype=torch.bool, device=device)
 
     def rows(self, x: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor | dict[str, torch.Tensor]:
         """A rollout tensor (or the observations' dict of them) as the batch's rows, (num_steps * num_envs, ...);
@@ -557,10 +574,12 @@ def rollout(agent: Agent, envs: TorchVecEnv, buf: RolloutBuffer, next_obs: dict[
             if agent.critic_obs_normalizer is not None:
                 agent.critic_obs_normalizer.update(gather_rows(next_obs["critic"]))
             obs = agent.normalize_obs(next_obs)
-            action, logprob, _, value = policy_step(obs)
+            action, logprob, _, value = policy_step(obs, envs.action_mask)
         for key in obs:
             buf.obs[key][step] = obs[key]
         buf.actions[step], buf.logprobs[step], buf.values[step] = action, logprob, value
+        if buf.action_masks is not None:
+            buf.action_masks[step] = envs.action_mask
         next_obs, reward, terminated, truncated, final_obs, finished = envs.step(action)
         done = terminated | truncated
         if reward_normalizer is not None:
@@ -622,10 +641,10 @@ def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch
 
 
 # Copied from ppo.py
-def ppo_loss(agent: Agent, args: Args, obs, actions, old_logprobs, advantages, returns, old_values):
+def ppo_loss(agent: Agent, args: Args, obs, action_masks, actions, old_logprobs, advantages, returns, old_values):
     """The clipped surrogate, value and entropy terms of one minibatch of rows, each reduced over its rows (the last
     dimension); its log-ratios and ratios, detached."""
-    _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, action_masks, actions)
     logratio = newlogprob - old_logprobs
     ratio = logratio.exp()
     if args.norm_adv:
@@ -651,16 +670,18 @@ def update(agent: Agent, optimizer: PPOOptimizer, buf: RolloutBuffer, advantages
     one that stopped the update if one did). Under --num_seeds each holds one value per seed (SeedOptimizer)."""
     b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values = (
         buf.rows(x) for x in (buf.obs, buf.actions, buf.logprobs, advantages, returns, buf.values))
+    b_action_masks = None if buf.action_masks is None else buf.rows(buf.action_masks)
     batch_size = b_returns.shape[-1]
     stats, clipfracs = {}, []
     for mb in optimizer.minibatches(batch_size, batch_size // args.num_minibatches, args.update_epochs):
         obs = {key: x[mb] for key, x in b_obs.items()}
+        mb_action_masks = None if b_action_masks is None else b_action_masks[mb]
         if args.aug_shift:
             with optimizer.draws():  # under --num_seeds each seed's shifts from its own random stream
                 obs = {key: x if key in ("state", "critic") else random_shift(x, args.aug_shift)
                        for key, x in obs.items()}
         (pg_loss, v_loss, entropy_loss), logratio, ratio = update_losses(
-            obs, b_actions[mb], b_logprobs[mb], b_advantages[mb], b_returns[mb], b_values[mb])
+            obs, mb_action_masks, b_actions[mb], b_logprobs[mb], b_advantages[mb], b_returns[mb], b_values[mb])
         with torch.no_grad():
             old_approx_kl, approx_kl = mean_over_ranks(
                 torch.stack([(-logratio).mean(-1), ((ratio - 1) - logratio).mean(-1)]))
@@ -844,8 +865,8 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
                          .to(setup.device) if args.norm_reward else None)
     policy_step = compile_unless_unavailable(policy_step_of(agent), args.compile)
     update_losses = compile_unless_unavailable(functools.partial(ppo_loss, agent, args), args.compile)
-    buf = RolloutBuffer(args.num_steps, envs, setup.device)
     with Run(args, setup, envs, eval_envs, agent, optimizer, reward_normalizer, resume_state, init_state) as run:
+        buf = RolloutBuffer(args.num_steps, envs, setup.device)  # after the reset, which gives the first action masks
         next_obs = run.next_obs
         for iteration in run.iterations():
             optimizer.schedule_learning_rate(iteration, setup.num_iterations, args)
@@ -884,7 +905,7 @@ def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Op
     obs = eval_envs.reset(seed=seed)
     for _ in range(num_eval_steps):
         with torch.no_grad():
-            action = agent.get_action(agent.normalize_obs(obs), deterministic=deterministic)
+            action = agent.get_action(agent.normalize_obs(obs), eval_envs.action_mask, deterministic=deterministic)
         obs, _, terminated, truncated, _, finished = eval_envs.step(action)
         done = terminated | truncated
         if finished is not None:
@@ -1064,11 +1085,37 @@ class ManiSkillCriticState(gym.Wrapper):
 
 
 def gym_observation(env: gym.Env, atari: bool, max_episode_steps: Optional[int], critic_obs: bool) -> gym.Env:
-    """What the agent sees of a Gymnasium env: an Atari game's frames preprocessed, and the critic's vector under
-    "critic" (--critic_obs)."""
+    """What the agent sees of a Gymnasium env: an Atari game's frames preprocessed; a Dict observation's
+    "action_mask" moved to info (ActionMaskInInfo); the critic's vector under "critic" (--critic_obs)."""
     if atari:
         env = atari_preprocessing(env, max_episode_steps)
+    if isinstance(env.observation_space, gym.spaces.Dict) and "action_mask" in env.observation_space.spaces:
+        env = ActionMaskInInfo(env)
     return CriticObservation(env) if critic_obs else env
+
+
+# Copied from ppo.py
+class ActionMaskInInfo(gym.Wrapper):
+    """Action masks as PettingZoo gives them, a Dict observation's "action_mask" entry, moved to where Gymnasium gives
+    them, info["action_mask"]: the observation is the Dict's other entries."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.observation_space = gym.spaces.Dict({key: space for key, space in env.observation_space.spaces.items()
+                                                  if key != "action_mask"})
+
+    def reset(self, **kwargs):
+        return self.moved(*self.env.reset(**kwargs))
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        obs, info = self.moved(obs, info)
+        return obs, reward, terminated, truncated, info
+
+    @staticmethod
+    def moved(obs: dict, info: dict) -> tuple:
+        rest = {key: value for key, value in obs.items() if key != "action_mask"}
+        return rest, {**info, "action_mask": obs["action_mask"]}
 
 
 # The ALE's own frame skipping is off: atari_preprocessing skips frames (maxing the last two), and applies the time
@@ -1572,6 +1619,10 @@ class SeedBlocks:
 
     def __getattr__(self, name: str):  # spaces, devices, video: the vector env's
         return getattr(self.envs, name)
+
+    @property
+    def action_mask(self) -> Optional[torch.Tensor]:
+        return None if self.envs.action_mask is None else self.blocks(self.envs.action_mask)
 
     def blocks(self, x: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor | dict[str, torch.Tensor]:
         if isinstance(x, dict):  # an observation of ppo_rgb.py's
@@ -2271,15 +2322,16 @@ class TorchVecEnv:
     episodes (next_obs elsewhere); finished maps metric names (return, episode_len, and ManiSkill's
     success_once, success_at_end, fail_once, fail_at_end) to one value per env, that of the episode it ended in this
     step where terminated | truncated, or is None when the env says that none ended (a torch-native env need not:
-    reading whether any ended would wait for its device).
+    reading whether any ended would wait for its device). action_mask: the actions that the last observation allows,
+    (num_envs, logits) booleans (read_action_mask()), or None where the env gives no mask.
     """
 
     EPISODE_KEYS = ("success_once", "success_at_end", "fail_once", "fail_at_end")
 
-    def __init__(self, env: gym.vector.VectorEnv, device: torch.device, torch_native: bool,
+    def __init__(self, env: gym.vector.VectorEnv, env_id: str, device: torch.device, torch_native: bool,
                  reset_video_trigger: Optional[ResetEpisodeTrigger] = None,
                  video_recorder: Optional[gym.Wrapper] = None):
-        self.env = env
+        self.env, self.env_id = env, env_id
         self.reset_video_trigger = reset_video_trigger
         self.video_recorder = video_recorder
         self.device = device
@@ -2304,6 +2356,7 @@ class TorchVecEnv:
             self.action_start = torch.as_tensor(getattr(space, "start", 0), dtype=torch.long, device=device)
         self.episode_return = torch.zeros(self.num_envs, dtype=torch.float64, device=device)
         self.episode_length = torch.zeros(self.num_envs, dtype=torch.long, device=device)
+        self.action_mask: Optional[torch.Tensor] = None
 
     def _obs(self, obs) -> dict[str, torch.Tensor]:
         if not isinstance(obs, dict):
@@ -2322,9 +2375,10 @@ class TorchVecEnv:
     def reset(self, seed: Optional[int | list[int]] = None) -> dict[str, torch.Tensor]:
         if self.reset_video_trigger is not None:
             self.reset_video_trigger.armed = True
-        obs, _ = self.env.reset(seed=seed)
+        obs, info = self.env.reset(seed=seed)
         self.episode_return.zero_()
         self.episode_length.zero_()
+        self.action_mask = self.read_action_mask(info)
         return self._obs(obs)
 
     def step(self, action: torch.Tensor):
@@ -2365,7 +2419,43 @@ class TorchVecEnv:
                     finished[key] = self._to_device(episode[key], torch.float32)
             self.episode_return = torch.where(done, 0.0, self.episode_return)
             self.episode_length = torch.where(done, 0, self.episode_length)
+        self.action_mask = self.read_action_mask(info)
         return next_obs, reward, terminated, truncated, final_obs, finished
+
+    # Copied from ppo.py
+    def read_action_mask(self, info: dict) -> Optional[torch.Tensor]:
+        """info["action_mask"] (Gymnasium's convention: 1 where an action is allowed; a MultiDiscrete's one array per
+        dimension or their concatenation) as (num_envs, logits) booleans, checked to allow an action in every
+        dimension; None where the env gives none. A Gymnasium vector env's is its reset's for the envs that reset."""
+        if "action_mask" not in info:
+            if self.action_mask is not None:
+                raise UserError(f"{self.env_id} gave info['action_mask'] before and none now: give it at reset and on "
+                                "every step")
+            return None
+        space = space_to_dict(self.single_action_space)
+        if space["type"] not in ("Discrete", "MultiDiscrete"):
+            raise UserError(f"{self.env_id} gives info['action_mask'] and its actions are {self.single_action_space}: "
+                            f"{TRAINER}.py masks Discrete and MultiDiscrete actions")
+        mask = info["action_mask"]
+        given = info.get("_action_mask")  # a Gymnasium vector env's: which envs gave one
+        if isinstance(given, np.ndarray) and not given.all():
+            missing = int(np.flatnonzero(~given)[0])
+            raise UserError(f"{self.env_id} gave info['action_mask'] in some envs and none in env {missing}: give it "
+                            "at reset and on every step")
+        if isinstance(mask, np.ndarray) and mask.dtype == object:  # a MultiDiscrete's, an array per dimension
+            mask = np.stack([np.concatenate(env_mask) for env_mask in mask])
+        mask, nvec = torch.as_tensor(mask), space.get("nvec", [space.get("n")])
+        if mask.shape[:1] != (self.num_envs,) or mask[0].numel() != sum(nvec):
+            raise UserError(f"{self.env_id}'s info['action_mask'] has shape {tuple(mask.shape)}: one mask of "
+                            f"{sum(nvec)} entries per env, for {self.single_action_space} (docs/ppo.md)")
+        mask = mask.reshape(self.num_envs, -1).bool()
+        allowed = torch.stack([dim.any(-1) for dim in mask.split(nvec, dim=-1)], -1).all(-1)
+        if not allowed.all():  # a GPU env's mask waits for the device here
+            env = int((~allowed).nonzero()[0])
+            raise UserError(f"{self.env_id}'s info['action_mask'] allows no action in env {env} after step "
+                            f"{int(self.episode_length[env])} of its episode"
+                            f"{'' if len(nvec) == 1 else ' (in one of its dimensions)'}: every state allows one")
+        return mask.to(self.device)
 
     # Copied from ppo.py
     def check_shape(self, action: torch.Tensor, whose: str):
@@ -2435,7 +2525,8 @@ def make_run_envs(args: Args, maniskill: bool, device: torch.device, *, evaluati
                                             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         else:
             env = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-        return TorchVecEnv(env, device, torch_native=False, reset_video_trigger=video_trigger if evaluation else None)
+        return TorchVecEnv(env, args.env_id, device, torch_native=False,
+                           reset_video_trigger=video_trigger if evaluation else None)
     except gym.error.DependencyNotInstalled as e:
         hint = "; or pass --no_capture_video" if args.capture_video else ""
         raise UserError(f"{args.env_id} needs an optional dependency: {e}{hint}") from e
@@ -2466,9 +2557,9 @@ def torch_native_id(env_id: str) -> bool:
 def make_torch_native_envs(args: Args, num_envs: int, device: torch.device) -> TorchVecEnv:
     """Under --num_seeds, one env for each seed's block (EnvBlocks)."""
     if args.num_seeds == 1:
-        return TorchVecEnv(make_torch_native_env(args, num_envs, device), device, torch_native=True)
+        return TorchVecEnv(make_torch_native_env(args, num_envs, device), args.env_id, device, torch_native=True)
     blocks = [make_torch_native_env(args, num_envs // args.num_seeds, device) for _ in range(args.num_seeds)]
-    return TorchVecEnv(EnvBlocks(blocks), device, torch_native=True)
+    return TorchVecEnv(EnvBlocks(blocks), args.env_id, device, torch_native=True)
 
 
 # Copied from ppo.py
@@ -2596,12 +2687,14 @@ class EnvBlocks:
     def reset(self, *, seed: Optional[list[int]] = None, options=None):
         # SeedBlocks gives each env's seed, and a block's first is the seed its run alone resets with
         seeds = [None] * len(self.blocks) if seed is None else seed[::self.blocks[0].num_envs]
-        return concatenated([block.reset(seed=block_seed)[0] for block, block_seed in zip(self.blocks, seeds)]), {}
+        obs, infos = zip(*(block.reset(seed=block_seed) for block, block_seed in zip(self.blocks, seeds)))
+        return concatenated(obs), self.action_masks(infos)
 
     def step(self, action: torch.Tensor):
         steps = [block.step(block_action) for block, block_action in zip(self.blocks, action.chunk(len(self.blocks)))]
         obs, reward, terminated, truncated = (concatenated(x) for x in zip(*(step[:4] for step in steps)))
-        infos, info = [step[4] for step in steps], {}
+        infos = [step[4] for step in steps]
+        info = self.action_masks(infos)
         # A block gives its final observations and episode metrics every step or where its episodes ended (its
         # contract checks which): a block without them stands in its obs and zeros, where none ended.
         if any("final_obs" in block_info for block_info in infos):
@@ -2612,6 +2705,10 @@ class EnvBlocks:
             info["final_info"] = {"episode": {key: torch.cat([episode[key] if episode else torch.zeros_like(keys[key])
                                                               for episode in episodes]) for key in keys}}
         return obs, reward, terminated, truncated, info
+
+    @staticmethod
+    def action_masks(infos) -> dict:
+        return {"action_mask": torch.cat([info["action_mask"] for info in infos])} if "action_mask" in infos[0] else {}
 
     def close(self):
         for block in self.blocks:
@@ -2659,7 +2756,7 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
                                       video_dir, video_trigger, max_steps_per_video, trajectory_path)
             vec_env = ManiSkillVectorEnv(env, num_envs, ignore_terminations=ignore_terminations, record_metrics=True)
             recorder = env if video_dir is not None or trajectory_path is not None else None
-            return TorchVecEnv(vec_env, device, torch_native=True, video_recorder=recorder)
+            return TorchVecEnv(vec_env, args.env_id, device, torch_native=True, video_recorder=recorder)
         if trajectory_path is not None:
             raise UserError("trajectories are recorded in one ManiSkill vector env: on the CPU simulation, use one env")
         # The fork start method hangs while workers build SAPIEN scenes; forkserver needs module-level builders.
@@ -2673,7 +2770,7 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
         # driver fails here.
         vec_env = gym.vector.AsyncVectorEnv(env_fns, context="forkserver",
                                             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-        return TorchVecEnv(vec_env, device, torch_native=False)
+        return TorchVecEnv(vec_env, args.env_id, device, torch_native=False)
     except (AssertionError, KeyError, ValueError) as e:
         raise UserError(f"cannot make ManiSkill env {args.env_id!r} with {env_kwargs}: {e}") from e
     except RuntimeError as e:

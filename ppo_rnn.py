@@ -110,6 +110,9 @@ NETWORK_FIELDS = ("norm_obs", "norm_value", "critic_obs", "activation", "rnn_typ
 LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
 NORMAL_ENTROPY_AT_UNIT_STD = 0.5 + 0.5 * math.log(2 * math.pi)
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+# A forbidden action's logit (DiscreteActions): sb3-contrib's. Unlike -inf, it keeps a mask that forbids every action
+# of a dimension, and the entropy's gradient, finite.
+MASKED_LOGIT = -1e8
 
 
 @dataclass
@@ -416,7 +419,10 @@ class RewardNormalizer(nn.Module):
 class DiscreteActions(nn.Module):
     """The policy's distribution over Discrete, MultiDiscrete and MultiBinary actions, from the actor's logits: a
     Categorical; a Categorical per dimension (each dimension's logits a row of a grid, padded with -inf); a Bernoulli
-    per dimension. Log-probabilities and entropies are summed over the dimensions; the mode is each dimension's."""
+    per dimension. Log-probabilities and entropies are summed over the dimensions; the mode is each dimension's.
+    An action mask (True where the env allows an action; a MultiDiscrete's dimensions one after another, as the
+    logits) gives the actions it forbids the logit MASKED_LOGIT, as sb3-contrib's MaskableCategorical: their
+    probability is exactly 0, so they are never drawn nor the mode, and add nothing to the entropy."""
 
     def __init__(self, action_space: dict):
         super().__init__()
@@ -442,17 +448,24 @@ class DiscreteActions(nn.Module):
         grid[..., self.rows, self.cols] = logits
         return grid
 
-    def distribution(self, logits: torch.Tensor) -> torch.distributions.Distribution:
+    def distribution(self, logits: torch.Tensor, action_mask: Optional[torch.Tensor] = None
+                     ) -> torch.distributions.Distribution:
+        logits = self.masked(logits, action_mask)
         if self.kind == "Discrete":
             return Categorical(logits=logits, validate_args=False)  # validation syncs with the GPU
         if self.kind == "MultiBinary":
             return Independent(Bernoulli(logits=logits, validate_args=False), 1, validate_args=False)
         return Independent(Categorical(logits=self.grid(logits), validate_args=False), 1, validate_args=False)
 
-    def mode(self, logits: torch.Tensor) -> torch.Tensor:
+    def mode(self, logits: torch.Tensor, action_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         if self.kind == "MultiBinary":
             return (logits > 0).float()
+        logits = self.masked(logits, action_mask)
         return (logits if self.kind == "Discrete" else self.grid(logits)).argmax(-1)
+
+    @staticmethod
+    def masked(logits: torch.Tensor, action_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        return logits if action_mask is None else logits.masked_fill(~action_mask, MASKED_LOGIT)
 
 
 class Agent(nn.Module):
@@ -516,9 +529,10 @@ class Agent(nn.Module):
         return self.value_normalizer.denormalize(value.flatten(-2)).view_as(value)  # as rows, which it takes
 
     def get_action(self, obs: torch.Tensor, state: torch.Tensor, episode_starts: torch.Tensor,
+                   action_mask: Optional[torch.Tensor] = None,
                    deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         if not deterministic:
-            action, _, _, _, state = self.get_action_and_value(obs, state, episode_starts)
+            action, _, _, _, state = self.get_action_and_value(obs, state, episode_starts, action_mask)
             return action, state
         if self.critic_core is None:
             features, state = self.actor_core(obs, state, episode_starts)
@@ -527,14 +541,14 @@ class Agent(nn.Module):
             features, actor_state = self.actor_core(obs[..., :self.obs_dim], actor_state, episode_starts)
             state = torch.cat((actor_state, critic_state), dim=-1)
         logits_or_mean = self.actor(features)
-        return (self.discrete_actions.mode(logits_or_mean) if self.discrete else logits_or_mean), state
+        return (self.discrete_actions.mode(logits_or_mean, action_mask) if self.discrete else logits_or_mean), state
 
     def get_action_and_value(self, obs: torch.Tensor, state: torch.Tensor, episode_starts: torch.Tensor,
-                             action: Optional[torch.Tensor] = None):
+                             action_mask: Optional[torch.Tensor] = None, action: Optional[torch.Tensor] = None):
         actor_features, critic_features, state = self.cores(obs, state, episode_starts)
         value = self.value(critic_features)
         if self.discrete:
-            pi = self.discrete_actions.distribution(self.actor(actor_features))
+            pi = self.discrete_actions.distribution(self.actor(actor_features), action_mask)
             if action is None:
                 action = pi.sample()
             return action, pi.log_prob(action), pi.entropy(), value, state
@@ -581,6 +595,8 @@ class RolloutBuffer:
         self.logprobs, self.rewards, self.dones, self.values, self.bootstrap_values = (
             torch.zeros((num_steps, *envs.batch_shape), device=device) for _ in range(5))
         self.episode_starts = torch.zeros((num_steps, *envs.batch_shape), dtype=torch.bool, device=device)
+        self.action_masks = None if envs.action_mask is None else torch.zeros(
+            (num_steps, *envs.action_mask.shape), dtype=torch.bool, device=device)
         *seeds, num_envs = envs.batch_shape
         self.sequence_states = torch.zeros((num_steps // seq_len, *seeds, state_shape[0], num_envs, state_shape[1]),
                                            device=device)
@@ -618,10 +634,13 @@ def rollout(agent: Agent, envs: TorchVecEnv, buf: RolloutBuffer, next_obs: torch
                 agent.obs_normalizer.update(gather_rows(next_obs))  # so that every rank normalizes alike
             obs = agent.normalize_obs(next_obs)
             # each env's step a sequence of one step: a time dimension after the envs'
-            action, logprob, _, value, state = policy_step(obs[..., None, :], state, next_start[..., None])
+            action_mask = None if envs.action_mask is None else envs.action_mask[..., None, :]
+            action, logprob, _, value, state = policy_step(obs[..., None, :], state, next_start[..., None], action_mask)
             action, logprob, value = (x.squeeze(buf.env_dims) for x in (action, logprob, value))
         buf.obs[step], buf.actions[step], buf.logprobs[step], buf.values[step] = obs, action, logprob, value
         buf.episode_starts[step] = next_start
+        if buf.action_masks is not None:
+            buf.action_masks[step] = envs.action_mask
         next_obs, reward, terminated, truncated, final_obs, finished = envs.step(action)
         done = next_start = terminated | truncated
         if reward_normalizer is not None:
@@ -683,10 +702,11 @@ def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch
     return advantages
 
 
-def ppo_loss(agent: Agent, args: Args, obs, states, starts, actions, old_logprobs, advantages, returns, old_values):
+def ppo_loss(agent: Agent, args: Args, obs, states, starts, action_masks, actions, old_logprobs, advantages, returns,
+             old_values):
     """The clipped surrogate, value and entropy terms of one minibatch of sequences, replayed from their stored
     states, each reduced over its steps (the last two dimensions, as rows); its log-ratios and ratios, detached."""
-    _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(obs, states, starts, actions)
+    _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(obs, states, starts, action_masks, actions)
     newlogprob, entropy, newvalue, old_logprobs, advantages, returns, old_values = (
         x.flatten(-2) for x in (newlogprob, entropy, newvalue, old_logprobs, advantages, returns, old_values))
     logratio = newlogprob - old_logprobs
@@ -716,12 +736,14 @@ def update(agent: Agent, optimizer: PPOOptimizer, buf: RolloutBuffer, advantages
     b_obs, b_starts, b_actions, b_logprobs, b_advantages, b_returns, b_values = (buf.sequences(x) for x in (
         buf.obs, buf.episode_starts, buf.actions, buf.logprobs, advantages, returns, buf.values))
     b_states = buf.rows(buf.sequence_states.transpose(-3, -2))  # (sequences, num_layers, state_size)
+    b_action_masks = None if buf.action_masks is None else buf.sequences(buf.action_masks)
     num_sequences = b_returns.shape[-2]
     stats, clipfracs = {}, []
     for mb in optimizer.minibatches(num_sequences, num_sequences // args.num_minibatches, args.update_epochs):
+        mb_action_masks = None if b_action_masks is None else b_action_masks[mb]
         (pg_loss, v_loss, entropy_loss), logratio, ratio = update_losses(
-            b_obs[mb], b_states[mb].transpose(-3, -2), b_starts[mb], b_actions[mb], b_logprobs[mb], b_advantages[mb],
-            b_returns[mb], b_values[mb])
+            b_obs[mb], b_states[mb].transpose(-3, -2), b_starts[mb], mb_action_masks, b_actions[mb], b_logprobs[mb],
+            b_advantages[mb], b_returns[mb], b_values[mb])
         with torch.no_grad():
             old_approx_kl, approx_kl = mean_over_ranks(
                 torch.stack([(-logratio).mean(-1), ((ratio - 1) - logratio).mean(-1)]))
@@ -890,8 +912,9 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
                          .to(setup.device) if args.norm_reward else None)
     policy_step = compile_unless_unavailable(policy_step_of(agent), args.compile)
     update_losses = compile_unless_unavailable(functools.partial(ppo_loss, agent, args), args.compile)
-    buf = RolloutBuffer(args.num_steps, envs, setup.device, args.seq_len, agent.state_shape)
     with Run(args, setup, envs, eval_envs, agent, optimizer, reward_normalizer, resume_state, init_state) as run:
+        # after the reset, which gives the first action masks
+        buf = RolloutBuffer(args.num_steps, envs, setup.device, args.seq_len, agent.state_shape)
         next_obs = run.next_obs
         # Episodes run on across rollouts, and so does their memory; the envs' first observations start episodes.
         next_start = torch.ones(envs.batch_shape, dtype=torch.bool, device=setup.device)
@@ -937,8 +960,9 @@ def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Op
     episode_start = torch.ones(eval_envs.num_envs, dtype=torch.bool, device=eval_envs.device)
     for _ in range(num_eval_steps):
         with torch.no_grad():
+            action_mask = None if eval_envs.action_mask is None else eval_envs.action_mask[:, None]
             action, state = agent.get_action(agent.normalize_obs(obs)[:, None], state, episode_start[:, None],
-                                             deterministic)
+                                             action_mask, deterministic)
         obs, _, terminated, truncated, _, finished = eval_envs.step(action[:, 0])
         done = episode_start = terminated | truncated
         if finished is not None:
@@ -1051,8 +1075,6 @@ class CriticObservation(gym.Wrapper):
     def __init__(self, env: gym.Env):
         super().__init__(env)
         space = env.observation_space
-        if not isinstance(space, gym.spaces.Box):
-            raise UserError(f"--critic_obs appends info['critic'] to a Box observation, and {space} is none")
         _, info = env.reset()
         if "critic" not in info:
             raise UserError(f"--critic_obs needs an env that puts its critic's vector in info['critic'] at reset and "
@@ -1528,6 +1550,10 @@ class SeedBlocks:
 
     def __getattr__(self, name: str):  # spaces, devices, video: the vector env's
         return getattr(self.envs, name)
+
+    @property
+    def action_mask(self) -> Optional[torch.Tensor]:
+        return None if self.envs.action_mask is None else self.blocks(self.envs.action_mask)
 
     def blocks(self, x: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor | dict[str, torch.Tensor]:
         if isinstance(x, dict):  # an observation of ppo_rgb.py's
@@ -2166,8 +2192,7 @@ def render_without_a_display():
 def build_gym_env(env_id: str, max_episode_steps: Optional[int], video_dir: Optional[str], video_trigger,
                   video_length: Optional[int], name_prefix: str, critic_obs: bool = False) -> gym.Env:
     if video_dir is None:  # not every env's constructor takes a render_mode
-        env = gym.make(env_id, max_episode_steps=max_episode_steps)
-        return CriticObservation(env) if critic_obs else env
+        return observed(gym.make(env_id, max_episode_steps=max_episode_steps), critic_obs)
     render_without_a_display()
     try:
         env = gym.make(env_id, max_episode_steps=max_episode_steps, render_mode="rgb_array")
@@ -2175,12 +2200,47 @@ def build_gym_env(env_id: str, max_episode_steps: Optional[int], video_dir: Opti
         if "render_mode" not in str(e):
             raise
         raise UserError(f"{env_id} takes no render_mode, so it cannot record videos; pass --no_capture_video") from e
-    if critic_obs:
-        env = CriticObservation(env)
+    env = observed(env, critic_obs)
     # Rendering dependencies (pygame, a GL context) fail only at the first frame: find out now, not mid-run.
     env.reset()
     env.render()
     return record_video(env, video_dir, video_trigger, video_length, name_prefix)
+
+
+# Copied from ppo.py
+def observed(env: gym.Env, critic_obs: bool) -> gym.Env:
+    """A Gymnasium env as the agent observes it, a Box: a Dict observation's "action_mask" goes to info
+    (ActionMaskInInfo); other spaces are flattened (a Discrete one one-hot, as Taxi-v4's states); --critic_obs appends
+    info["critic"]."""
+    if isinstance(env.observation_space, gym.spaces.Dict) and "action_mask" in env.observation_space.spaces:
+        env = ActionMaskInInfo(env)
+    if not isinstance(env.observation_space, gym.spaces.Box):
+        env = gym.wrappers.FlattenObservation(env)
+    return CriticObservation(env) if critic_obs else env
+
+
+# Copied from ppo.py
+class ActionMaskInInfo(gym.Wrapper):
+    """Action masks as PettingZoo gives them, a Dict observation's "action_mask" entry, moved to where Gymnasium gives
+    them, info["action_mask"]: the observation is the Dict's other entries."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.observation_space = gym.spaces.Dict({key: space for key, space in env.observation_space.spaces.items()
+                                                  if key != "action_mask"})
+
+    def reset(self, **kwargs):
+        return self.moved(*self.env.reset(**kwargs))
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        obs, info = self.moved(obs, info)
+        return obs, reward, terminated, truncated, info
+
+    @staticmethod
+    def moved(obs: dict, info: dict) -> tuple:
+        rest = {key: value for key, value in obs.items() if key != "action_mask"}
+        return rest, {**info, "action_mask": obs["action_mask"]}
 
 
 # Copied from ppo.py
@@ -2222,15 +2282,16 @@ class TorchVecEnv:
     success_once, success_at_end, fail_once, fail_at_end) to one value per env, that of the episode it ended in this
     step where terminated | truncated, or is None when the env says that none ended (a torch-native env need not:
     reading whether any ended would wait for its device). Under --critic_obs the last critic_dim dims of an
-    observation are the critic's.
+    observation are the critic's. action_mask: the actions that the last observation allows, (num_envs, logits)
+    booleans (read_action_mask()), or None where the env gives no mask.
     """
 
     EPISODE_KEYS = ("success_once", "success_at_end", "fail_once", "fail_at_end")
 
-    def __init__(self, env: gym.vector.VectorEnv, device: torch.device, torch_native: bool,
+    def __init__(self, env: gym.vector.VectorEnv, env_id: str, device: torch.device, torch_native: bool,
                  reset_video_trigger: Optional[ResetEpisodeTrigger] = None,
                  video_recorder: Optional[gym.Wrapper] = None, critic_dim: int = 0):
-        self.env = env
+        self.env, self.env_id = env, env_id
         self.critic_dim = critic_dim
         self.reset_video_trigger = reset_video_trigger
         self.video_recorder = video_recorder
@@ -2259,6 +2320,7 @@ class TorchVecEnv:
         self.obs_dim = int(np.prod(self.single_observation_space.shape))
         self.episode_return = torch.zeros(self.num_envs, dtype=torch.float64, device=device)
         self.episode_length = torch.zeros(self.num_envs, dtype=torch.long, device=device)
+        self.action_mask: Optional[torch.Tensor] = None
 
     def _obs(self, obs) -> torch.Tensor:
         return self._to_device(obs, torch.float32, (-1, self.obs_dim))
@@ -2269,9 +2331,10 @@ class TorchVecEnv:
     def reset(self, seed: Optional[int | list[int]] = None) -> torch.Tensor:
         if self.reset_video_trigger is not None:
             self.reset_video_trigger.armed = True
-        obs, _ = self.env.reset(seed=seed)
+        obs, info = self.env.reset(seed=seed)
         self.episode_return.zero_()
         self.episode_length.zero_()
+        self.action_mask = self.read_action_mask(info)
         return self._obs(obs)
 
     def step(self, action: torch.Tensor):
@@ -2307,7 +2370,42 @@ class TorchVecEnv:
                     finished[key] = self._to_device(episode[key], torch.float32)
             self.episode_return = torch.where(done, 0.0, self.episode_return)
             self.episode_length = torch.where(done, 0, self.episode_length)
+        self.action_mask = self.read_action_mask(info)
         return next_obs, reward, terminated, truncated, final_obs, finished
+
+    def read_action_mask(self, info: dict) -> Optional[torch.Tensor]:
+        """info["action_mask"] (Gymnasium's convention: 1 where an action is allowed; a MultiDiscrete's one array per
+        dimension or their concatenation) as (num_envs, logits) booleans, checked to allow an action in every
+        dimension; None where the env gives none. A Gymnasium vector env's is its reset's for the envs that reset."""
+        if "action_mask" not in info:
+            if self.action_mask is not None:
+                raise UserError(f"{self.env_id} gave info['action_mask'] before and none now: give it at reset and on "
+                                "every step")
+            return None
+        space = space_to_dict(self.single_action_space)
+        if space["type"] not in ("Discrete", "MultiDiscrete"):
+            raise UserError(f"{self.env_id} gives info['action_mask'] and its actions are {self.single_action_space}: "
+                            f"{TRAINER}.py masks Discrete and MultiDiscrete actions")
+        mask = info["action_mask"]
+        given = info.get("_action_mask")  # a Gymnasium vector env's: which envs gave one
+        if isinstance(given, np.ndarray) and not given.all():
+            missing = int(np.flatnonzero(~given)[0])
+            raise UserError(f"{self.env_id} gave info['action_mask'] in some envs and none in env {missing}: give it "
+                            "at reset and on every step")
+        if isinstance(mask, np.ndarray) and mask.dtype == object:  # a MultiDiscrete's, an array per dimension
+            mask = np.stack([np.concatenate(env_mask) for env_mask in mask])
+        mask, nvec = torch.as_tensor(mask), space.get("nvec", [space.get("n")])
+        if mask.shape[:1] != (self.num_envs,) or mask[0].numel() != sum(nvec):
+            raise UserError(f"{self.env_id}'s info['action_mask'] has shape {tuple(mask.shape)}: one mask of "
+                            f"{sum(nvec)} entries per env, for {self.single_action_space} (docs/ppo.md)")
+        mask = mask.reshape(self.num_envs, -1).bool()
+        allowed = torch.stack([dim.any(-1) for dim in mask.split(nvec, dim=-1)], -1).all(-1)
+        if not allowed.all():  # a GPU env's mask waits for the device here
+            env = int((~allowed).nonzero()[0])
+            raise UserError(f"{self.env_id}'s info['action_mask'] allows no action in env {env} after step "
+                            f"{int(self.episode_length[env])} of its episode"
+                            f"{'' if len(nvec) == 1 else ' (in one of its dimensions)'}: every state allows one")
+        return mask.to(self.device)
 
     def check_shape(self, action: torch.Tensor, whose: str):
         """A copy's Agent or env_action() of another width is refused in one line, not broadcast."""
@@ -2376,7 +2474,8 @@ def make_run_envs(args: Args, maniskill: bool, device: torch.device, *, evaluati
         else:
             env = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         critic_dim = env.get_attr("critic_dim")[0] if args.critic_obs else 0
-        return TorchVecEnv(env, device, torch_native=False, reset_video_trigger=video_trigger if evaluation else None,
+        return TorchVecEnv(env, args.env_id, device, torch_native=False,
+                           reset_video_trigger=video_trigger if evaluation else None,
                            critic_dim=critic_dim)
     except gym.error.DependencyNotInstalled as e:
         hint = "; or pass --no_capture_video" if args.capture_video else ""
@@ -2408,9 +2507,9 @@ def torch_native_id(env_id: str) -> bool:
 def make_torch_native_envs(args: Args, num_envs: int, device: torch.device) -> TorchVecEnv:
     """Under --num_seeds, one env for each seed's block (EnvBlocks)."""
     if args.num_seeds == 1:
-        return TorchVecEnv(make_torch_native_env(args, num_envs, device), device, torch_native=True)
+        return TorchVecEnv(make_torch_native_env(args, num_envs, device), args.env_id, device, torch_native=True)
     blocks = [make_torch_native_env(args, num_envs // args.num_seeds, device) for _ in range(args.num_seeds)]
-    return TorchVecEnv(EnvBlocks(blocks), device, torch_native=True)
+    return TorchVecEnv(EnvBlocks(blocks), args.env_id, device, torch_native=True)
 
 
 # Copied from ppo.py
@@ -2538,12 +2637,14 @@ class EnvBlocks:
     def reset(self, *, seed: Optional[list[int]] = None, options=None):
         # SeedBlocks gives each env's seed, and a block's first is the seed its run alone resets with
         seeds = [None] * len(self.blocks) if seed is None else seed[::self.blocks[0].num_envs]
-        return concatenated([block.reset(seed=block_seed)[0] for block, block_seed in zip(self.blocks, seeds)]), {}
+        obs, infos = zip(*(block.reset(seed=block_seed) for block, block_seed in zip(self.blocks, seeds)))
+        return concatenated(obs), self.action_masks(infos)
 
     def step(self, action: torch.Tensor):
         steps = [block.step(block_action) for block, block_action in zip(self.blocks, action.chunk(len(self.blocks)))]
         obs, reward, terminated, truncated = (concatenated(x) for x in zip(*(step[:4] for step in steps)))
-        infos, info = [step[4] for step in steps], {}
+        infos = [step[4] for step in steps]
+        info = self.action_masks(infos)
         # A block gives its final observations and episode metrics every step or where its episodes ended (its
         # contract checks which): a block without them stands in its obs and zeros, where none ended.
         if any("final_obs" in block_info for block_info in infos):
@@ -2554,6 +2655,10 @@ class EnvBlocks:
             info["final_info"] = {"episode": {key: torch.cat([episode[key] if episode else torch.zeros_like(keys[key])
                                                               for episode in episodes]) for key in keys}}
         return obs, reward, terminated, truncated, info
+
+    @staticmethod
+    def action_masks(infos) -> dict:
+        return {"action_mask": torch.cat([info["action_mask"] for info in infos])} if "action_mask" in infos[0] else {}
 
     def close(self):
         for block in self.blocks:
@@ -2602,7 +2707,7 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
                                       trajectory_path)
             vec_env = ManiSkillVectorEnv(env, num_envs, ignore_terminations=ignore_terminations, record_metrics=True)
             recorder = env if video_dir is not None or trajectory_path is not None else None
-            return TorchVecEnv(vec_env, device, torch_native=True, video_recorder=recorder)
+            return TorchVecEnv(vec_env, args.env_id, device, torch_native=True, video_recorder=recorder)
         if trajectory_path is not None:
             raise UserError("trajectories are recorded in one ManiSkill vector env: on the CPU simulation, use one env")
         # The fork start method hangs while workers build SAPIEN scenes; forkserver needs module-level builders.
@@ -2615,7 +2720,7 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
         # driver fails here.
         vec_env = gym.vector.AsyncVectorEnv(env_fns, context="forkserver",
                                             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-        return TorchVecEnv(vec_env, device, torch_native=False)
+        return TorchVecEnv(vec_env, args.env_id, device, torch_native=False)
     except (AssertionError, KeyError, ValueError) as e:
         raise UserError(f"cannot make ManiSkill env {args.env_id!r} with {env_kwargs}: {e}") from e
     except RuntimeError as e:

@@ -447,3 +447,145 @@ class CartPoleVector(gym.vector.VectorEnv):
 
 
 gym.register("CartPoleTorch-v1", vector_entry_point=CartPoleVector, max_episode_steps=500)
+
+
+class MaskedChoice(gym.Env):
+    """Four actions numbered -1..2 (Discrete with start=-1), of which the step t of an episode allows two: its target
+    (t % 4, counted from 0), which pays 1, and the next. The observation shows the target (one-hot); the mask comes
+    in info["action_mask"] (Gymnasium's convention), or with dict_obs in a Dict observation's "action_mask"
+    (PettingZoo's). A step with a forbidden action raises, as a game engine's does. Random play among the allowed
+    actions earns 8 of 16 per episode, a policy that reads its target 16. Reset ignores the seed (PointMass's
+    reason). forbid_all_after: from this step of an episode on, the mask allows nothing (to test the error).
+    pixels: the target shown as the lit quadrant of a 36x36 RGB image (ppo_rgb.py's)."""
+
+    action_space = gym.spaces.Discrete(4, start=-1)
+
+    def __init__(self, dict_obs: bool = False, forbid_all_after: int | None = None, pixels: bool = False):
+        self.dict_obs, self.forbid_all_after, self.pixels = dict_obs, forbid_all_after, pixels
+        shown = (gym.spaces.Box(0, 255, (36, 36, 3), np.uint8) if pixels
+                 else gym.spaces.Box(0.0, 1.0, (4,), np.float32))
+        self.observation_space = (gym.spaces.Dict({"observation": shown, "action_mask": gym.spaces.MultiBinary(4)})
+                                  if dict_obs else shown)
+
+    def mask(self) -> np.ndarray:
+        mask = np.zeros(4, dtype=np.int8)
+        if self.forbid_all_after is None or self.t < self.forbid_all_after:
+            mask[[self.t % 4, (self.t + 1) % 4]] = 1
+        return mask
+
+    def _obs_info(self):
+        obs = np.eye(4, dtype=np.float32)[self.t % 4]
+        if self.pixels:
+            row, column = divmod(self.t % 4, 2)
+            obs = np.zeros((36, 36, 3), dtype=np.uint8)
+            obs[row * 18:(row + 1) * 18, column * 18:(column + 1) * 18] = 255
+        if self.dict_obs:
+            return {"observation": obs, "action_mask": self.mask()}, {}
+        return obs, {"action_mask": self.mask()}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs_info()
+
+    def step(self, action):
+        index = int(action) - self.action_space.start
+        if not self.mask()[index]:
+            raise ValueError(f"action {action} is forbidden at step {self.t}: its mask is {self.mask()}")
+        reward = float(index == self.t % 4)
+        self.t += 1
+        return *self._obs_info()[:1], reward, False, False, self._obs_info()[1]
+
+
+gym.register("MaskedChoice-v0", entry_point=MaskedChoice, max_episode_steps=EPISODE_STEPS)
+gym.register("MaskedChoiceDict-v0", entry_point=MaskedChoice, max_episode_steps=EPISODE_STEPS,
+             kwargs={"dict_obs": True})
+gym.register("MaskedChoicePixels-v0", entry_point=MaskedChoice, max_episode_steps=EPISODE_STEPS,
+             kwargs={"pixels": True})
+gym.register("MaskedChoicePixelsDict-v0", entry_point=MaskedChoice, max_episode_steps=EPISODE_STEPS,
+             kwargs={"pixels": True, "dict_obs": True})
+gym.register("MaskedChoiceForbidsAll-v0", entry_point=MaskedChoice, max_episode_steps=EPISODE_STEPS,
+             kwargs={"forbid_all_after": 5})
+
+
+class MaskedTargets(Targets):
+    """Targets' MultiDiscrete([3, 2, 4]) with a mask per dimension that forbids one value other than its target (the
+    dimension of two values: none); a step with a forbidden value raises. The mask comes in info["action_mask"] as a
+    tuple of one array per dimension (Gymnasium's MultiDiscrete.sample(mask=...)), or with flat as their
+    concatenation."""
+
+    def __init__(self, flat: bool = False):
+        super().__init__()
+        self.flat = flat
+
+    def _obs(self):
+        obs = super()._obs()
+        self.masks = []
+        for n, target in zip(self.sizes, self.targets):
+            mask = np.ones(n, dtype=np.int8)
+            if n > 2:
+                mask[(target + 1 + int(self.np_random.integers(n - 1))) % n] = 0
+            self.masks.append(mask)
+        return obs
+
+    def info(self) -> dict:
+        return {"action_mask": np.concatenate(self.masks) if self.flat else tuple(self.masks)}
+
+    def reset(self, *, seed=None, options=None):
+        obs, _ = super().reset(seed=seed)
+        return obs, self.info()
+
+    def step(self, action):
+        for a, start, mask in zip(action, self.start, self.masks):
+            if not mask[int(a) - start]:
+                raise ValueError(f"action {action} is forbidden: its masks are {self.masks}")
+        obs, reward, terminated, truncated, _ = super().step(action)
+        return obs, reward, terminated, truncated, self.info()
+
+
+gym.register("MaskedTargets-v0", entry_point=MaskedTargets, max_episode_steps=EPISODE_STEPS)
+gym.register("MaskedTargetsFlat-v0", entry_point=MaskedTargets, max_episode_steps=EPISODE_STEPS,
+             kwargs={"flat": True})
+
+
+class MaskedChoiceVector(gym.vector.VectorEnv):
+    """MaskedChoice as a torch-native vector env, its masks in info["action_mask"] as a tensor (num_envs, 4): the
+    episodes of MaskedChoice's SyncVectorEnv; a forbidden action raises."""
+
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+
+    def __init__(self, num_envs: int = 1, max_episode_steps: int = EPISODE_STEPS, device: str = "cpu"):
+        self.num_envs, self.max_episode_steps, self.device = num_envs, max_episode_steps, torch.device(device)
+        self.single_observation_space = gym.spaces.Box(0.0, 1.0, (4,), np.float32)
+        self.single_action_space = MaskedChoice.action_space
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+        self.t = torch.zeros(num_envs, dtype=torch.long, device=self.device)
+
+    def _obs_info(self, info: dict) -> tuple:
+        targets = self.t % 4
+        mask = torch.zeros(self.num_envs, 4, dtype=torch.bool, device=self.device)
+        mask[torch.arange(self.num_envs), targets] = True
+        mask[torch.arange(self.num_envs), (targets + 1) % 4] = True
+        self.allowed = mask
+        return torch.eye(4, device=self.device)[targets], {**info, "action_mask": mask}
+
+    def reset(self, *, seed=None, options=None):
+        self.t.zero_()
+        return self._obs_info({})
+
+    def step(self, action: torch.Tensor):
+        index = action.long() + 1
+        if not self.allowed[torch.arange(self.num_envs), index].all():
+            raise ValueError(f"actions {action.tolist()} include a forbidden one: the masks are {self.allowed}")
+        reward = (index == self.t % 4).double()
+        self.t += 1
+        truncated = self.t >= self.max_episode_steps
+        terminated = torch.zeros_like(truncated)
+        final_obs = torch.eye(4, device=self.device)[self.t % 4]
+        self.t = torch.where(truncated, 0, self.t)
+        obs, info = self._obs_info({"final_obs": final_obs, "_final_obs": truncated})
+        return obs, reward, terminated, truncated, info
+
+
+gym.register("MaskedChoiceTorch-v0", vector_entry_point=MaskedChoiceVector, max_episode_steps=EPISODE_STEPS)
