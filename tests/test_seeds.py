@@ -20,7 +20,8 @@ PER_SEED = dict(norm_obs=True, norm_reward=True, norm_value=True, lr_schedule="a
                 max_grad_norm=0.5, clip_vloss=True, total_timesteps=32 * 8, eval_freq=4, max_episode_steps=24)
 ENVS = {"box": ("Pendulum-v1", PER_SEED), "discrete": ("CartPole-v1", {**PER_SEED, "lr_schedule": "linear"}),
         "multidiscrete": ("tests.envs:MultiDiscreteTargets-v0", {}),
-        "multibinary": ("tests.envs:MultiBinaryTargets-v0", {})}
+        "multibinary": ("tests.envs:MultiBinaryTargets-v0", {}),
+        "masked": ("tests.envs:MaskedTargets-v0", {})}  # each seed's action masks (its env's own draws)
 # ppo_rnn.py's: sequences of 8 steps with episode starts inside them (24-step episodes), replayed from stored states
 RECURRENT = {"rnn_box": ("Pendulum-v1", {**PER_SEED, "seq_len": 8, "rnn_hidden_size": 16}),
              "rnn_discrete": ("CartPole-v1", {**PER_SEED, "lr_schedule": "linear", "seq_len": 8, "rnn_type": "gru",
