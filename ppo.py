@@ -24,13 +24,14 @@ A copy's contract (python scripts/verify_copy.py my_idea.py checks it in short r
   get_action(deterministic=True) is what evaluation and export act with); what the envs receive, env_action(); the
   optimizer's step, the early stop and the learning rate, PPOOptimizer; what is logged, the statistics update()
   returns.
-- Shapes: rollout tensors are (num_steps, num_envs, ...); update() takes rows (num_steps * num_envs, ...) and
-  minibatches of them; ppo_loss() reduces each term over its rows, the last dimension (.mean(-1)). Under --num_seeds
-  N everything carries a leading seed dimension: rollout tensors (num_steps, N, num_envs, ...), rows and minibatches
-  (N, rows, ...), the Agent's parameters and buffers (N, ...) (stack_seeds), one value per seed of each statistic.
-  Code written for one seed batches where it reduces over the last dimension, indexes parameters and buffers from
-  the end (self.mean[..., None, :]) and compares statistics elementwise (torch.where); where it does not, the first
-  iteration stops with one error line naming the rule.
+- Shapes: rollout tensors are (num_steps, num_envs, ...), the env's action masks among them (buf.action_masks,
+  booleans (..., logits), which the Agent's distribution takes; None where the env gives none, docs/ppo.md); update()
+  takes rows (num_steps * num_envs, ...) and minibatches of them; ppo_loss() reduces each term over its rows, the
+  last dimension (.mean(-1)). Under --num_seeds N everything carries a leading seed dimension: rollout tensors
+  (num_steps, N, num_envs, ...), rows and minibatches (N, rows, ...), the Agent's parameters and buffers (N, ...)
+  (stack_seeds), one value per seed of each statistic. Code written for one seed batches where it reduces over the
+  last dimension, indexes parameters and buffers from the end (self.mean[..., None, :]) and compares statistics
+  elementwise (torch.where); where it does not, the first iteration stops with one error line naming the rule.
 - Random draws: the policy draws with torch.normal, torch.bernoulli, torch.multinomial or a Normal, Categorical or
   Bernoulli's sample(); update() draws its own (noise, an augmentation) inside optimizer.draws(), in place
   (random_(), uniform_(), normal_()) on a tensor with the seed dimension first. Under --num_seeds each seed's from
@@ -48,8 +49,9 @@ A copy's contract (python scripts/verify_copy.py my_idea.py checks it in short r
       agent.ent_coef_optimizer.step()
   The flags (args), the Agent's Python attributes and module variables are not state: a run whose update or
   evaluation changes one (that holds numbers, strings, tensors or containers of them) stops with one error line.
-- What an exported policy computes (ppo_eval.py --export): env_action(get_action(normalize_obs(obs),
-  deterministic=True)); env_action() may read the envs' single_action_space, action_low, action_high, action_start.
+- What an exported policy computes (ppo_eval.py --export): env_action(get_action(normalize_obs(obs), action_mask,
+  deterministic=True)), the mask a second input where the env gives masks; env_action() may read the envs'
+  single_action_space, action_low, action_high, action_start.
 """
 
 from __future__ import annotations

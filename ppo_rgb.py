@@ -32,7 +32,8 @@ A copy's contract (python scripts/verify_copy.py my_idea.py checks it in short r
   is what evaluation and export act with); what the envs receive, env_action(); the optimizer's step, the early stop
   and the learning rate, PPOOptimizer; what is logged, the statistics update() returns.
 - Shapes: an observation is a dict of tensors, images (..., H, W, C) and the vectors "state" and "critic" (...,
-  size); rollout tensors are (num_steps, num_envs, ...); update() takes rows (num_steps * num_envs, ...) and
+  size); rollout tensors are (num_steps, num_envs, ...), the env's action masks among them (buf.action_masks,
+  booleans (..., logits), or None, docs/ppo.md); update() takes rows (num_steps * num_envs, ...) and
   minibatches of them (buf.rows() of the observations' dict is a dict); ppo_loss() reduces each term over its rows,
   the last dimension (.mean(-1)). Under --num_seeds N everything carries a leading seed dimension: rollout tensors
   (num_steps, N, num_envs, ...), rows and minibatches (N, rows, ...), the Agent's parameters and buffers (N, ...)
@@ -48,8 +49,9 @@ A copy's contract (python scripts/verify_copy.py my_idea.py checks it in short r
   it with the PPO optimizer's state, the reward normalizer and the random streams; --resume restores it, --num_seeds
   gives each seed its own, ppo_eval.py loads it. The flags (args), the Agent's Python attributes and module variables
   are not state: a run whose update or evaluation changes one stops with one error line.
-- What an exported policy computes (ppo_eval.py --export): env_action(get_action(normalize_obs(obs),
-  deterministic=True)) of the observation's dict without "critic", one input a key; env_action() may read the envs'
+- What an exported policy computes (ppo_eval.py --export): env_action(get_action(normalize_obs(obs), action_mask,
+  deterministic=True)) of the observation's dict without "critic", one input a key, then the mask where the env gives
+  masks; env_action() may read the envs'
   single_action_space, action_low, action_high, action_start.
 """
 

@@ -28,7 +28,8 @@ A copy's contract (python scripts/verify_copy.py my_idea.py checks it in short r
   samples and scores actions, get_action(deterministic=True) is what evaluation and export act with); what the envs
   receive, env_action(); the optimizer's step, the early stop and the learning rate, PPOOptimizer; what is logged,
   the statistics update() returns.
-- Shapes: rollout tensors are (num_steps, num_envs, ...); the Agent takes sequences (batch, time, ...), as
+- Shapes: rollout tensors are (num_steps, num_envs, ...), the env's action masks among them (buf.action_masks,
+  booleans (..., logits), or None, docs/ppo.md); the Agent takes sequences (batch, time, ...), as
   nn.LSTM(batch_first=True) does, with the state before their first step, (num_layers, batch, state_size), and their
   episode starts (batch, time): the rollout steps sequences of one step, update() replays minibatches of the
   rollout's sequences (num_envs * num_steps / seq_len, seq_len, ...); ppo_loss() reduces each term over its steps,
@@ -47,9 +48,9 @@ A copy's contract (python scripts/verify_copy.py my_idea.py checks it in short r
   are not state: a run whose update or evaluation changes one stops with one error line. The recurrent state of the
   envs' episodes is not saved: a resumed run starts new episodes, from a zero state.
 - What an exported policy computes (ppo_eval.py --export): from a batch of observations, recurrent states and
-  episode starts, env_action() of get_action(normalize_obs(obs)[:, None], state, episode_start[:, None],
-  deterministic=True), one step, and the next state; env_action() may read the envs' single_action_space,
-  action_low, action_high, action_start.
+  episode starts (and action masks, where the env gives them), env_action() of get_action(normalize_obs(obs)[:, None],
+  state, episode_start[:, None], action_mask[:, None], deterministic=True), one step, and the next state;
+  env_action() may read the envs' single_action_space, action_low, action_high, action_start.
 """
 
 from __future__ import annotations
