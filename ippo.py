@@ -28,7 +28,8 @@ A copy's contract (python scripts/verify_copy.py my_idea.py checks it in short r
   actions, get_action(deterministic=True) is what evaluation and export act with); what the envs receive,
   env_action(); the optimizer's step, the early stop and the learning rate, PPOOptimizer (each network's gradient
   clipped on its own, clip_grad_norm_per_net()); what is logged, the statistics update() returns.
-- Shapes: rollout tensors are (num_steps, num_envs, num_agents, ...), alive marking the agents that acted; update()
+- Shapes: rollout tensors are (num_steps, num_envs, num_agents, ...), alive marking the agents that acted, the
+  action masks each agent observed (buf.action_masks, booleans (..., logits), or None, docs/ppo.md); update()
   takes rows (num_steps * num_envs, num_agents, ...) and minibatches of them; ppo_loss() reduces each term over the
   rows an agent was alive in (masked_mean(), the second-to-last dimension), one value per agent, and update() sums the
   agents' into one loss. Under --num_seeds N everything carries a leading seed dimension: rollout tensors
@@ -48,8 +49,9 @@ A copy's contract (python scripts/verify_copy.py my_idea.py checks it in short r
   attributes and module variables are not state: a run whose update or evaluation changes one (that holds numbers,
   strings, tensors or containers of them) stops with one error line.
 - What an exported policy computes (ppo_eval.py --export, one file per agent): agent i's own entries of row i of
-  env_action(get_action(normalize_obs(obs), deterministic=True)), obs (batch, num_agents, obs_dim) holding agent i's
-  observation (padded) in every row; env_action() may read the envs' action_spaces, action_low, action_high,
+  env_action(get_action(normalize_obs(obs), action_mask, deterministic=True)), obs (batch, num_agents, obs_dim)
+  holding agent i's observation (padded) in every row, and action_mask (where the env gives masks) agent i's mask, a
+  second input; env_action() may read the envs' action_spaces, action_low, action_high,
   action_start.
 """
 
@@ -450,8 +452,9 @@ class Agent(nn.Module):
     The actor reads the first actor_dim entries of an agent's observation; the critic the whole, or with
     state_index (a centralized critic) the global state out of all agents' observations laid end to end; it is a
     buffer, so a checkpoint rebuilds the critic's inputs. Agents of different spaces share the joint action space
-    (joint_action_space): action_mask marks each agent's own logits (of the discrete kinds: the others are never
-    drawn) or action entries (of a Box: the others count in no log-probability or entropy).
+    (joint_action_space): own_entries marks each agent's own logits (of the discrete kinds: the others are never
+    drawn) or action entries (of a Box: the others count in no log-probability or entropy). action_mask: the env's
+    (batch, num_agents, logits), what each agent may do (None where the env gives none).
     """
 
     def __init__(self, num_agents: int, obs_dim: int, action_spaces: list[dict], norm_obs: bool, norm_value: bool,
@@ -464,8 +467,8 @@ class Agent(nn.Module):
         action_space = joint_action_space(action_spaces)
         self.discrete = action_space["type"] != "Box"
         width = action_width(action_space)
-        mask = torch.arange(width) < torch.tensor([action_width(space) for space in action_spaces])[:, None]
-        self.register_buffer("action_mask", None if mask.all() else mask, persistent=False)
+        own = torch.arange(width) < torch.tensor([action_width(space) for space in action_spaces])[:, None]
+        self.register_buffer("own_entries", None if own.all() else own, persistent=False)
         self.obs_normalizer = RunningMeanStd((num_agents, obs_dim)) if norm_obs else None
         self.value_normalizer = RunningMeanStd((num_agents,)) if norm_value else None
         # One network for all agents tells them apart by a one-hot id appended to its inputs.
@@ -500,19 +503,21 @@ class Agent(nn.Module):
         """Logits (those an agent lacks at the lowest float: never drawn, nothing to its log-probabilities or
         entropy) or the Normal's means."""
         out = self.run(self.actor, obs[..., :self.actor_dim])
-        if self.discrete and self.action_mask is not None:
-            out = out.masked_fill(~self.action_mask, torch.finfo(out.dtype).min)
+        if self.discrete and self.own_entries is not None:
+            out = out.masked_fill(~self.own_entries, torch.finfo(out.dtype).min)
         return out
 
-    def get_action(self, obs: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+    def get_action(self, obs: torch.Tensor, action_mask: Optional[torch.Tensor] = None,
+                   deterministic: bool = False) -> torch.Tensor:
         if not deterministic:
-            return self.get_action_and_value(obs)[0]
+            return self.get_action_and_value(obs, action_mask)[0]
         logits_or_mean = self.actor_output(obs)
-        return self.discrete_actions.mode(logits_or_mean) if self.discrete else logits_or_mean
+        return self.discrete_actions.mode(logits_or_mean, action_mask) if self.discrete else logits_or_mean
 
-    def get_action_and_value(self, obs: torch.Tensor, action: Optional[torch.Tensor] = None):
+    def get_action_and_value(self, obs: torch.Tensor, action_mask: Optional[torch.Tensor] = None,
+                             action: Optional[torch.Tensor] = None):
         if self.discrete:
-            pi = self.discrete_actions.distribution(self.actor_output(obs))
+            pi = self.discrete_actions.distribution(self.actor_output(obs), action_mask)
             if action is None:
                 action = pi.sample()
             return action, pi.log_prob(action), pi.entropy(), self.get_value(obs)
@@ -528,8 +533,8 @@ class Agent(nn.Module):
         # before dividing by std, which rounds otherwise (with ent_coef > 0).
         logprob = -((action - mean) ** 2) / (2 * std**2) - std.log() - LOG_SQRT_2PI
         entropy = NORMAL_ENTROPY_AT_UNIT_STD + std.log()
-        if self.action_mask is not None:
-            logprob, entropy = torch.where(self.action_mask, logprob, 0.0), torch.where(self.action_mask, entropy, 0.0)
+        if self.own_entries is not None:
+            logprob, entropy = torch.where(self.own_entries, logprob, 0.0), torch.where(self.own_entries, entropy, 0.0)
         return action, logprob.sum(-1), entropy.sum(-1), self.get_value(obs)
 
 
@@ -553,7 +558,8 @@ class RolloutBuffer:
     blocks': (num_steps, num_seeds, num_envs, num_agents, ...)). alive[t] marks the agents that acted in step t (a
     PettingZoo agent whose episode ended before its env's does not, until the env's next episode): the others'
     entries count nowhere. dones[t] marks the agents' episodes that ended with step t; bootstrap_values[t] is V(final
-    obs) for those of them that bootstrap, 0 elsewhere."""
+    obs) for those of them that bootstrap, 0 elsewhere; action_masks[t], the actions that obs[t] allowed each agent
+    (None where the envs give no action mask)."""
 
     def __init__(self, num_steps: int, envs: TorchVecEnv, device: torch.device):
         self.env_dims = len(envs.batch_shape)
@@ -566,6 +572,8 @@ class RolloutBuffer:
         self.logprobs, self.rewards, self.dones, self.values, self.bootstrap_values = (
             torch.zeros(shape, device=device) for _ in range(5))
         self.alive = torch.ones(shape, dtype=torch.bool, device=device)
+        self.action_masks = None if envs.action_mask is None else torch.zeros(
+            (num_steps, *envs.action_mask.shape), dtype=torch.bool, device=device)
 
     # Copied from ppo.py
     def rows(self, x: torch.Tensor) -> torch.Tensor:
@@ -590,9 +598,11 @@ def rollout(agent: Agent, envs: TorchVecEnv, buf: RolloutBuffer, next_obs: torch
             if agent.obs_normalizer is not None:  # every rank's, so that every rank normalizes alike
                 agent.obs_normalizer.update(gather_rows(next_obs), gather_rows(alive))
             obs = agent.normalize_obs(next_obs)
-            action, logprob, _, value = policy_step(obs)
+            action, logprob, _, value = policy_step(obs, envs.action_mask)
         buf.obs[step], buf.actions[step], buf.logprobs[step], buf.values[step] = obs, action, logprob, value
         buf.alive[step] = alive
+        if buf.action_masks is not None:
+            buf.action_masks[step] = envs.action_mask
         next_obs, reward, terminated, truncated, final_obs, finished = envs.step(action)
         done = terminated | truncated
         if reward_normalizer is not None:
@@ -661,10 +671,11 @@ def masked_var(x: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
     return squares.sum(-2) / (alive.sum(-2) - 1).clamp(min=1)
 
 
-def ppo_loss(agent: Agent, args: Args, obs, actions, old_logprobs, advantages, returns, old_values, alive):
+def ppo_loss(agent: Agent, args: Args, obs, action_masks, actions, old_logprobs, advantages, returns, old_values,
+             alive):
     """Each agent's clipped surrogate, value and entropy terms of one minibatch of rows (rows, num_agents), each
     reduced over the rows it was alive in (masked_mean); the log-ratios and ratios, detached."""
-    _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions)
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, action_masks, actions)
     logratio = newlogprob - old_logprobs
     ratio = logratio.exp()
     if args.norm_adv:
@@ -698,12 +709,15 @@ def update(agent: Agent, optimizer: PPOOptimizer, buf: RolloutBuffer, advantages
     what the update decided on jointly under losses/. Under --num_seeds each holds one value per seed."""
     b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values, b_alive = (
         buf.rows(x) for x in (buf.obs, buf.actions, buf.logprobs, advantages, returns, buf.values, buf.alive))
+    b_action_masks = None if buf.action_masks is None else buf.rows(buf.action_masks)
     batch_size = b_returns.shape[-2]
     stats, clipfracs = {}, []
     for mb in optimizer.minibatches(batch_size, batch_size // args.num_minibatches, args.update_epochs):
         alive = b_alive[mb]
+        mb_action_masks = None if b_action_masks is None else b_action_masks[mb]
         (pg_loss, v_loss, entropy_loss), logratio, ratio = update_losses(
-            b_obs[mb], b_actions[mb], b_logprobs[mb], b_advantages[mb], b_returns[mb], b_values[mb], alive)
+            b_obs[mb], mb_action_masks, b_actions[mb], b_logprobs[mb], b_advantages[mb], b_returns[mb], b_values[mb],
+            alive)
         with torch.no_grad():
             old_approx_kl, approx_kl = mean_over_ranks(
                 torch.stack([masked_mean(-logratio, alive), masked_mean((ratio - 1) - logratio, alive)]))
@@ -894,8 +908,8 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
                                       for _ in range(args.num_seeds)]).to(setup.device) if args.norm_reward else None)
     policy_step = compile_unless_unavailable(policy_step_of(agent), args.compile)
     update_losses = compile_unless_unavailable(functools.partial(ppo_loss, agent, args), args.compile)
-    buf = RolloutBuffer(args.num_steps, envs, setup.device)
     with Run(args, setup, envs, eval_envs, agent, optimizer, reward_normalizer, resume_state, init_state) as run:
+        buf = RolloutBuffer(args.num_steps, envs, setup.device)  # after the reset, which gives the first action masks
         next_obs = run.next_obs
         for iteration in run.iterations():
             optimizer.schedule_learning_rate(iteration, setup.num_iterations, args)
@@ -933,7 +947,7 @@ def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Op
     obs = eval_envs.reset(seed=seed)
     for _ in range(num_eval_steps):
         with torch.no_grad():
-            action = agent.get_action(agent.normalize_obs(obs), deterministic=deterministic)
+            action = agent.get_action(agent.normalize_obs(obs), eval_envs.action_mask, deterministic=deterministic)
         obs, _, _, _, _, finished = eval_envs.step(action)
         done = eval_envs.ended
         if finished is not None:
@@ -2342,19 +2356,24 @@ class PettingZooVectorEnv:
 
     def reset(self, seed: Optional[int] = None):
         if not self.pipes:
-            obs, alive = self.local.reset(seed)
+            obs, alive, masks = self.local.reset(seed)
         else:
-            obs, alive = (np.concatenate(part) for part in zip(*self.in_workers("reset", [(seed,)] * len(self.pipes))))
-        return torch.from_numpy(obs), {"alive": torch.from_numpy(alive)}
+            obs, alive, masks = (np.concatenate(part)
+                                 for part in zip(*self.in_workers("reset", [(seed,)] * len(self.pipes))))
+        return torch.from_numpy(obs), self.info(alive, masks)
+
+    def info(self, alive: np.ndarray, masks: np.ndarray) -> dict:
+        return {"alive": torch.from_numpy(alive), **({"action_mask": torch.from_numpy(masks)} if masks.size else {})}
 
     def step(self, action: torch.Tensor):
         actions = action.reshape(self.num_envs, len(self.agent_views["agents"]), -1).numpy()
         if self.pipes:
             parts = self.in_workers("step", [(actions[block],) for block in self.blocks])
-            obs, rewards, terminated, truncated, final_obs, alive = (np.concatenate(part) for part in zip(*parts))
+            obs, rewards, terminated, truncated, final_obs, alive, masks = (np.concatenate(part)
+                                                                           for part in zip(*parts))
         else:
-            obs, rewards, terminated, truncated, final_obs, alive = self.local.step(actions)
-        info = {"alive": torch.from_numpy(alive)}
+            obs, rewards, terminated, truncated, final_obs, alive, masks = self.local.step(actions)
+        info = self.info(alive, masks)
         if (terminated | truncated).any():
             info.update(final_observation=torch.from_numpy(final_obs), final_info={})
         return (torch.from_numpy(obs), torch.from_numpy(rewards), torch.from_numpy(terminated),
@@ -2432,7 +2451,8 @@ class TorchVecEnv:
     first actor_dim entries, the agent's own observation those of agent_obs_dims[i]), agent_views["state_index"]
     the global state's entries of all agents' observations laid end to end, and agent_views["action_spaces"] each
     agent's action space. Actions are the joint action space's (joint_action_space), each agent's first entries
-    its own.
+    its own. action_mask: the actions that the last observation allows each agent (num_envs, num_agents, logits),
+    from the env's info["action_mask"] (PettingZooEnvs': its agents' Dict observations'), or None where it gives none.
     """
 
     EPISODE_KEYS = ("success_once", "success_at_end", "fail_once", "fail_at_end")
@@ -2489,6 +2509,7 @@ class TorchVecEnv:
         self.alive = torch.ones((self.num_envs, self.num_agents), dtype=torch.bool, device=device)
         self.in_episode = self.alive.clone()  # the agents of each env's current episode
         self.ended = torch.zeros(self.num_envs, dtype=torch.bool, device=device)
+        self.action_mask: Optional[torch.Tensor] = None
 
     def _obs(self, obs) -> torch.Tensor:
         return self._to_device(obs, torch.float32, (-1, self.flat_obs_dim))[:, self.obs_index]
@@ -2503,10 +2524,16 @@ class TorchVecEnv:
         self.episode_length.zero_()
         self.alive = self._alive(info, torch.ones_like(self.alive))
         self.in_episode = self.alive.clone()
+        self.action_mask = self.read_action_mask(info)
         return self._obs(obs)
 
     def _alive(self, info: dict, otherwise: torch.Tensor) -> torch.Tensor:
         return self._to_device(info["alive"], torch.bool, self.alive.shape) if "alive" in info else otherwise
+
+    def read_action_mask(self, info: dict) -> Optional[torch.Tensor]:
+        if "action_mask" not in info:
+            return None
+        return self._to_device(info["action_mask"], torch.bool, (self.num_envs, self.num_agents, -1))
 
     def step(self, action: torch.Tensor):
         action = env_action(self, action).flatten(1)
@@ -2543,6 +2570,7 @@ class TorchVecEnv:
             self.episode_return = torch.where(done[:, None], 0.0, self.episode_return)
             self.episode_length = torch.where(done, 0, self.episode_length)
         self.in_episode = torch.where(self.ended[:, None], self.alive, self.in_episode)
+        self.action_mask = self.read_action_mask(info)
         return next_obs, reward, terminated, truncated, final_obs, finished
 
     def flush_video(self):
@@ -2689,8 +2717,9 @@ class PettingZooEnvs:
     Env k is reset with seed + first_index + k by reset(seed); it runs until all its agents' episodes have ended
     (each agent terminated or truncated by its own flags, all that remain truncated after max_steps steps), then
     starts the next. A flat observation holds each agent's observation, padded with zeros to the widest (an agent
-    that left: zeros throughout), then the env's state() where the critic reads it. With a video_dir, env 0 renders
-    (render_mode="rgb_array") the evaluation videos."""
+    that left: zeros throughout), then the env's state() where the critic reads it. An agent whose observation is a
+    Dict {"observation": ..., "action_mask": ...} (PettingZoo's convention) observes the first and acts as the second
+    allows (action_masks()). With a video_dir, env 0 renders (render_mode="rgb_array") the evaluation videos."""
 
     def __init__(self, env_id: str, num_envs: int, max_steps: Optional[int], env_kwargs: dict, state: bool,
                  first_index: int = 0, video_dir: Optional[str] = None):
@@ -2707,7 +2736,18 @@ class PettingZooEnvs:
         self.agents, self.max_steps, self.first_index = list(env.possible_agents), max_steps, first_index
         obs_spaces = [env.observation_space(agent) for agent in self.agents]
         self.action_spaces = [env.action_space(agent) for agent in self.agents]
+        self.masked = [isinstance(space, gym.spaces.Dict) and "action_mask" in space.spaces for space in obs_spaces]
+        obs_spaces = [space.spaces.get("observation", space) if masked else space
+                      for space, masked in zip(obs_spaces, self.masked)]
         check_agent_spaces(env_id, obs_spaces, self.action_spaces, alike=False)
+        if any(masked and not isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete))
+               for space, masked in zip(self.action_spaces, self.masked)):
+            raise UserError(f"{env_id}'s agents observe action masks and act in {self.action_spaces}: {TRAINER}.py "
+                            "masks Discrete and MultiDiscrete actions")
+        # each agent's logits per dimension, and the width of every agent's mask (the joint action space's logits)
+        self.nvecs = [np.atleast_1d(getattr(space, "nvec", getattr(space, "n", 0))).tolist()
+                      for space in self.action_spaces]
+        self.mask_width = max(sum(nvec) for nvec in self.nvecs) if any(self.masked) else 0
         state_space = getattr(env, "state_space", None) if state else None
         if state_space is not None and not (isinstance(state_space, gym.spaces.Box) and len(state_space.shape) == 1):
             raise UserError(f"{env_id}'s state() ({state_space}) is not a flat Box; {TRAINER}.py's critic needs it "
@@ -2740,19 +2780,41 @@ class PettingZooEnvs:
         flat = np.zeros(self.flat_dim, dtype=np.float32)
         for i, agent in enumerate(self.agents):
             if agent in obs:
-                flat[i * self.width:i * self.width + self.obs_dims[i]] = np.ravel(obs[agent])
+                own = obs[agent]["observation"] if self.masked[i] else obs[agent]
+                flat[i * self.width:i * self.width + self.obs_dims[i]] = np.ravel(own)
         if self.state_dim:
             flat[len(self.agents) * self.width:] = np.ravel(env.state())
         return flat
 
-    def reset(self, seed: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
-        """The first observations and which agents take part (num_envs, num_agents): those of env.agents."""
+    def action_masks(self, k: int, obs: dict) -> np.ndarray:
+        """What each agent of env k may do next (num_agents, mask_width), its mask padded with False; an agent without
+        one (absent, or unmasked) may do anything. A mask that allows nothing (in a dimension) is an error."""
+        masks = np.ones((len(self.agents), self.mask_width), dtype=bool)
+        for i, agent in enumerate(self.agents):
+            if self.masked[i] and agent in obs:
+                mask, nvec = np.ravel(obs[agent]["action_mask"]).astype(bool), self.nvecs[i]
+                if len(mask) != sum(nvec):
+                    raise UserError(f"{self.env_id}'s agent {agent} observes an action mask of {len(mask)} entries, "
+                                    f"and its actions ({self.action_spaces[i]}) take {sum(nvec)}")
+                if not all(part.any() for part in np.split(mask, np.cumsum(nvec)[:-1])):
+                    raise UserError(f"{self.env_id}'s action mask allows agent {agent} no action in env "
+                                    f"{self.first_index + k} after step {self.steps[k]} of its episode: every state "
+                                    "allows one")
+                masks[i] = False
+                masks[i, :len(mask)] = mask
+        return masks
+
+    def reset(self, seed: Optional[int] = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The first observations, which agents take part (num_envs, num_agents): those of env.agents, and what each
+        may do (action_masks())."""
         self.steps[:] = 0
-        obs = np.stack([self.observe(env, env.reset(seed=None if seed is None else seed + self.first_index + k)[0])
-                        for k, env in enumerate(self.envs)])
+        first = [env.reset(seed=None if seed is None else seed + self.first_index + k)[0]
+                 for k, env in enumerate(self.envs)]
         if self.video is not None:
             self.video.start()
-        return obs, np.stack([self.present(env) for env in self.envs])
+        return (np.stack([self.observe(env, obs) for env, obs in zip(self.envs, first)]),
+                np.stack([self.present(env) for env in self.envs]),
+                np.stack([self.action_masks(k, obs) for k, obs in enumerate(first)]))
 
     def present(self, env) -> np.ndarray:
         if not env.agents:
@@ -2762,11 +2824,11 @@ class PettingZooEnvs:
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, ...]:
         """actions (num_envs, num_agents, joint width); returns the next observations (reset where an env's episode
         ended), rewards, terminated and truncated (num_envs, num_agents), the final observations, and the agents
-        that act next (num_envs, num_agents)."""
+        that act next (num_envs, num_agents) and what they may do (action_masks())."""
         shape = (len(self.envs), len(self.agents))
         rewards, terminated, truncated = np.zeros(shape, np.float32), np.zeros(shape, bool), np.zeros(shape, bool)
         obs, final_obs = (np.zeros((len(self.envs), self.flat_dim), np.float32) for _ in range(2))
-        alive = np.zeros(shape, bool)
+        alive, masks = np.zeros(shape, bool), np.zeros((*shape, self.mask_width), bool)
         self.steps += 1
         for k, env in enumerate(self.envs):
             live = list(env.agents)
@@ -2786,13 +2848,14 @@ class PettingZooEnvs:
             if k == 0 and self.video is not None:
                 self.video.add(not env.agents or time_up)
             if not env.agents or time_up:
-                obs[k] = self.observe(env, env.reset()[0])
+                next_obs = env.reset()[0]
                 self.steps[k] = 0
                 alive[k] = self.present(env)
             else:
-                obs[k] = self.observe(env, {agent: agent_obs[agent] for agent in env.agents})
+                next_obs = {agent: agent_obs[agent] for agent in env.agents}
                 alive[k] = self.present(env) & ~terminated[k] & ~truncated[k]
-        return obs, rewards, terminated, truncated, final_obs, alive
+            obs[k], masks[k] = self.observe(env, next_obs), self.action_masks(k, next_obs)
+        return obs, rewards, terminated, truncated, final_obs, alive, masks
 
     def close(self):
         for env in self.envs:
@@ -2876,7 +2939,8 @@ class EnvBlocks:
 
     @staticmethod
     def info(infos: list[dict], observations: list[torch.Tensor]) -> dict:
-        info = {"alive": torch.cat([block_info["alive"] for block_info in infos])} if "alive" in infos[0] else {}
+        info = {key: torch.cat([block_info[key] for block_info in infos]) for key in ("alive", "action_mask")
+                if key in infos[0]}
         if any("final_info" in block_info for block_info in infos):
             info.update(final_info={}, final_observation=torch.cat(
                 [block_info.get("final_observation", obs) for block_info, obs in zip(infos, observations)]))

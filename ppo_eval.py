@@ -534,10 +534,11 @@ class DeployedPolicy(nn.Module):
         self.obs_dim = getattr(agent, "obs_dim", None)  # the actor's first dims of ppo.py's and ppo_rnn.py's
         self.box = hasattr(envs, "action_low")
         self.action_size = None  # ippo.py's agent's own entries of the joint action (all of a Discrete one's)
-        space = envs.single_action_space if agent_index is None else envs.action_spaces[agent_index]
+        self.action_space = space = envs.single_action_space if agent_index is None else envs.action_spaces[agent_index]
         self.action_dtype = torch.from_numpy(np.zeros(0, space.dtype)).dtype  # MultiBinary's int8, say
         if agent_index is not None:
             self.obs_dim, self.row_dim = envs.agent_obs_dims[agent_index], envs.obs_dim
+            self.mask_width = envs.action_mask.shape[-1] if self.masked else None
             self.action_size = space.shape[0] if space.shape else None
         for name in self.ENV_ACTION_READS:
             value = getattr(envs, name, None)
@@ -569,6 +570,9 @@ class DeployedPolicy(nn.Module):
             return action.select(self.time_dim, 0), state
         if self.agent_index is not None:  # every agent's actor sees only its own row: give each this observation
             obs = nn.functional.pad(obs, (0, self.row_dim - self.obs_dim))[:, None].expand(-1, agent.num_agents, -1)
+            if action_mask is not None:  # and this mask, its own logits' of the joint action space's
+                action_mask = nn.functional.pad(action_mask, (0, self.mask_width - action_mask.shape[-1]))
+                action_mask = action_mask[:, None].expand(-1, agent.num_agents, -1)
         return (agent.get_action(agent.normalize_obs(obs), action_mask, deterministic=True),)
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
@@ -599,8 +603,10 @@ def export_policy(policy: DeployedPolicy, first, envs, ckpt: dict, checkpoint: P
     through the trainer's env_action() with the envs themselves. Describe it in a JSON file beside it."""
     policy = policy.cpu()
     observations = [first[key] for key in policy.keys] if policy.keys else [first[..., :policy.obs_dim]]
-    if policy.masked:
-        observations.append(envs.action_mask)
+    if policy.masked:  # ippo.py's agent: its own mask, of its own logits
+        own_logits = int(logits_per_dimension(policy.action_space).sum())
+        observations.append(envs.action_mask if policy.agent_index is None else
+                            envs.action_mask[:, policy.agent_index, :own_logits])
     inputs = [(x if len(x) > 1 else torch.cat([x, x])).cpu() for x in observations]
     batch = torch.export.Dim("batch")
     dynamic_shapes = [{0: batch} for _ in inputs]
@@ -617,7 +623,7 @@ def export_policy(policy: DeployedPolicy, first, envs, ckpt: dict, checkpoint: P
             raise UserError(f"{ckpt['trainer']}.py's env_action() reads what an exported policy does not carry "
                             f"({e}); it may read the envs' {', '.join(policy.ENV_ACTION_READS)}") from e
         received = policy.to_env(policy.env_action(envs, action.to(envs.device)).cpu())
-    if policy.masked and not allowed(action, inputs[len(observations) - 1], envs.single_action_space):
+    if policy.masked and not allowed(policy.to_env(action), inputs[len(observations) - 1], policy.action_space):
         raise UserError(f"on the env's first observations, {ckpt['trainer']}.py's get_action() takes an action that "
                         "the env's action mask forbids: it must give the mask to the distribution (DiscreteActions)")
     expected = (received, *state)
@@ -674,10 +680,15 @@ def write_policy(policy: DeployedPolicy, inputs: tuple, dynamic_shapes: tuple, p
     return session.run(None, {name: x.numpy() for name, x in zip(policy.input_names, inputs)})
 
 
+def logits_per_dimension(space) -> torch.Tensor:
+    """A discrete action space's logits (its action mask's entries) in each dimension."""
+    return torch.as_tensor(getattr(space, "nvec", [getattr(space, "n", 0)])).reshape(-1)
+
+
 def allowed(action: torch.Tensor, action_mask: torch.Tensor, space) -> bool:
     """Whether every action (the agent's, counted from 0) is one its mask allows (a MultiDiscrete's in each dimension;
     its masks' dimensions one after another)."""
-    nvec = torch.as_tensor(getattr(space, "nvec", [getattr(space, "n", 0)])).reshape(-1)
+    nvec = logits_per_dimension(space)
     offsets = torch.cumsum(nvec, 0) - nvec
     return bool(action_mask.gather(1, action.reshape(len(action), -1).long() + offsets).all())
 

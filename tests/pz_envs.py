@@ -22,23 +22,44 @@ class Meet(ParallelEnv):
     (the agent whose row carries the critic's state). b_every_other: b takes part in the env's 1st, 3rd, ... episodes
     only (an episode that starts without one of possible_agents). with_state: state() gives both cells, the time and
     a constant 1 (a state that is not the observations). fixed_start: a starts at -3 and b at 3, whatever the seed.
-    render_mode="rgb_array": render() draws the line, 16 pixels a cell, a red and b blue."""
+    render_mode="rgb_array": render() draws the line, 16 pixels a cell, a red and b blue. masked: each agent observes
+    a Dict {"observation": ..., "action_mask": ...} (PettingZoo's convention) whose mask forbids the moves away from
+    the other agent (the MultiDiscrete's second dimension: nothing), and a forbidden action raises; forbid_all_at:
+    at this step of an episode a's mask forbids everything (to test the error)."""
 
     metadata = {"name": "meet_v0"}
 
     def __init__(self, wide_b: bool = False, fast_b: bool = False, continuous: bool = False, b_leaves: bool = False,
                  with_state: bool = False, fixed_start: bool = False, render_mode=None, box_b: bool = False,
-                 multi: str = "", a_leaves: bool = False, b_every_other: bool = False):
+                 multi: str = "", a_leaves: bool = False, b_every_other: bool = False, masked: bool = False,
+                 forbid_all_at: int = -1):
         self.possible_agents = ["a", "b"]
         self.wide_b, self.fast_b, self.continuous, self.b_leaves = wide_b, fast_b, continuous, b_leaves
         self.fixed_start, self.render_mode, self.box_b = fixed_start, render_mode, box_b
         self.multi, self.a_leaves, self.b_every_other, self.episodes = multi, a_leaves, b_every_other, 0
+        self.masked, self.forbid_all_at = masked, forbid_all_at
         if with_state:
             self.state_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
         self.rng = np.random.default_rng()
 
     def observation_space(self, agent):
-        return gym.spaces.Box(-1.0, 1.0, (4 if self.wide_b and agent == "b" else 3,), np.float32)
+        space = gym.spaces.Box(-1.0, 1.0, (4 if self.wide_b and agent == "b" else 3,), np.float32)
+        if not self.masked:
+            return space
+        return gym.spaces.Dict({"observation": space, "action_mask": gym.spaces.MultiBinary(len(self.moves(agent)))})
+
+    def moves(self, agent) -> list[tuple]:
+        """Each of the agent's actions (a Discrete's, or each entry of a MultiDiscrete's), in the order of its mask,
+        with the move it makes (None: the MultiDiscrete's second dimension, which does not move)."""
+        if self.multi == "MultiDiscrete":
+            return [(0, move) for move in (-1, 0, 1)] + [(1, None), (1, None)]
+        return [(0, move) for move in ((-2, -1, 0, 1, 2) if self.fast_b and agent == "b" else (-1, 0, 1))]
+
+    def action_mask(self, agent) -> np.ndarray:
+        toward = np.sign(self.cell["b" if agent == "a" else "a"] - self.cell[agent])
+        forbid_all = agent == "a" and self.t == self.forbid_all_at
+        allowed = [(move is None or move * toward > 0 or move == 0) and not forbid_all for _, move in self.moves(agent)]
+        return np.array(allowed, np.int8)
 
     def action_space(self, agent):
         fast = self.fast_b and agent == "b"
@@ -62,7 +83,10 @@ class Meet(ParallelEnv):
         obs = {agent: [cells[agent], cells["b" if agent == "a" else "a"], self.t / MEET_STEPS] for agent in self.agents}
         if self.wide_b and "b" in obs:
             obs["b"].append(0.5)
-        return {agent: np.array(o, dtype=np.float32) for agent, o in obs.items()}
+        obs = {agent: np.array(o, dtype=np.float32) for agent, o in obs.items()}
+        if self.masked:
+            return {agent: {"observation": o, "action_mask": self.action_mask(agent)} for agent, o in obs.items()}
+        return obs
 
     def render(self) -> np.ndarray:
         assert self.render_mode == "rgb_array"
@@ -88,6 +112,11 @@ class Meet(ParallelEnv):
 
     def step(self, actions):
         assert set(actions) == set(self.agents), (actions, self.agents)
+        if self.masked:
+            for agent, action in actions.items():
+                mask, move = self.action_mask(agent), self.move(agent, action)
+                if not mask[[m for _, m in self.moves(agent)].index(move)]:
+                    raise ValueError(f"agent {agent}'s move {move} is forbidden: its mask is {mask}")
         for agent, action in actions.items():
             self.cell[agent] = int(np.clip(self.cell[agent] + self.move(agent, action), -3, 3))
         self.t += 1

@@ -1,6 +1,6 @@
-"""Action masks (ppo.py, ppo_rnn.py, ppo_rgb.py; docs/ppo.md, "Action masks"): the masked distribution against
-sb3-contrib's MaskableCategorical, each trainer on envs whose forbidden actions raise (Gymnasium's info["action_mask"],
-PettingZoo's Dict observation, MultiDiscrete masks per dimension and flat, a torch-native env's tensors), the rollout's
+"""Action masks (docs/ppo.md, "Action masks"): the masked distribution against sb3-contrib's MaskableCategorical, each
+trainer on envs whose forbidden actions raise (Gymnasium's info["action_mask"], PettingZoo's Dict observations, also
+each agent's in ippo.py, MultiDiscrete masks per dimension and flat, a torch-native env's tensors), the rollout's
 stored masks, evaluation and export with masks, --num_seeds, --resume and torchrun, and the error of a mask that
 allows nothing."""
 
@@ -13,6 +13,7 @@ import pytest
 import torch
 from sb3_contrib.common.maskable.distributions import MaskableCategorical, MaskableMultiCategoricalDistribution
 
+import ippo
 import ppo
 from tests.envs import EPISODE_STEPS
 from tests.test_reliability import run_torchrun
@@ -21,7 +22,8 @@ from tests.util import (REPO, fast_args, load, refused_in_one_line, run_script, 
 
 LEARN = dict(total_timesteps=2048, update_epochs=4, eval_freq=16, num_eval_envs=2)
 # (trainer, env, its best return, the least a trained policy gets, None where 2,048 steps teach too little to tell);
-# random play among the allowed actions gets 8 of MaskedChoice's 16 and about 21 of MaskedTargets' 48
+# random play among the allowed actions gets 8 of MaskedChoice's 16 and about 21 of MaskedTargets' 48. ippo.py's Meet
+# forbids moves apart, so that any policy ends near its best, 0.
 RUNS = {
     "ppo_info": ("ppo.py", "tests.envs:MaskedChoice-v0", 16, 16),
     "ppo_dict": ("ppo.py", "tests.envs:MaskedChoiceDict-v0", 16, 16),
@@ -33,20 +35,27 @@ RUNS = {
     "ppo_rnn_multidiscrete": ("ppo_rnn.py", "tests.envs:MaskedTargets-v0", 48, None),
     "ppo_rgb_info": ("ppo_rgb.py", "tests.envs:MaskedChoicePixels-v0", 16, 16),
     "ppo_rgb_dict": ("ppo_rgb.py", "tests.envs:MaskedChoicePixelsDict-v0", 16, 16),
+    # agents of different action spaces (b's Discrete(5), a's 3), one that leaves early; a MultiDiscrete mask
+    "ippo_agents": ("ippo.py", "pz:tests.pz_envs:meet", 0, None),
+    "ippo_multidiscrete": ("ippo.py", "pz:tests.pz_envs:meet", 0, None),
 }
+FLAGS = {"ppo_rnn.py": {"rnn_hidden_size": 16}, "ippo.py": {"max_episode_steps": 8}}
+ENV_KWARGS = {"ippo_agents": ["--env_kwargs", "masked=True", "fast_b=True", "b_leaves=True"],
+              "ippo_multidiscrete": ["--env_kwargs", "masked=True", "multi=MultiDiscrete"]}
 
 
 def train_and_evaluate(name: str, directory):
     trainer, env_id, _, _ = RUNS[name]
-    flags = {"rnn_hidden_size": 16} if trainer == "ppo_rnn.py" else {}
-    trained = run_script(trainer, fast_args(env_id, "masked", **LEARN, **flags), directory)
+    argv = fast_args(env_id, "masked", **LEARN, **FLAGS.get(trainer, {})) + ENV_KWARGS.get(name, [])
+    trained = run_script(trainer, argv, directory)
     assert trained.returncode == 0, trained.stderr[-3000:]
     evaluated = run_script("ppo_eval.py", ["runs/masked", "--num_episodes", "4", "--output", "eval.json"], directory)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     return directory / "runs/masked"
 
 
-ahead = runs_ahead({name: ((f"test_every_trainer_learns_with_masks_and_never_takes_a_forbidden_action[{name}]",),
+ahead = runs_ahead({name: ((f"test_every_trainer_learns_with_masks_and_never_takes_a_forbidden_action[{name}]",
+                            *(["test_each_agents_exported_policy_takes_its_own_mask"] * (name == "ippo_agents"))),
                            functools.partial(train_and_evaluate, name)) for name in RUNS})
 
 
@@ -145,6 +154,26 @@ def test_a_mask_that_allows_nothing_is_one_error_line(tmp_path, capfd):
     line = refused_in_one_line(ppo, fast_args("tests.envs:MaskedChoiceForbidsAll-v0", "none"), tmp_path, capfd,
                                whole_process=False)
     assert "tests.envs:MaskedChoiceForbidsAll-v0's info['action_mask'] allows no action in env 0 after step 5" in line
+    line = refused_in_one_line(ippo, fast_args("pz:tests.pz_envs:meet", "none", max_episode_steps=8) + [
+        "--env_kwargs", "masked=True", "forbid_all_at=3"], tmp_path, capfd, whole_process=False)
+    assert "pz:tests.pz_envs:meet's action mask allows agent a no action in env 0 after step 3 of its episode" in line
+
+
+def test_each_agents_exported_policy_takes_its_own_mask(ahead):
+    """ippo.py's files, one an agent: agent b acts in Discrete(5), a in Discrete(3); each file takes its agent's
+    observation and its own mask, and returns an action that the mask allows."""
+    import onnxruntime
+
+    directory, run_dir = ahead["ippo_agents"]
+    path = directory / "policy.onnx"
+    exported = run_script("ppo_eval.py", [str(run_dir), "--export", str(path)], directory)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    for name, width in (("a", 3), ("b", 5)):
+        session = onnxruntime.InferenceSession(str(path.with_name(f"policy_{name}.onnx")))
+        assert [spec.name for spec in session.get_inputs()] == ["obs", "action_mask"]
+        masks = np.eye(width, dtype=bool)  # each row allows one action
+        obs = np.random.default_rng(0).uniform(-1, 1, (width, 3)).astype(np.float32)
+        assert session.run(None, {"obs": obs, "action_mask": masks})[0].tolist() == list(range(width))
 
 
 def test_a_mask_of_the_wrong_width_is_one_error_line(tmp_path, capfd, monkeypatch):

@@ -35,11 +35,12 @@ IMAGES = {"rgb_box": ("tests.envs:PointMassPixelsCritic-v0", {**PIXELS, "aug_shi
           "rgb_torch": ("tests.envs:PointMassPixelsTorch-v0", PIXELS)}
 # ippo.py's: every agent's networks, statistics and advantages; VMAS's batch, seeded with one seed (each seed's block an
 # env of its own; navigation's random starts tell the seeds apart); PettingZoo agents that leave their episodes early,
-# a centralized critic; one network shared by the agents
+# a centralized critic; one network shared by the agents; each agent's action masks
 AGENTS = {"ippo_vmas": ("vmas:tests.vmas_scenarios:Clock", PER_SEED),
           "ippo_pz": ("pz:tests.pz_envs:meet", {**PER_SEED, "lr_schedule": "linear", "env_kwargs": "b_leaves=True",
                                                 "centralized_critic": True}),
-          "ippo_shared": ("vmas:navigation", {**PER_SEED, "share_parameters": True})}
+          "ippo_shared": ("vmas:navigation", {**PER_SEED, "share_parameters": True}),
+          "ippo_masked": ("pz:tests.pz_envs:meet", {**PER_SEED, "env_kwargs": "masked=True fast_b=True"})}
 # each trainer's env for what all of them do alike
 TRAINERS = {"ppo.py": ("tests.envs:PointMass-v0", {}),
             "ppo_rnn.py": ("tests.envs:PointMass-v0", {"rnn_hidden_size": 16}),
