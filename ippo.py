@@ -49,10 +49,9 @@ A copy's contract (python scripts/verify_copy.py my_idea.py checks it in short r
   attributes and module variables are not state: a run whose update or evaluation changes one (that holds numbers,
   strings, tensors or containers of them) stops with one error line.
 - What an exported policy computes (ppo_eval.py --export, one file per agent): agent i's own entries of row i of
-  env_action(get_action(normalize_obs(obs), action_mask, deterministic=True)), obs (batch, num_agents, obs_dim)
-  holding agent i's observation (padded) in every row, and action_mask (where the env gives masks) agent i's mask, a
-  second input; env_action() may read the envs' action_spaces, action_low, action_high,
-  action_start.
+  env_action(get_action(normalize_obs(obs), deterministic=True, action_mask=action_mask)), obs (batch, num_agents,
+  obs_dim) holding agent i's observation (padded) in every row, and action_mask (where the env gives masks) agent i's
+  mask, a second input; env_action() may read the envs' action_spaces, action_low, action_high, action_start.
 """
 
 from __future__ import annotations
@@ -507,15 +506,15 @@ class Agent(nn.Module):
             out = out.masked_fill(~self.own_entries, torch.finfo(out.dtype).min)
         return out
 
-    def get_action(self, obs: torch.Tensor, action_mask: Optional[torch.Tensor] = None,
-                   deterministic: bool = False) -> torch.Tensor:
+    def get_action(self, obs: torch.Tensor, deterministic: bool = False,
+                   action_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         if not deterministic:
-            return self.get_action_and_value(obs, action_mask)[0]
+            return self.get_action_and_value(obs, action_mask=action_mask)[0]
         logits_or_mean = self.actor_output(obs)
         return self.discrete_actions.mode(logits_or_mean, action_mask) if self.discrete else logits_or_mean
 
-    def get_action_and_value(self, obs: torch.Tensor, action_mask: Optional[torch.Tensor] = None,
-                             action: Optional[torch.Tensor] = None):
+    def get_action_and_value(self, obs: torch.Tensor, action: Optional[torch.Tensor] = None,
+                             action_mask: Optional[torch.Tensor] = None):
         if self.discrete:
             pi = self.discrete_actions.distribution(self.actor_output(obs), action_mask)
             if action is None:
@@ -598,7 +597,7 @@ def rollout(agent: Agent, envs: TorchVecEnv, buf: RolloutBuffer, next_obs: torch
             if agent.obs_normalizer is not None:  # every rank's, so that every rank normalizes alike
                 agent.obs_normalizer.update(gather_rows(next_obs), gather_rows(alive))
             obs = agent.normalize_obs(next_obs)
-            action, logprob, _, value = policy_step(obs, envs.action_mask)
+            action, logprob, _, value = policy_step(obs, action_mask=envs.action_mask)
         buf.obs[step], buf.actions[step], buf.logprobs[step], buf.values[step] = obs, action, logprob, value
         buf.alive[step] = alive
         if buf.action_masks is not None:
@@ -671,11 +670,11 @@ def masked_var(x: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
     return squares.sum(-2) / (alive.sum(-2) - 1).clamp(min=1)
 
 
-def ppo_loss(agent: Agent, args: Args, obs, action_masks, actions, old_logprobs, advantages, returns, old_values,
-             alive):
+def ppo_loss(agent: Agent, args: Args, obs, actions, old_logprobs, advantages, returns, old_values, alive,
+             action_masks=None):
     """Each agent's clipped surrogate, value and entropy terms of one minibatch of rows (rows, num_agents), each
     reduced over the rows it was alive in (masked_mean); the log-ratios and ratios, detached."""
-    _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, action_masks, actions)
+    _, newlogprob, entropy, newvalue = agent.get_action_and_value(obs, actions, action_mask=action_masks)
     logratio = newlogprob - old_logprobs
     ratio = logratio.exp()
     if args.norm_adv:
@@ -716,8 +715,8 @@ def update(agent: Agent, optimizer: PPOOptimizer, buf: RolloutBuffer, advantages
         alive = b_alive[mb]
         mb_action_masks = None if b_action_masks is None else b_action_masks[mb]
         (pg_loss, v_loss, entropy_loss), logratio, ratio = update_losses(
-            b_obs[mb], mb_action_masks, b_actions[mb], b_logprobs[mb], b_advantages[mb], b_returns[mb], b_values[mb],
-            alive)
+            b_obs[mb], b_actions[mb], b_logprobs[mb], b_advantages[mb], b_returns[mb], b_values[mb], alive,
+            mb_action_masks)
         with torch.no_grad():
             old_approx_kl, approx_kl = mean_over_ranks(
                 torch.stack([masked_mean(-logratio, alive), masked_mean((ratio - 1) - logratio, alive)]))
@@ -947,7 +946,7 @@ def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Op
     obs = eval_envs.reset(seed=seed)
     for _ in range(num_eval_steps):
         with torch.no_grad():
-            action = agent.get_action(agent.normalize_obs(obs), eval_envs.action_mask, deterministic=deterministic)
+            action = agent.get_action(agent.normalize_obs(obs), deterministic, action_mask=eval_envs.action_mask)
         obs, _, _, _, _, finished = eval_envs.step(action)
         done = eval_envs.ended
         if finished is not None:
@@ -1468,11 +1467,11 @@ def policy_step_of(agent: Agent):
         return agent.get_action_and_value
     checked = []
 
-    def each_seed_draws(obs: torch.Tensor, *more_inputs):
+    def each_seed_draws(obs: torch.Tensor, *more_inputs, **keywords):
         device = agent.generators[0].device
         before = None if checked else rng_states(device)
         with PerSeedDraws(agent.generators):
-            result = agent.get_action_and_value(obs, *more_inputs)
+            result = agent.get_action_and_value(obs, *more_inputs, **keywords)
         if not checked:
             if {"torch", "cuda"} & set(moved_generators(before, rng_states(device))):
                 raise UserError("the policy draws from torch's default generator with what --num_seeds cannot give "
@@ -2397,7 +2396,8 @@ class PettingZooVectorEnv:
 def check_agent_spaces(env_id: str, obs_spaces: list, action_spaces: list, alike: bool):
     """VMAS's and PettingZoo's agents: flat observations; VMAS's of the same spaces (PettingZoo's may differ)."""
     if not all(isinstance(space, gym.spaces.Box) and len(space.shape) == 1 for space in obs_spaces):
-        raise UserError(f"{env_id}'s observations ({obs_spaces[0]}) are not flat Boxes; {TRAINER}.py needs them flat")
+        raise UserError(f"{env_id}'s observations ({obs_spaces[0]}) are not flat Boxes; {TRAINER}.py needs them flat "
+                        "(or, with action masks, a Dict of an 'observation' Box and an 'action_mask')")
     if alike and (any(space != obs_spaces[0] for space in obs_spaces)
                   or any(space != action_spaces[0] for space in action_spaces)):
         raise UserError(f"{env_id}'s agents have different observation or action spaces ({obs_spaces}, "
@@ -2489,6 +2489,8 @@ class TorchVecEnv:
             raise UserError(f"the agents act in {self.action_spaces}; {TRAINER}.py's agents may differ in the size of "
                             "their actions, but all of one kind (and MultiDiscrete ones alike)")
         self.joint_action_space = joint_action_space([space_to_dict(space) for space in self.action_spaces])
+        nvec = self.joint_action_space.get("nvec", [self.joint_action_space.get("n", 0)])
+        self.mask_offsets = torch.as_tensor(np.cumsum([0, *nvec[:-1]]), device=device)  # each dimension's in a mask
         # Each agent's row of its action's bounds or starts, padded to the joint space's width
         width = None if self.joint_action_space["type"] == "Discrete" else self.joint_action_space["shape"][0]
 
@@ -2536,6 +2538,8 @@ class TorchVecEnv:
         return self._to_device(info["action_mask"], torch.bool, (self.num_envs, self.num_agents, -1))
 
     def step(self, action: torch.Tensor):
+        if self.action_mask is not None:
+            self.check_allowed(action)
         action = env_action(self, action).flatten(1)
         action = action.to(self.env.device) if self.torch_native else action.cpu().numpy()
         obs, reward, terminated, truncated, info = self.env.step(action)
@@ -2572,6 +2576,17 @@ class TorchVecEnv:
         self.in_episode = torch.where(self.ended[:, None], self.alive, self.in_episode)
         self.action_mask = self.read_action_mask(info)
         return next_obs, reward, terminated, truncated, final_obs, finished
+
+    def check_allowed(self, action: torch.Tensor):
+        """Every agent's action (counted from 0) is one its mask allows: a copy whose policy drops the mask stops with
+        one error line, not a run that trains on forbidden actions."""
+        taken = action.reshape(self.num_envs, self.num_agents, -1).long() + self.mask_offsets
+        allowed = self.action_mask.gather(-1, taken).all(-1)
+        if not allowed.all():
+            env, agent = (int(i) for i in (~allowed).nonzero()[0])
+            raise UserError(f"agent {self.agents[agent]} took action {action[env, agent].tolist()} (counted from 0) in "
+                            f"env {env}, which its action mask forbids: get_action_and_value() and get_action() give "
+                            "the mask to the distribution (DiscreteActions; docs/ppo.md)")
 
     def flush_video(self):
         """ManiSkill's RecordEpisode over many envs saves a video every max_steps_per_video steps only, and VMAS's
@@ -2736,9 +2751,9 @@ class PettingZooEnvs:
         self.agents, self.max_steps, self.first_index = list(env.possible_agents), max_steps, first_index
         obs_spaces = [env.observation_space(agent) for agent in self.agents]
         self.action_spaces = [env.action_space(agent) for agent in self.agents]
-        self.masked = [isinstance(space, gym.spaces.Dict) and "action_mask" in space.spaces for space in obs_spaces]
-        obs_spaces = [space.spaces.get("observation", space) if masked else space
-                      for space, masked in zip(obs_spaces, self.masked)]
+        self.masked = [isinstance(space, gym.spaces.Dict) and set(space.spaces) == {"observation", "action_mask"}
+                       for space in obs_spaces]
+        obs_spaces = [space["observation"] if masked else space for space, masked in zip(obs_spaces, self.masked)]
         check_agent_spaces(env_id, obs_spaces, self.action_spaces, alike=False)
         if any(masked and not isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete))
                for space, masked in zip(self.action_spaces, self.masked)):
@@ -2792,7 +2807,8 @@ class PettingZooEnvs:
         masks = np.ones((len(self.agents), self.mask_width), dtype=bool)
         for i, agent in enumerate(self.agents):
             if self.masked[i] and agent in obs:
-                mask, nvec = np.ravel(obs[agent]["action_mask"]).astype(bool), self.nvecs[i]
+                # a MultiDiscrete's an array, or one per dimension
+                mask, nvec = np.hstack(obs[agent]["action_mask"]).astype(bool), self.nvecs[i]
                 if len(mask) != sum(nvec):
                     raise UserError(f"{self.env_id}'s agent {agent} observes an action mask of {len(mask)} entries, "
                                     f"and its actions ({self.action_spaces[i]}) take {sum(nvec)}")
@@ -3917,17 +3933,17 @@ def compile_unless_unavailable(fn, enabled: bool):
         return fn
     compiled = None
 
-    def call(*args):
+    def call(*args, **kwargs):
         nonlocal compiled
         if compiled is not fn:
             try:
                 compiled = compiled or torch.compile(fn)
-                return compiled(*args)
+                return compiled(*args, **kwargs)
             except Exception as e:  # whatever compiling raised: an error of fn itself raises again below
                 reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 print(f"\nwarning: --compile: torch.compile failed ({reason}); running eagerly", file=sys.stderr)
                 compiled = fn
-        return fn(*args)
+        return fn(*args, **kwargs)
     return call
 
 

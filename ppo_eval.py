@@ -563,17 +563,18 @@ class DeployedPolicy(nn.Module):
         obs = dict(zip(self.keys, inputs)) if self.keys else inputs[0]
         action_mask = inputs[num_obs] if self.masked else None
         if self.recurrent:
-            state, episode_start = inputs[num_obs + self.masked:]
-            action, state = agent.get_action(
-                agent.normalize_obs(obs).unsqueeze(self.time_dim), state, episode_start.unsqueeze(self.time_dim),
-                None if action_mask is None else action_mask.unsqueeze(self.time_dim), deterministic=True)
+            state, episode_start = inputs[-2:]
+            masked = {} if action_mask is None else {"action_mask": action_mask.unsqueeze(self.time_dim)}
+            action, state = agent.get_action(agent.normalize_obs(obs).unsqueeze(self.time_dim), state,
+                                             episode_start.unsqueeze(self.time_dim), deterministic=True, **masked)
             return action.select(self.time_dim, 0), state
         if self.agent_index is not None:  # every agent's actor sees only its own row: give each this observation
             obs = nn.functional.pad(obs, (0, self.row_dim - self.obs_dim))[:, None].expand(-1, agent.num_agents, -1)
             if action_mask is not None:  # and this mask, its own logits' of the joint action space's
                 action_mask = nn.functional.pad(action_mask, (0, self.mask_width - action_mask.shape[-1]))
                 action_mask = action_mask[:, None].expand(-1, agent.num_agents, -1)
-        return (agent.get_action(agent.normalize_obs(obs), action_mask, deterministic=True),)
+        masked = {} if action_mask is None else {"action_mask": action_mask}  # a trainer older than masks takes none
+        return (agent.get_action(agent.normalize_obs(obs), deterministic=True, **masked),)
 
     def to_env(self, action: torch.Tensor) -> torch.Tensor:
         """ippo.py's agent's own action out of the joint one; in the action space's dtype."""
@@ -623,9 +624,9 @@ def export_policy(policy: DeployedPolicy, first, envs, ckpt: dict, checkpoint: P
             raise UserError(f"{ckpt['trainer']}.py's env_action() reads what an exported policy does not carry "
                             f"({e}); it may read the envs' {', '.join(policy.ENV_ACTION_READS)}") from e
         received = policy.to_env(policy.env_action(envs, action.to(envs.device)).cpu())
-    if policy.masked and not allowed(policy.to_env(action), inputs[len(observations) - 1], policy.action_space):
-        raise UserError(f"on the env's first observations, {ckpt['trainer']}.py's get_action() takes an action that "
-                        "the env's action mask forbids: it must give the mask to the distribution (DiscreteActions)")
+        if policy.masked and not honours_masks(policy, inputs, len(observations) - 1):
+            raise UserError(f"{ckpt['trainer']}.py's get_action() takes actions that its action_mask forbids: it must "
+                            "give the mask to the distribution (DiscreteActions.mode(logits, action_mask))")
     expected = (received, *state)
     try:
         with warnings.catch_warnings():
@@ -685,12 +686,16 @@ def logits_per_dimension(space) -> torch.Tensor:
     return torch.as_tensor(getattr(space, "nvec", [getattr(space, "n", 0)])).reshape(-1)
 
 
-def allowed(action: torch.Tensor, action_mask: torch.Tensor, space) -> bool:
-    """Whether every action (the agent's, counted from 0) is one its mask allows (a MultiDiscrete's in each dimension;
-    its masks' dimensions one after another)."""
-    nvec = logits_per_dimension(space)
-    offsets = torch.cumsum(nvec, 0) - nvec
-    return bool(action_mask.gather(1, action.reshape(len(action), -1).long() + offsets).all())
+def honours_masks(policy: DeployedPolicy, inputs: tuple, mask_index: int) -> bool:
+    """Whether the policy, on the env's first observations, takes the one action (of each dimension) that a mask
+    allows, where that is not the action it takes when everything is allowed."""
+    def agent_action(action_mask: torch.Tensor) -> torch.Tensor:
+        action = policy.policy_action(*inputs[:mask_index], action_mask, *inputs[mask_index + 1:])[0]
+        return policy.to_env(action).reshape(len(action_mask), -1).long()  # the agent's own, counted from 0
+    nvec = logits_per_dimension(policy.action_space)
+    other = (agent_action(torch.ones_like(inputs[mask_index])) + 1) % nvec
+    only_other = torch.zeros_like(inputs[mask_index]).scatter_(1, other + torch.cumsum(nvec, 0) - nvec, True)
+    return torch.equal(agent_action(only_other), other)
 
 
 def as_tuple(x) -> tuple:

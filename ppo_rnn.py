@@ -49,7 +49,7 @@ A copy's contract (python scripts/verify_copy.py my_idea.py checks it in short r
   envs' episodes is not saved: a resumed run starts new episodes, from a zero state.
 - What an exported policy computes (ppo_eval.py --export): from a batch of observations, recurrent states and
   episode starts (and action masks, where the env gives them), env_action() of get_action(normalize_obs(obs)[:, None],
-  state, episode_start[:, None], action_mask[:, None], deterministic=True), one step, and the next state;
+  state, episode_start[:, None], deterministic=True, action_mask=action_mask[:, None]), one step, and the next state;
   env_action() may read the envs' single_action_space, action_low, action_high, action_start.
 """
 
@@ -530,10 +530,10 @@ class Agent(nn.Module):
         return self.value_normalizer.denormalize(value.flatten(-2)).view_as(value)  # as rows, which it takes
 
     def get_action(self, obs: torch.Tensor, state: torch.Tensor, episode_starts: torch.Tensor,
-                   action_mask: Optional[torch.Tensor] = None,
-                   deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                   deterministic: bool = False,
+                   action_mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
         if not deterministic:
-            action, _, _, _, state = self.get_action_and_value(obs, state, episode_starts, action_mask)
+            action, _, _, _, state = self.get_action_and_value(obs, state, episode_starts, action_mask=action_mask)
             return action, state
         if self.critic_core is None:
             features, state = self.actor_core(obs, state, episode_starts)
@@ -545,7 +545,7 @@ class Agent(nn.Module):
         return (self.discrete_actions.mode(logits_or_mean, action_mask) if self.discrete else logits_or_mean), state
 
     def get_action_and_value(self, obs: torch.Tensor, state: torch.Tensor, episode_starts: torch.Tensor,
-                             action_mask: Optional[torch.Tensor] = None, action: Optional[torch.Tensor] = None):
+                             action: Optional[torch.Tensor] = None, action_mask: Optional[torch.Tensor] = None):
         actor_features, critic_features, state = self.cores(obs, state, episode_starts)
         value = self.value(critic_features)
         if self.discrete:
@@ -636,7 +636,8 @@ def rollout(agent: Agent, envs: TorchVecEnv, buf: RolloutBuffer, next_obs: torch
             obs = agent.normalize_obs(next_obs)
             # each env's step a sequence of one step: a time dimension after the envs'
             action_mask = None if envs.action_mask is None else envs.action_mask[..., None, :]
-            action, logprob, _, value, state = policy_step(obs[..., None, :], state, next_start[..., None], action_mask)
+            action, logprob, _, value, state = policy_step(obs[..., None, :], state, next_start[..., None],
+                                                           action_mask=action_mask)
             action, logprob, value = (x.squeeze(buf.env_dims) for x in (action, logprob, value))
         buf.obs[step], buf.actions[step], buf.logprobs[step], buf.values[step] = obs, action, logprob, value
         buf.episode_starts[step] = next_start
@@ -703,11 +704,12 @@ def compute_advantages(rewards: torch.Tensor, values: torch.Tensor, dones: torch
     return advantages
 
 
-def ppo_loss(agent: Agent, args: Args, obs, states, starts, action_masks, actions, old_logprobs, advantages, returns,
-             old_values):
+def ppo_loss(agent: Agent, args: Args, obs, states, starts, actions, old_logprobs, advantages, returns, old_values,
+             action_masks=None):
     """The clipped surrogate, value and entropy terms of one minibatch of sequences, replayed from their stored
     states, each reduced over its steps (the last two dimensions, as rows); its log-ratios and ratios, detached."""
-    _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(obs, states, starts, action_masks, actions)
+    _, newlogprob, entropy, newvalue, _ = agent.get_action_and_value(obs, states, starts, actions,
+                                                                     action_mask=action_masks)
     newlogprob, entropy, newvalue, old_logprobs, advantages, returns, old_values = (
         x.flatten(-2) for x in (newlogprob, entropy, newvalue, old_logprobs, advantages, returns, old_values))
     logratio = newlogprob - old_logprobs
@@ -743,8 +745,8 @@ def update(agent: Agent, optimizer: PPOOptimizer, buf: RolloutBuffer, advantages
     for mb in optimizer.minibatches(num_sequences, num_sequences // args.num_minibatches, args.update_epochs):
         mb_action_masks = None if b_action_masks is None else b_action_masks[mb]
         (pg_loss, v_loss, entropy_loss), logratio, ratio = update_losses(
-            b_obs[mb], b_states[mb].transpose(-3, -2), b_starts[mb], mb_action_masks, b_actions[mb], b_logprobs[mb],
-            b_advantages[mb], b_returns[mb], b_values[mb])
+            b_obs[mb], b_states[mb].transpose(-3, -2), b_starts[mb], b_actions[mb], b_logprobs[mb], b_advantages[mb],
+            b_returns[mb], b_values[mb], mb_action_masks)
         with torch.no_grad():
             old_approx_kl, approx_kl = mean_over_ranks(
                 torch.stack([(-logratio).mean(-1), ((ratio - 1) - logratio).mean(-1)]))
@@ -963,7 +965,7 @@ def evaluate(agent: Agent, eval_envs: TorchVecEnv, num_eval_steps: int, seed: Op
         with torch.no_grad():
             action_mask = None if eval_envs.action_mask is None else eval_envs.action_mask[:, None]
             action, state = agent.get_action(agent.normalize_obs(obs)[:, None], state, episode_start[:, None],
-                                             action_mask, deterministic)
+                                             deterministic, action_mask=action_mask)
         obs, _, terminated, truncated, _, finished = eval_envs.step(action[:, 0])
         done = episode_start = terminated | truncated
         if finished is not None:
@@ -1450,11 +1452,11 @@ def policy_step_of(agent: Agent):
         return agent.get_action_and_value
     checked = []
 
-    def each_seed_draws(obs: torch.Tensor, *more_inputs):
+    def each_seed_draws(obs: torch.Tensor, *more_inputs, **keywords):
         device = agent.generators[0].device
         before = None if checked else rng_states(device)
         with PerSeedDraws(agent.generators):
-            result = agent.get_action_and_value(obs, *more_inputs)
+            result = agent.get_action_and_value(obs, *more_inputs, **keywords)
         if not checked:
             if {"torch", "cuda"} & set(moved_generators(before, rng_states(device))):
                 raise UserError("the policy draws from torch's default generator with what --num_seeds cannot give "
@@ -2289,9 +2291,9 @@ class TorchVecEnv:
 
     EPISODE_KEYS = ("success_once", "success_at_end", "fail_once", "fail_at_end")
 
-    def __init__(self, env: gym.vector.VectorEnv, env_id: str, device: torch.device, torch_native: bool,
+    def __init__(self, env: gym.vector.VectorEnv, device: torch.device, torch_native: bool,
                  reset_video_trigger: Optional[ResetEpisodeTrigger] = None,
-                 video_recorder: Optional[gym.Wrapper] = None, critic_dim: int = 0):
+                 video_recorder: Optional[gym.Wrapper] = None, critic_dim: int = 0, env_id: str = "the env"):
         self.env, self.env_id = env, env_id
         self.critic_dim = critic_dim
         self.reset_video_trigger = reset_video_trigger
@@ -2318,6 +2320,9 @@ class TorchVecEnv:
             self.action_high = torch.as_tensor(space.high, dtype=torch.float32, device=device)
         else:  # the agent's actions count from 0 in each dimension, the env's from start
             self.action_start = torch.as_tensor(getattr(space, "start", 0), dtype=torch.long, device=device)
+        # a discrete action's logits in each dimension, and where each dimension's start in an action mask
+        self.nvec = np.atleast_1d(getattr(space, "nvec", getattr(space, "n", 0))).tolist()
+        self.mask_offsets = torch.as_tensor(np.cumsum([0, *self.nvec[:-1]]), device=device)
         self.obs_dim = int(np.prod(self.single_observation_space.shape))
         self.episode_return = torch.zeros(self.num_envs, dtype=torch.float64, device=device)
         self.episode_length = torch.zeros(self.num_envs, dtype=torch.long, device=device)
@@ -2335,11 +2340,13 @@ class TorchVecEnv:
         obs, info = self.env.reset(seed=seed)
         self.episode_return.zero_()
         self.episode_length.zero_()
-        self.action_mask = self.read_action_mask(info)
+        self.action_mask = self.read_action_mask(info, at_reset=True)
         return self._obs(obs)
 
     def step(self, action: torch.Tensor):
         self.check_shape(action, "the agent's")  # env_action()'s clamp or shift would broadcast another width
+        if self.action_mask is not None:
+            self.check_allowed(action)
         action = env_action(self, action)
         self.check_shape(action, "env_action()'s")
         action = action.to(self.env.device) if self.torch_native else action.cpu().numpy()
@@ -2374,31 +2381,33 @@ class TorchVecEnv:
         self.action_mask = self.read_action_mask(info)
         return next_obs, reward, terminated, truncated, final_obs, finished
 
-    def read_action_mask(self, info: dict) -> Optional[torch.Tensor]:
+    def read_action_mask(self, info: dict, at_reset: bool = False) -> Optional[torch.Tensor]:
         """info["action_mask"] (Gymnasium's convention: 1 where an action is allowed; a MultiDiscrete's one array per
         dimension or their concatenation) as (num_envs, logits) booleans, checked to allow an action in every
         dimension; None where the env gives none. A Gymnasium vector env's is its reset's for the envs that reset."""
-        if "action_mask" not in info:
-            if self.action_mask is not None:
-                raise UserError(f"{self.env_id} gave info['action_mask'] before and none now: give it at reset and on "
-                                "every step")
+        given, before, space = "action_mask" in info, self.action_mask is not None, self.single_action_space
+        if (before and not given) or (given and not before and not at_reset):
+            when = "before and none now" if before else "now and none at reset"
+            raise UserError(f"{self.env_id} gave info['action_mask'] {when}: give it at reset and on every step")
+        if not given:
             return None
-        space = space_to_dict(self.single_action_space)
-        if space["type"] not in ("Discrete", "MultiDiscrete"):
-            raise UserError(f"{self.env_id} gives info['action_mask'] and its actions are {self.single_action_space}: "
-                            f"{TRAINER}.py masks Discrete and MultiDiscrete actions")
+        if not isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
+            raise UserError(f"{self.env_id} gives info['action_mask'] and its actions are {space}: {TRAINER}.py masks "
+                            "Discrete and MultiDiscrete actions")
         mask = info["action_mask"]
         given = info.get("_action_mask")  # a Gymnasium vector env's: which envs gave one
         if isinstance(given, np.ndarray) and not given.all():
             missing = int(np.flatnonzero(~given)[0])
             raise UserError(f"{self.env_id} gave info['action_mask'] in some envs and none in env {missing}: give it "
                             "at reset and on every step")
-        if isinstance(mask, np.ndarray) and mask.dtype == object:  # a MultiDiscrete's, an array per dimension
-            mask = np.stack([np.concatenate(env_mask) for env_mask in mask])
-        mask, nvec = torch.as_tensor(mask), space.get("nvec", [space.get("n")])
+        if isinstance(mask, (tuple, list)):  # a torch-native MultiDiscrete's, a tensor per dimension
+            mask = torch.cat([torch.as_tensor(dim).reshape(self.num_envs, -1) for dim in mask], -1)
+        elif isinstance(mask, np.ndarray) and mask.dtype == object:  # each env's tuple (a MultiDiscrete's) or list
+            mask = np.stack([np.hstack(env_mask) for env_mask in mask])
+        mask, nvec = torch.as_tensor(mask), self.nvec
         if mask.shape[:1] != (self.num_envs,) or mask[0].numel() != sum(nvec):
             raise UserError(f"{self.env_id}'s info['action_mask'] has shape {tuple(mask.shape)}: one mask of "
-                            f"{sum(nvec)} entries per env, for {self.single_action_space} (docs/ppo.md)")
+                            f"{sum(nvec)} entries per env, for {space} (docs/ppo.md)")
         mask = mask.reshape(self.num_envs, -1).bool()
         allowed = torch.stack([dim.any(-1) for dim in mask.split(nvec, dim=-1)], -1).all(-1)
         if not allowed.all():  # a GPU env's mask waits for the device here
@@ -2407,6 +2416,16 @@ class TorchVecEnv:
                             f"{int(self.episode_length[env])} of its episode"
                             f"{'' if len(nvec) == 1 else ' (in one of its dimensions)'}: every state allows one")
         return mask.to(self.device)
+
+    def check_allowed(self, action: torch.Tensor):
+        """The agent's actions (counted from 0) are ones their masks allow: a copy whose policy drops the mask stops
+        with one error line, not a run that trains on forbidden actions (a GPU env's check waits for the device)."""
+        allowed = self.action_mask.gather(1, action.reshape(self.num_envs, -1).long() + self.mask_offsets).all(-1)
+        if not allowed.all():
+            env = int((~allowed).nonzero()[0])
+            raise UserError(f"the agent took action {action[env].tolist()} (counted from 0) in env {env}, which "
+                            f"{self.env_id}'s action mask forbids: get_action_and_value() and get_action() give the "
+                            "mask to the distribution (DiscreteActions; docs/ppo.md)")
 
     def check_shape(self, action: torch.Tensor, whose: str):
         """A copy's Agent or env_action() of another width is refused in one line, not broadcast."""
@@ -2475,9 +2494,8 @@ def make_run_envs(args: Args, maniskill: bool, device: torch.device, *, evaluati
         else:
             env = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         critic_dim = env.get_attr("critic_dim")[0] if args.critic_obs else 0
-        return TorchVecEnv(env, args.env_id, device, torch_native=False,
-                           reset_video_trigger=video_trigger if evaluation else None,
-                           critic_dim=critic_dim)
+        return TorchVecEnv(env, device, torch_native=False, reset_video_trigger=video_trigger if evaluation else None,
+                           critic_dim=critic_dim, env_id=args.env_id)
     except gym.error.DependencyNotInstalled as e:
         hint = "; or pass --no_capture_video" if args.capture_video else ""
         raise UserError(f"{args.env_id} needs an optional dependency: {e}{hint}") from e
@@ -2508,9 +2526,9 @@ def torch_native_id(env_id: str) -> bool:
 def make_torch_native_envs(args: Args, num_envs: int, device: torch.device) -> TorchVecEnv:
     """Under --num_seeds, one env for each seed's block (EnvBlocks)."""
     if args.num_seeds == 1:
-        return TorchVecEnv(make_torch_native_env(args, num_envs, device), args.env_id, device, torch_native=True)
+        return TorchVecEnv(make_torch_native_env(args, num_envs, device), device, torch_native=True, env_id=args.env_id)
     blocks = [make_torch_native_env(args, num_envs // args.num_seeds, device) for _ in range(args.num_seeds)]
-    return TorchVecEnv(EnvBlocks(blocks), args.env_id, device, torch_native=True)
+    return TorchVecEnv(EnvBlocks(blocks), device, torch_native=True, env_id=args.env_id)
 
 
 # Copied from ppo.py
@@ -2659,7 +2677,11 @@ class EnvBlocks:
 
     @staticmethod
     def action_masks(infos) -> dict:
-        return {"action_mask": torch.cat([info["action_mask"] for info in infos])} if "action_mask" in infos[0] else {}
+        if "action_mask" not in infos[0]:
+            return {}
+        masks = [info["action_mask"] for info in infos]  # a MultiDiscrete's a tensor per dimension, or one
+        return {"action_mask": torch.cat([torch.cat(mask, -1) if isinstance(mask, (tuple, list)) else mask
+                                          for mask in masks])}
 
     def close(self):
         for block in self.blocks:
@@ -2708,7 +2730,7 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
                                       trajectory_path)
             vec_env = ManiSkillVectorEnv(env, num_envs, ignore_terminations=ignore_terminations, record_metrics=True)
             recorder = env if video_dir is not None or trajectory_path is not None else None
-            return TorchVecEnv(vec_env, args.env_id, device, torch_native=True, video_recorder=recorder)
+            return TorchVecEnv(vec_env, device, torch_native=True, video_recorder=recorder, env_id=args.env_id)
         if trajectory_path is not None:
             raise UserError("trajectories are recorded in one ManiSkill vector env: on the CPU simulation, use one env")
         # The fork start method hangs while workers build SAPIEN scenes; forkserver needs module-level builders.
@@ -2721,7 +2743,7 @@ def make_maniskill_envs(args: Args, num_envs: int, device: torch.device, evaluat
         # driver fails here.
         vec_env = gym.vector.AsyncVectorEnv(env_fns, context="forkserver",
                                             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-        return TorchVecEnv(vec_env, args.env_id, device, torch_native=False)
+        return TorchVecEnv(vec_env, device, torch_native=False, env_id=args.env_id)
     except (AssertionError, KeyError, ValueError) as e:
         raise UserError(f"cannot make ManiSkill env {args.env_id!r} with {env_kwargs}: {e}") from e
     except RuntimeError as e:
@@ -3638,17 +3660,17 @@ def compile_unless_unavailable(fn, enabled: bool):
         return fn
     compiled = None
 
-    def call(*args):
+    def call(*args, **kwargs):
         nonlocal compiled
         if compiled is not fn:
             try:
                 compiled = compiled or torch.compile(fn)
-                return compiled(*args)
+                return compiled(*args, **kwargs)
             except Exception as e:  # whatever compiling raised: an error of fn itself raises again below
                 reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 print(f"\nwarning: --compile: torch.compile failed ({reason}); running eagerly", file=sys.stderr)
                 compiled = fn
-        return fn(*args)
+        return fn(*args, **kwargs)
     return call
 
 

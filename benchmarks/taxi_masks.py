@@ -81,7 +81,7 @@ def main():
     options = parser.parse_args()
     commands = {variant: f"python ppo.py --env_id {VARIANTS[variant]} {COMMAND} --total_timesteps {options.steps} "
                          f"--num_seeds {options.seeds} --seed 1" for variant in options.variants}
-    curves, rows = [], []
+    curves, rows, last = [], [], 0
     for variant in options.variants:
         name = f"taxi_{variant}_{int(time.time())}"
         print(commands[variant], flush=True)
@@ -104,7 +104,7 @@ def main():
                         f"{mean([value for _, value in illegal]):.3f} | {mean(late):.3f} | "
                         f"{dict(tags['eval/fail_once'])[last]:.2f} | {wall / 60:.1f} min |")
             print(rows[-1], flush=True)
-    marks = range(EVERY, options.steps + 1, EVERY)
+    marks = range(EVERY, last + 1, EVERY)  # the last evaluation's step: the last whole iteration's
     table = [f"ppo.py on Taxi-v4 with and without action masks, {time.strftime('%Y-%m-%d')}, {machine()}; the seeds "
              "of a variant in one process (--num_seeds), one variant at a time, beside other work on the machine",
              *(f"command: {command}; the {variant} variant" for variant, command in commands.items()), "",

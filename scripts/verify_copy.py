@@ -229,7 +229,8 @@ def kind_of(module) -> str:
 
 def check_export(checks: Checks, copy: Path, module, kind: str, run_dir: Path, work: Path):
     fix = ("make the envs receive env_action()'s action and nothing else: an exported policy computes "
-           "env_action(get_action(normalize_obs(obs), deterministic=True))")
+           "env_action(get_action(normalize_obs(obs), deterministic=True, action_mask=action_mask)), the mask "
+           "where the env gives one")
     how = (f"the ONNX policy of ppo_eval.py --export against the actions the envs received in training's last "
            f"evaluation, its first {EXPORT_STEPS} steps")
     try:

@@ -78,6 +78,12 @@ def mpe_spread(directory):
                 "1", "--frames", "6400", "--out", str(directory / "out")], directory)
 
 
+def taxi_masks(directory):
+    """Both variants, 2 seeds in one process each, two iterations."""
+    return run([sys.executable, str(REPO / "benchmarks/taxi_masks.py"), "--seeds", "2", "--steps", "2048", "--out",
+                str(directory / "out")], directory)
+
+
 def tuning(directory):
     """benchmarks/tune.sh's Pendulum-v1 tuning with 2 trials of one iteration, confirmed on 2 seeds of two."""
     return run(["bash", str(REPO / "benchmarks/tune.sh"), "pendulum"], directory,
@@ -102,6 +108,7 @@ ahead = runs_ahead({job.__name__: ((test,), job) for job, test in [
     (atari_speed, "test_atari_speed_benchmark_prints_its_table"),
     (recurrent, "test_recurrent_benchmark_writes_its_table_and_plots"),
     (mpe_spread, "test_mpe_spread_benchmark_writes_its_table_and_plot"),
+    (taxi_masks, "test_taxi_masks_benchmark_writes_its_table"),
     (tuning, "test_tuning_benchmark_writes_its_results_and_plots"),
 ]})
 
@@ -546,6 +553,20 @@ def test_mpe_spread_benchmark_writes_its_table_and_plot(ahead):
     ckpt = load(next((directory / "runs").glob("spread_mappo_continuous_s1_*")) / "final_ckpt.pt")
     assert ckpt["agents"] == ["agent_0", "agent_1", "agent_2"] and ckpt["action_spaces"][0]["type"] == "Box"
     assert ckpt["model"]["critic.0.weight"].shape[1] == 54 + 3  # state() and the agent id of the shared network
+
+
+def test_taxi_masks_benchmark_writes_its_table(ahead):
+    """The masked runs take no illegal action; the unmasked ones, which start from random play, take some."""
+    directory, result = ahead["taxi_masks"]
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = (directory / "out/table.md").read_text().splitlines()
+    assert table[0].startswith("ppo.py on Taxi-v4 with and without action masks, ")
+    assert table[1].startswith("command: python ppo.py --env_id benchmarks.taxi_masks:TaxiCounted-v4 --num_envs 8 ")
+    rows = [line.split(" | ") for line in table if line.startswith(("| masked |", "| unmasked |")) and "min |" in line]
+    assert [(row[0], row[1]) for row in rows] == [("| masked", "1"), ("| masked", "2"), ("| unmasked", "1"),
+                                                  ("| unmasked", "2")]
+    illegal_in_training = [float(row[4]) for row in rows]
+    assert illegal_in_training[:2] == [0.0, 0.0] and min(illegal_in_training[2:]) > 0.5
 
 
 def test_same_numbers_holds_against_head_and_tells_runs_apart(tmp_path):

@@ -192,10 +192,10 @@ def test_evaluation_carries_and_resets_each_envs_memory(monkeypatch):
     seen_starts = []
     get_action = ppo_rnn.Agent.get_action
 
-    def spy(self, obs, state, episode_starts, deterministic=False):
+    def spy(self, obs, state, episode_starts, deterministic=False, action_mask=None):
         assert deterministic
         seen_starts.append(episode_starts[:, 0].tolist())
-        return get_action(self, obs, state, episode_starts, deterministic)
+        return get_action(self, obs, state, episode_starts, deterministic, action_mask)
 
     monkeypatch.setattr(ppo_rnn.Agent, "get_action", spy)
     metrics = ppo_rnn.evaluate(agent, eval_envs, num_eval_steps=16, seed=0)

@@ -35,8 +35,10 @@ SABOTAGES = {
          "        action = 0.5 * torch.tanh(env_action(self, action))\n"),
     ], "the exported policy gives"),
     "an action scale that evaluation alone applies": ("exports", [  # a replay of get_action() would pass it
-        ("            action = agent.get_action(agent.normalize_obs(obs), deterministic=deterministic)\n",
-         "            action = 0.5 * agent.get_action(agent.normalize_obs(obs), deterministic=deterministic)\n"),
+        ("            action = agent.get_action(agent.normalize_obs(obs), deterministic, "
+         "action_mask=eval_envs.action_mask)\n",
+         "            action = 0.5 * agent.get_action(agent.normalize_obs(obs), deterministic,\n"
+         "                                            action_mask=eval_envs.action_mask)\n"),
     ], "the exported policy gives"),
     "a draw from an unseeded generator": ("same_seed", [
         ("        buf.rewards[step] = reward * args.reward_scale\n",
@@ -53,8 +55,9 @@ SABOTAGES = {
          "        loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef + 0.0 * torch.randn(())\n"),
     ], "draw inside optimizer.draws()"),
     "an action of the wrong width": ("trains", [  # evaluation acts with it: the run's evaluation stops it
-        ("        return self.discrete_actions.mode(logits_or_mean) if self.discrete else logits_or_mean\n",
-         "        return self.discrete_actions.mode(logits_or_mean) if self.discrete else "
+        ("        return self.discrete_actions.mode(logits_or_mean, action_mask) if self.discrete else "
+         "logits_or_mean\n",
+         "        return self.discrete_actions.mode(logits_or_mean, action_mask) if self.discrete else "
          "logits_or_mean.repeat(1, 2)\n"),
     ], "takes (1,)"),
 }
