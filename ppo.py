@@ -2062,7 +2062,7 @@ class TorchVecEnv:
         self.single_action_space = env.single_action_space
         if not isinstance(self.single_observation_space, gym.spaces.Box):
             raise UserError(f"observation space {self.single_observation_space} is not supported; {TRAINER}.py "
-                            "needs a Box observation (flatten Dict observations with a wrapper)")
+                            "needs a Box observation, or one that gym.spaces.flatten_space makes a Box")
         space = self.single_action_space
         kinds = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
         one_dimensional = len(space.shape) == (0 if isinstance(space, gym.spaces.Discrete) else 1)

@@ -589,3 +589,20 @@ class MaskedChoiceVector(gym.vector.VectorEnv):
 
 
 gym.register("MaskedChoiceTorch-v0", vector_entry_point=MaskedChoiceVector, max_episode_steps=EPISODE_STEPS)
+
+
+class SequenceObs(gym.Env):
+    """Observations of varying length (a Sequence space), which no flattening makes a Box."""
+
+    observation_space = gym.spaces.Sequence(gym.spaces.Box(0.0, 1.0, (1,), np.float32))
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return (np.zeros(1, np.float32),), {}
+
+    def step(self, action):
+        return (np.zeros(1, np.float32),), 0.0, False, False, {}
+
+
+gym.register("SequenceObs-v0", entry_point=SequenceObs, max_episode_steps=EPISODE_STEPS)

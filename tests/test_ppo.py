@@ -51,8 +51,8 @@ def test_a_kl_stop_logs_the_losses_of_the_last_minibatch_that_stepped(tmp_path, 
     policy_losses = []
 
     def recording(fn, enabled):
-        def call(*args):
-            result = fn(*args)
+        def call(*args, **kwargs):
+            result = fn(*args, **kwargs)
             if isinstance(result[0], tuple):  # the update's losses, not the rollout's policy step
                 policy_losses.append(result[0][0].item())
             return result
@@ -435,7 +435,7 @@ BAD_INPUTS = [
     (["--resume", "runs/none"], "runs/none"),
     (["--env_id", "PickCube-v1", "--sim_backend", "gpu"], "CUDA"),
     (["--env_id", "CartPole-v1", "--gamma", "1.5"], "--gamma"),
-    (["--env_id", "Blackjack-v1", "--num_eval_steps", "10"], "observation space"),
+    (["--env_id", "tests.envs:SequenceObs-v0"], "observation space"),
     (["--env_id", "tests.envs:PointMassButtons-v0"], "action space"),
     (["--env_id", "CartPole-v1", "--anneal_lr", "--lr_schedule", "adaptive"], "anneal_lr"),
     (["--env_id", "CartPole-v1", "--track"], "pip install wandb"),
