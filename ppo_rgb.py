@@ -2448,9 +2448,9 @@ class TorchVecEnv:
             raise UserError(f"{self.env_id} gives info['action_mask'] and its actions are {space}: {TRAINER}.py masks "
                             "Discrete and MultiDiscrete actions")
         mask = info["action_mask"]
-        given = info.get("_action_mask")  # a Gymnasium vector env's: which envs gave one
-        if isinstance(given, np.ndarray) and not given.all():
-            missing = int(np.flatnonzero(~given)[0])
+        reported = info.get("_action_mask")  # a Gymnasium vector env's: which envs gave one
+        if isinstance(reported, np.ndarray) and not reported.all():
+            missing = int(np.flatnonzero(~reported)[0])
             raise UserError(f"{self.env_id} gave info['action_mask'] in some envs and none in env {missing}: give it "
                             "at reset and on every step")
         if isinstance(mask, (tuple, list)):  # a torch-native MultiDiscrete's, a tensor per dimension
