@@ -16,6 +16,7 @@ from sb3_contrib.common.maskable.distributions import MaskableCategorical, Maska
 
 import ippo
 import ppo
+import tests.envs  # noqa: F401  (registers the envs that the in-process runs make)
 from tests.test_reliability import run_torchrun
 from tests.util import (REPO, fast_args, load, refused_in_one_line, run_script, runs_ahead, scalars,
                         sigterm_beside_full_run)
