@@ -37,18 +37,21 @@ A copy's contract (python scripts/verify_copy.py my_idea.py checks it in short r
   (random_(), uniform_(), normal_()) on a tensor with the seed dimension first. Under --num_seeds each seed's from
   its own generator (PerSeedDraws), any other refused.
 - State: a copy's own state lives in the Agent, in one place, __init__: modules, parameters, buffers (a coefficient,
-  a counter: self.register_buffer, updated in place) and optimizers of its own, which PPOOptimizer leaves their
-  parameters to. Checkpoints save all of it with the PPO optimizer's state, the reward normalizer and the random
-  streams; --resume restores it, --num_seeds gives each seed its own, ppo_eval.py loads it. A learned entropy
-  coefficient with its own Adam, for example:
+  a counter: self.register_buffer, updated in place) and optimizers of its own, each stepping in its own phase after
+  PPO's step (PPOOptimizer steps whatever PPO's loss reaches: detach what it must not train). Checkpoints save all
+  of it with the PPO optimizer's state, the reward normalizer and the random streams; --resume restores it,
+  --num_seeds gives each seed its own, ppo_eval.py loads it. A learned entropy coefficient, for example:
       self.log_ent_coef = nn.Parameter(torch.tensor(-4.6))                          # in Agent.__init__
       self.ent_coef_optimizer = torch.optim.Adam([self.log_ent_coef], lr=1e-3)
       loss = pg_loss - agent.log_ent_coef.exp().detach() * entropy_loss + ...       # in update()
       agent.ent_coef_optimizer.zero_grad()                                         # after optimizer.step()
       (agent.log_ent_coef.exp() * (entropy_loss.detach() - target_entropy)).sum().backward()
       agent.ent_coef_optimizer.step()
-  The flags (args), the Agent's Python attributes and module variables are not state: a run whose update or
-  evaluation changes one (that holds numbers, strings, tensors or containers of them) stops with one error line.
+  Nothing else is state: a run whose update or evaluation changes the flags (args), an Agent's Python attribute or
+  persistent=False buffer, the PPO optimizer's attributes, this file's module variables, class attributes, default
+  arguments or closures, or puts a learning-rate scheduler on an optimizer, stops with one error line; so does an
+  Agent whose attributes differ between seeds. Under --num_seeds the first policy step and update also run for
+  each seed alone, and a seed whose numbers part from its own alone beyond float rounding stops the run.
 - What an exported policy computes (ppo_eval.py --export): env_action(get_action(normalize_obs(obs),
   deterministic=True, action_mask=action_mask)), the mask a second input where the env gives masks; env_action() may
   read the envs' single_action_space, action_low, action_high, action_start. A policy that takes an action its mask
@@ -66,6 +69,7 @@ import fcntl
 import functools
 import hashlib
 import importlib.util
+import inspect
 import io
 import math
 import multiprocessing
@@ -80,6 +84,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 import warnings
 from collections import defaultdict, deque
 from dataclasses import dataclass
@@ -620,8 +625,9 @@ class PPOOptimizer(torch.optim.Adam):
     """Adam as update() uses it: the rollout's minibatches, drawn as needed (an update stopped early draws no further
     permutations from the random stream); the early stop; a step of gradients averaged over torchrun's ranks, clipped
     and checked finite. SeedOptimizer does each per seed (in one process: --num_seeds runs without torchrun).
-    It steps the Agent's parameters that none of the Agent's own optimizers (own_optimizers()) holds; its state dict
-    carries theirs, so that checkpoints save, and --resume restores, every optimizer of the run."""
+    It steps every trainable parameter of the Agent that PPO's loss reaches, those of the Agent's own optimizers
+    (own_optimizers()) too, which step them again in their own phase; its state dict carries theirs, so that
+    checkpoints save, and --resume restores, every optimizer of the run."""
 
     def __init__(self, agent: nn.Module, lr: float):
         self.agent, self.own = agent, list(own_optimizers(agent).values())
@@ -704,10 +710,9 @@ def own_optimizers(agent: nn.Module) -> dict[str, torch.optim.Optimizer]:
 
 
 def ppo_parameters(agent: nn.Module) -> list[nn.Parameter]:
-    """The parameters that PPOOptimizer steps: the Agent's trainable ones (requires_grad), but those an optimizer of
-    its own holds."""
-    held = {id(p) for own in own_optimizers(agent).values() for group in own.param_groups for p in group["params"]}
-    return [p for p in agent.parameters() if id(p) not in held and p.requires_grad]
+    """The parameters that PPOOptimizer steps: the Agent's trainable ones (requires_grad), each where PPO's loss reaches
+    it (Adam skips a parameter without a gradient)."""
+    return [p for p in agent.parameters() if p.requires_grad]
 
 
 def adapt_learning_rate(lr: float, approx_kl: float, args: Args) -> float:
@@ -748,8 +753,9 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
     optimizer = make_optimizer(agent, args)
     reward_normalizer = (stack_seeds([RewardNormalizer(args.num_envs, args.gamma) for _ in range(args.num_seeds)])
                          .to(setup.device) if args.norm_reward else None)
-    policy_step = compile_unless_unavailable(policy_step_of(agent), args.compile)
+    policy_step = compile_unless_unavailable(policy_step_of(agent, args, envs), args.compile)
     update_losses = compile_unless_unavailable(functools.partial(ppo_loss, agent, args), args.compile)
+    update_step = update_step_of(agent, args, envs)  # update(); --num_seeds: its first call checked (plumbing)
     with Run(args, setup, envs, eval_envs, agent, optimizer, reward_normalizer, resume_state, init_state) as run:
         buf = RolloutBuffer(args.num_steps, envs, setup.device)  # after the reset, which gives the first action masks
         next_obs = run.next_obs
@@ -768,7 +774,7 @@ def train(args: Args, setup: Setup, envs: TorchVecEnv, eval_envs: Optional[Torch
                         agent.value_normalizer.update(gather_rows(buf.rows(returns)[..., None]))
             with run.timed("time/update_time"):
                 agent.train()
-                stats = update(agent, optimizer, buf, advantages, returns, update_losses, args)
+                stats = update_step(agent, optimizer, buf, advantages, returns, update_losses, args)
             run.end_iteration(stats, episodes)  # TRY NOT TO MODIFY: checks, logs, evaluation, checkpoints, signals
     return run.status
 
@@ -1041,6 +1047,8 @@ class SeedRNN:
 
 
 def seed_part(x, i: int):
+    if isinstance(x, dict):
+        return {key: seed_part(value, i) for key, value in x.items()}
     return x[i] if isinstance(x, torch.Tensor) else type(x)(seed_part(y, i) for y in x) if isinstance(x, tuple) else x
 
 
@@ -1088,9 +1096,14 @@ def make_agents(args: Args, envs: TorchVecEnv, device: torch.device, resume_stat
     """The run's agent, which draws from torch's default generator. Under --num_seeds, the seeds' agents stacked
     (stack_seeds), with agent.generators: seed + i draws its initial weights, then its actions and minibatches, from a
     generator of its own, seeded and used as torch's default generator is by a run of that seed alone (and shared
-    with nothing else, such as ManiSkill's resets), and continued where a resumed run left it."""
+    with nothing else, such as ManiSkill's resets), and continued where a resumed run left it. What differs between
+    seeds' Agents outside their parameters, buffers and modules is refused (one seed's: against another seed's)."""
     if args.num_seeds == 1:
-        return make_agent(args, envs).to(device)
+        agent, random_states = make_agent(args, envs), rng_states(torch.device("cpu"))
+        torch.manual_seed(args.seed + 1)
+        refuse_unregistered_state([agent, make_agent(args, envs)])
+        set_rng_states(random_states, torch.device("cpu"))
+        return agent.to(device)
     agents, generators = [], []
     for seed in range(args.seed, args.seed + args.num_seeds):
         generator = torch.Generator(device).manual_seed(seed)
@@ -1104,9 +1117,27 @@ def make_agents(args: Args, envs: TorchVecEnv, device: torch.device, resume_stat
         # a run moved between the CPU and a GPU (--cuda) draws on from its seeds, as a run alone does on a GPU
         if state.numel() == generator.get_state().numel():
             generator.set_state(state)
+    refuse_unregistered_state(agents)
     agent = stack_seeds(agents).to(device)
     agent.generators = generators
     return agent
+
+
+def refuse_unregistered_state(agents: list[nn.Module]):
+    """The Agents of different seeds may differ in their parameters, buffers and registered modules alone, which
+    checkpoints save and stack_seeds() gives each seed: one error line names an attribute that differs besides."""
+    first = dict(agents[0].named_modules(prefix=type(agents[0]).__name__))
+    for other in agents[1:]:
+        for name, module in other.named_modules(prefix=type(other).__name__):
+            for key, value in vars(module).items():
+                if not key.startswith("_") and not same_data(fingerprint(value),
+                                                             fingerprint(getattr(first[name], key, None))):
+                    raise UserError(
+                        f"{name}.{key} differs between the Agents of two seeds and is none of the Agent's parameters, "
+                        "buffers or registered modules: checkpoints leave it out (--resume and ppo_eval.py would make "
+                        "another) and --num_seeds would give every seed the first seed's; make it one "
+                        "(self.register_buffer, nn.Parameter, nn.ModuleList) "
+                        f"({TRAINER}.py's docstring, 'A copy's contract')")
 
 
 def make_optimizer(agent: Agent, args: Args) -> PPOOptimizer:
@@ -1134,8 +1165,6 @@ class SeedOptimizer(PPOOptimizer):
         self.going = [True] * len(self.generators)  # stepping, read without waiting for the GPU
         self.stepping = torch.ones(len(self.generators), dtype=torch.bool, device=self.stacked[0].device)
         self.scratch = torch.Generator(self.stepping.device)  # the draws of seeds that stopped, which a run alone skips
-        self.default_draws: Optional[dict] = None  # torch's default generators before the first update's draws
-        self.draws_checked = False
 
     def parameter_groups(self, agent: Agent) -> list[dict]:
         return [{"params": [nn.Parameter(p.detach()[i]) for p in self.stacked]} for i in range(len(self.generators))]
@@ -1147,8 +1176,6 @@ class SeedOptimizer(PPOOptimizer):
         self.minibatch_steps = torch.zeros(len(self.generators), dtype=torch.long, device=device)
         seeds = torch.arange(len(self.generators), device=device)[:, None]
         permutations = [None] * len(self.generators)
-        if not self.draws_checked:
-            self.default_draws = rng_states(device)
         try:
             for _ in range(epochs):  # a seed that stopped draws no further permutations
                 permutations = [torch.randperm(batch_size, generator=generator, device=device) if go else permutation
@@ -1182,12 +1209,6 @@ class SeedOptimizer(PPOOptimizer):
             raise UserError(f"the loss has shape {tuple(loss.shape)}, not one value per seed "
                             f"{tuple(self.stepping.shape)}: under --num_seeds ppo_loss() reduces each term over its "
                             f"rows alone (.mean(-1)) ({TRAINER}.py's docstring, 'A copy's contract')")
-        if self.default_draws is not None:  # the first minibatch step: what update() drew came from the seeds' own
-            if {"torch", "cuda"} & set(moved_generators(self.default_draws, rng_states(self.stepping.device))):
-                raise UserError("update() draws from torch's default generator, which the seeds of --num_seeds "
-                                "share: draw inside optimizer.draws(), in place (random_(), uniform_(), normal_()) "
-                                f"({TRAINER}.py's docstring, 'A copy's contract')")
-            self.default_draws, self.draws_checked = None, True
         give_seeds_gradients([group["params"] for group in self.param_groups], self.stacked, self.going)
         grad_norms = torch.stack([nn.utils.clip_grad_norm_(group["params"], max_grad_norm)
                                   for group, go in zip(self.param_groups, self.going) if go])
@@ -1244,28 +1265,148 @@ def give_seeds_gradients(views: list[list[nn.Parameter]], stacked: list[nn.Param
             view.grad = p.grad[i] if go and p.grad is not None else None
 
 
-def policy_step_of(agent: Agent):
+def policy_step_of(agent: Agent, args: Args, envs: TorchVecEnv):
     """The rollout's policy step: agent.get_action_and_value; under --num_seeds with each seed's draws from its own
-    generator (PerSeedDraws). Its first call checks that nothing drew from torch's default generators, which a run of
-    one seed draws from and which all seeds share."""
+    generator (PerSeedDraws), its first call checked against each seed's policy alone (first_call_checked)."""
     if not hasattr(agent, "generators"):
         return agent.get_action_and_value
+
+    def policy_step(seed_agent: Agent, generators: list[torch.Generator], *inputs, **keywords):
+        with PerSeedDraws(generators):
+            return seed_agent.get_action_and_value(*inputs, **keywords)
+    return first_call_checked("the policy step (Agent.get_action_and_value())", policy_step, seed_part, agent, args,
+                              envs)
+
+
+def update_step_of(agent: Agent, args: Args, envs: TorchVecEnv):
+    """update(); under --num_seeds its first call checked against each seed's update alone (first_call_checked)."""
+    if not hasattr(agent, "generators"):
+        return update
+
+    def update_step(seed_agent: Agent, generators: list[torch.Generator], *inputs):
+        if seed_agent is agent:  # the seeds' own generators, through SeedOptimizer
+            return update(*inputs)
+        # a run alone draws its minibatches and the update's own draws from torch's default generator
+        device = generators[0].device
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            (torch.cuda.set_rng_state if device.type == "cuda" else torch.set_rng_state)(generators[0].get_state())
+            return update(*inputs)
+    return first_call_checked("update()", update_step, rollout_part, agent, args, envs)
+
+
+def first_call_checked(where: str, step, part, agent: Agent, args: Args, envs: TorchVecEnv):
+    """--num_seeds: step(agent, agent.generators, *inputs) for the seeds together, whose first call is also run for
+    each seed alone, as a run of that seed alone makes it: its Agent and optimizer (in inputs) from its part of their
+    states before the call, its part (part(x, i)) of the inputs and of a RolloutBuffer, its generator. Where a seed's
+    results or Agent after the call differ from its own alone beyond float rounding, or the call drew from a global
+    random generator that the seeds share, one error line names where and the rule that code for one seed breaks."""
     checked = []
 
-    def each_seed_draws(obs: torch.Tensor, *more_inputs, **keywords):
+    def call(*inputs, **keywords):
+        if checked:
+            return step(agent, agent.generators, *inputs, **keywords)
+        checked.append(True)
         device = agent.generators[0].device
-        before = None if checked else rng_states(device)
-        with PerSeedDraws(agent.generators):
-            result = agent.get_action_and_value(obs, *more_inputs, **keywords)
-        if not checked:
-            if {"torch", "cuda"} & set(moved_generators(before, rng_states(device))):
-                raise UserError("the policy draws from torch's default generator with what --num_seeds cannot give "
-                                "each seed from its own: draw actions with torch.normal, torch.bernoulli, "
-                                "torch.multinomial or a Normal, Categorical or Bernoulli's sample() or rsample() "
-                                f"({TRAINER}.py's docstring, 'A copy's contract')")
-            checked.append(True)
+        model = {key: value.clone() for key, value in agent.state_dict().items()}
+        optimizer = next((x for x in inputs if isinstance(x, PPOOptimizer)), None)
+        optimizer_state = None if optimizer is None else copy.deepcopy(optimizer.state_dict())
+        generator_states = [generator.get_state() for generator in agent.generators]
+        rng_before = rng_states(device)
+        result = step(agent, agent.generators, *inputs, **keywords)
+        drawn = [GLOBAL_GENERATORS[key] for key in moved_generators(rng_before, rng_states(device))]
+        if drawn:
+            raise UserError(f"{where} draws from {' and '.join(drawn)} global random generator, which the seeds of "
+                            "--num_seeds share: draw from torch with the seed dimension first (torch.normal, a "
+                            "distribution's sample(); in update(), inside optimizer.draws()) "
+                            f"({TRAINER}.py's docstring, 'A copy's contract')")
+        rng_after = rng_states(device)
+        try:
+            for i, seed_agent in enumerate(agents_of_seeds(agent, args, envs, model)):
+                generator = torch.Generator(device)
+                generator.set_state(generator_states[i])
+                seed_inputs = [alone(x, i, part, agent, seed_agent, args, optimizer_state) for x in inputs]
+                seed_keywords = {key: alone(x, i, part, agent, seed_agent, args, optimizer_state)
+                                 for key, x in keywords.items()}
+                seed_agent.train(agent.training)
+                seed_result = step(seed_agent, [generator], *seed_inputs, **seed_keywords)
+                differs = (differing(seed_part(result, i), seed_result, "its result")
+                           or differing(seed_state(agent.state_dict(), i), seed_agent.state_dict(), "the Agent's",
+                                        seed_state(model, i)))
+                if differs:
+                    raise UserError(
+                        f"under --num_seeds, seed {args.seed + i}'s {where} differs from that seed's alone in "
+                        f"{differs}: code written for one seed must reduce over rows alone (.mean(-1), never a whole "
+                        "tensor), draw with the seed dimension first, and keep what it uses in the Agent's "
+                        f"parameters, buffers and modules ({TRAINER}.py's docstring, 'A copy's contract')")
+        finally:
+            set_rng_states(rng_after, device)
         return result
-    return each_seed_draws
+    return call
+
+
+GLOBAL_GENERATORS = {"python": "Python's", "numpy": "numpy's", "torch": "torch's", "cuda": "torch's CUDA"}
+# first_call_checked(): a seed's numbers may part from its own alone by ALONE_RTOL of their size (of a change of its
+# Agent: of the change's size), and a statistic by ALONE_ATOL besides (the first minibatch's ratio error is rounding
+# itself: 6e-6 seen). Float rounding parted the Agents by 2.3e-5 of their change at most (PointMass, CartPole, Pendulum
+# with every normalizer, and each sibling's test env).
+ALONE_RTOL, ALONE_ATOL = 1e-3, 1e-4
+
+
+def alone(x, i: int, part, agent: Agent, seed_agent: Agent, args: Args, optimizer_state: Optional[dict]):
+    """Seed i's part of an input of a stacked call, as a run of that seed alone has it (first_call_checked())."""
+    if x is agent:
+        return seed_agent
+    if isinstance(x, PPOOptimizer):
+        optimizer = PPOOptimizer(seed_agent, args.learning_rate)
+        optimizer.load_state_dict(seed_optimizer_state(optimizer_state, i, args.num_seeds))
+        return optimizer
+    if isinstance(x, Args):
+        return dataclasses.replace(x, num_seeds=1)
+    if isinstance(x, functools.partial):  # update_losses: ppo_loss bound to the Agent
+        return functools.partial(x.func, *(alone(y, i, part, agent, seed_agent, args, optimizer_state)
+                                           for y in x.args), **x.keywords)
+    if hasattr(x, "eager"):  # compiled (compile_unless_unavailable): the seed runs it eagerly
+        return alone(x.eager, i, part, agent, seed_agent, args, optimizer_state)
+    if hasattr(x, "rows"):  # a RolloutBuffer: its tensors (num_steps, seeds, ...)
+        buffer = copy.copy(x)
+        for key, value in vars(x).items():
+            setattr(buffer, key, rollout_part(value, i))
+        buffer.env_dims = 1
+        return buffer
+    return part(x, i)
+
+
+def rollout_part(x, i: int):
+    """Seed i's part of a rollout tensor (num_steps, seeds, ...), of each in a dict; anything else as it is."""
+    if isinstance(x, dict):
+        return {key: rollout_part(value, i) for key, value in x.items()}
+    return x[:, i] if isinstance(x, torch.Tensor) and x.dim() > 1 else x
+
+
+def differing(together, alone_, what: str, before=None) -> Optional[str]:
+    """Where a seed's numbers among the seeds (together) differ from its own alone beyond float rounding: a name and
+    both numbers; None where they agree. before: the state before, so that a change is compared to its size."""
+    if isinstance(together, dict):
+        return next((found for key in together if (found := differing(
+            together[key], alone_[key], f"{what} {key}", None if before is None else before[key]))), None)
+    if isinstance(together, (tuple, list)):
+        return next((found for k, (a, b) in enumerate(zip(together, alone_))
+                     if (found := differing(a, b, f"{what}[{k}]"))), None)
+    if not isinstance(together, torch.Tensor):
+        return None
+    a, b = together.detach().double().cpu(), torch.as_tensor(alone_).detach().double().cpu()
+    if a.shape != b.shape and a.numel() != b.numel():
+        return f"{what} (shape {tuple(a.shape)} against {tuple(b.shape)})"
+    if b.numel() == 0:
+        return None
+    a = a.reshape(b.shape)
+    size = b.abs().nan_to_num().amax()
+    scale, atol = (size, ALONE_ATOL) if before is None else ((b - before.double().cpu()).abs().amax(), 1e-6 * size)
+    gap = torch.where(a.isnan() & b.isnan(), 0.0, (a - b).abs()).nan_to_num(nan=float("inf"))
+    if gap.amax() <= ALONE_RTOL * scale.nan_to_num() + atol:
+        return None
+    k = int(gap.flatten().argmax())
+    return f"{what} ({a.flatten()[k].item():.6g} against {b.flatten()[k].item():.6g} alone)"
 
 
 def moved_generators(before: dict, after: dict) -> list[str]:
@@ -1383,8 +1524,7 @@ class SeedBlocks:
         before = rng_states(self.envs.sim_device)  # a torch-native env's own device's too
         result = call(*args, **kwargs)
         moved = moved_generators(before, rng_states(self.envs.sim_device))
-        drawn = [name for key, name in (("python", "Python's"), ("numpy", "numpy's"), ("torch", "torch's"),
-                                        ("cuda", "torch's CUDA")) if key in moved]
+        drawn = [GLOBAL_GENERATORS[key] for key in moved]
         if drawn:
             print(f"warning: {self.env_id} draws from {' and '.join(drawn)} global random "
                   f"generator{'s' if len(drawn) > 1 else ''}, which the seeds of --num_seeds share: each seed's "
@@ -1404,11 +1544,12 @@ def episodes_by_seed(episodes: dict[str, torch.Tensor], num_seeds: int) -> list[
             for i in range(num_seeds)]
 
 
-def agents_of_seeds(agent: Agent, args: Args, envs: TorchVecEnv) -> list[Agent]:
-    """Each seed's Agent as a run of that seed alone holds it (--num_seeds: a copy of its slices of the stacked one)."""
+def agents_of_seeds(agent: Agent, args: Args, envs: TorchVecEnv, stacked_state: Optional[dict] = None) -> list[Agent]:
+    """Each seed's Agent as a run of that seed alone holds it (--num_seeds: a copy of its slices of the stacked one, or
+    of stacked_state)."""
     if args.num_seeds == 1:
         return [agent]
-    seed_agents, stacked_state = [], agent.state_dict()
+    seed_agents, stacked_state = [], agent.state_dict() if stacked_state is None else stacked_state
     for i in range(args.num_seeds):
         with torch.random.fork_rng(devices=[]):  # the initial weights it draws are replaced at once
             seed_agent = make_agent(dataclasses.replace(args, num_seeds=1), envs)
@@ -3183,37 +3324,59 @@ def set_rng_states(states: dict, device: torch.device):
 
 
 class UnsavedState:
-    """What checkpoints do not save and every seed of --num_seeds shares, and so no update may change: the flags (the
-    run's settings as given), the Agent's Python attributes, this file's module variables. refuse_changes() names the
-    first that changed since the run began, in one error line."""
+    """What checkpoints do not save and every seed of --num_seeds shares, and so no update or evaluation may change:
+    the flags (the run's settings as given); the Agent's Python attributes (numbers, arrays, random generators,
+    objects, modules kept in a list) and its buffers made persistent=False; the PPO optimizer's own attributes and
+    any learning-rate scheduler on an optimizer; this file's module variables, class attributes, default arguments
+    and closures. refuse_changes() names the first that changed since the run began, in one error line."""
 
     def __init__(self, agent: nn.Module, args: Args, optimizer: PPOOptimizer):
         self.agent, self.args, self.optimizer = agent, args, optimizer
         self.before = copy.deepcopy(self.values())
-        for name, module in agent.named_modules(prefix=type(agent).__name__):
-            for key, value in vars(module).items():
-                if isinstance(value, torch.optim.lr_scheduler.LRScheduler):
-                    raise UserError(f"{name}.{key} is a learning-rate scheduler, whose state checkpoints do not save "
-                                    "and --num_seeds would not split: set the optimizer's lr from a counter buffer "
-                                    "of the Agent (self.register_buffer('updates', torch.tensor(0))) instead")
 
     def values(self) -> dict:
         values = {f"args.{key}": value for key, value in vars(self.args).items()}
         for name, module in self.agent.named_modules(prefix=type(self.agent).__name__):
-            values.update({f"{name}.{key}": value for key, value in vars(module).items()
-                           if not key.startswith("_") and key != "training" and plain_data(value)})
-        values.update({f"the module variable {key}": value for key, value in vars(sys.modules[__name__]).items()
-                       if not key.startswith("_") and plain_data(value)})
+            values.update({f"{name}.{key}": fingerprint(value) for key, value in vars(module).items()
+                           if not key.startswith("_") and key not in ("training", "generators")})
+            values.update({f"{name}.{key} (a buffer made persistent=False)": module._buffers[key]
+                           for key in module._non_persistent_buffers_set if module._buffers.get(key) is not None})
+        values.update({f"the PPO optimizer's {key}": fingerprint(value) for key, value in vars(self.optimizer).items()
+                       if not key.startswith("_") and key not in OPTIMIZER_RUN_FIELDS})
+        for key, value in vars(sys.modules[__name__]).items():
+            if key.startswith("_"):
+                continue
+            values[f"the module variable {key}"] = fingerprint(value)
+            functions = {key: value} if callable(value) else {}
+            if isinstance(value, type) and value.__module__ == __name__:
+                values.update({f"the class attribute {key}.{attribute}": fingerprint(member)
+                               for attribute, member in vars(value).items() if not attribute.startswith("__")})
+                functions.update({f"{key}.{name}": f for name, f in vars(value).items() if inspect.isfunction(f)})
+            for name, function in functions.items():
+                function = inspect.unwrap(function)  # torch wraps an optimizer's step() when it makes one
+                if inspect.isfunction(function) and function.__code__.co_filename == __file__:
+                    cells = [cell.cell_contents for cell in function.__closure__ or () if cell_filled(cell)]
+                    values[f"the default arguments and closure of {name}()"] = fingerprint(
+                        [function.__defaults__, function.__kwdefaults__, cells])
         return values
 
     def refuse_changes(self):
         """Every rank stops alike (rank 0 alone evaluates, and may change what the others do not)."""
         if [id(own) for own in own_optimizers(self.agent).values()] != [id(own) for own in self.optimizer.own]:
             raise UserError("the Agent's own optimizers are not those it had when the PPO optimizer was made, which "
-                            "steps the parameters of any made later too and which --resume would not restore: make "
-                            "them once, in Agent.__init__")
-        changed = next((name for name, value in self.values().items()
-                        if name not in self.before or not same_data(value, self.before[name])), None)
+                            "--resume would not restore: make them once, in Agent.__init__")
+        optimizers = {"the PPO optimizer": self.optimizer, **own_optimizers(self.agent)}
+        scheduled = next((name for name, optimizer in optimizers.items()
+                          if hasattr(optimizer.step, "_wrapped_by_lr_sched")), None)
+        if scheduled is not None:
+            raise UserError(f"a learning-rate scheduler steps {scheduled}: checkpoints do not save its state and "
+                            "--num_seeds would not split it; set the group's lr from a counter buffer of the Agent "
+                            "(self.register_buffer('updates', torch.tensor(0)); under --num_seeds each seed's lr is "
+                            f"its own) ({TRAINER}.py's docstring, 'A copy's contract')")
+        now = self.values()
+        changed = next((name for name in {**self.before, **now}
+                        if name not in now or name not in self.before or not same_data(now[name], self.before[name])),
+                       None)
         changed = next((name for name in gather_objects(changed) if name is not None), None)
         if changed is not None:
             raise UserError(f"{changed} changed during training: checkpoints do not save it, so --resume would "
@@ -3222,13 +3385,49 @@ class UnsavedState:
                             f"({TRAINER}.py's docstring, 'A copy's contract')")
 
 
-def plain_data(value) -> bool:
-    """Data that UnsavedState compares: numbers, strings, tensors and arrays, and containers of them."""
-    if isinstance(value, (list, tuple, set, frozenset, deque)):
-        return all(plain_data(item) for item in value)
+# The PPO optimizer's attributes that it saves (state, param_groups) or keeps for one update or the run
+OPTIMIZER_RUN_FIELDS = ("state", "param_groups", "defaults", "agent", "own", "minibatch_steps", "generators",
+                        "stacked", "going", "stepping", "scratch")
+
+
+def cell_filled(cell) -> bool:
+    try:
+        cell.cell_contents
+        return True
+    except ValueError:  # a closure's variable not yet assigned
+        return False
+
+
+def fingerprint(value, depth: int = 0):
+    """value as data that same_data() compares: numbers, strings, tensors and arrays, containers of them; a random
+    generator as its state, a module as its state dict, an object of this file's classes (or a SimpleNamespace) as
+    its attributes; anything else (a function, a file, an optimizer) as its type's name."""
+    if depth > 8:
+        return "<deeper>"
+    if isinstance(value, (bool, int, float, complex, str, bytes, type(None), torch.Tensor, np.ndarray)):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (list, tuple, deque)):
+        return [fingerprint(item, depth + 1) for item in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted(map(repr, value))
     if isinstance(value, dict):
-        return all(plain_data(item) for item in value.values())
-    return isinstance(value, (bool, int, float, str, type(None), torch.Tensor, np.ndarray))
+        return {key: fingerprint(item, depth + 1) for key, item in value.items()}
+    if isinstance(value, random.Random):
+        return value.getstate()
+    if isinstance(value, np.random.Generator):
+        return value.bit_generator.state
+    if isinstance(value, np.random.RandomState):
+        return fingerprint(value.get_state(), depth + 1)
+    if isinstance(value, torch.Generator):
+        return value.get_state()
+    if isinstance(value, nn.Module):
+        return dict(value.state_dict())
+    if (type(value).__module__ == __name__ and not isinstance(value, (type, torch.optim.Optimizer))
+            or isinstance(value, types.SimpleNamespace)) and hasattr(value, "__dict__"):
+        return {"<type>": type(value).__qualname__, **fingerprint(vars(value), depth + 1)}
+    return f"<{type(value).__qualname__}>"
 
 
 def same_data(a, b) -> bool:
@@ -3362,6 +3561,7 @@ def compile_unless_unavailable(fn, enabled: bool):
                 print(f"\nwarning: --compile: torch.compile failed ({reason}); running eagerly", file=sys.stderr)
                 compiled = fn
         return fn(*args, **kwargs)
+    call.eager = fn
     return call
 
 

@@ -6,6 +6,7 @@ changes it; a flag a copy removed is one error line."""
 import contextlib
 import dataclasses
 import importlib.util
+import random
 import re
 import sys
 from collections import deque
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 import ppo
-from tests.util import REPO, fast_args, load, refused_in_one_line, run_scripts
+from tests.util import REPO, fast_args, load, refused_in_one_line, run_scripts, scalars
 
 # The docstring's learned entropy coefficient with its own Adam (a large learning rate, so that losing Adam's moments
 # would show within 4 iterations), and a counter of updates in an integer buffer.
@@ -61,7 +62,7 @@ def same(a: dict, b: dict, exact: bool = True) -> list[str]:
 
 def test_a_learned_entropy_coefficient_with_its_own_adam_resumes_and_runs_per_seed(tmp_path):
     copy = str(edited(LEARNED_ENT_COEF, "my_ent", tmp_path))
-    example = ppo.__doc__.split("for example:\n")[1].split("\n  The flags")[0]
+    example = ppo.__doc__.split("for example:\n")[1].split("\n  Nothing else is state")[0]
     for line in example.splitlines():  # the docstring's example, as this copy has it
         code = line.split("  #")[0].strip().replace("lr=1e-3", "lr=1e-1").replace("target_entropy", "2.0")
         assert code.removesuffix(" + ...") in Path(copy).read_text(), code
@@ -80,8 +81,10 @@ def test_a_learned_entropy_coefficient_with_its_own_adam_resumes_and_runs_per_se
     whole = load(runs / "whole/final_ckpt.pt")
     own = whole["optimizer"]["own_optimizers"]["ent_coef_optimizer"]
     assert whole["model"]["log_ent_coef"] != -4.6 and whole["model"]["updates"] == 4 and own["state"][0]["step"] > 0
-    # PPO's Adam steps the Agent's parameters but log_ent_coef (and holds no buffer: updates)
-    assert len(whole["optimizer"]["param_groups"][0]["params"]) == len(whole["model"]) - 2
+    # PPO's Adam holds the Agent's parameters (no buffer: updates), and never stepped log_ent_coef, which its loss
+    # detaches: no state for it
+    assert len(whole["optimizer"]["param_groups"][0]["params"]) == len(whole["model"]) - 1
+    assert 0 not in whole["optimizer"]["state"] and len(whole["optimizer"]["state"]) == len(whole["model"]) - 2
     assert same(whole, load(runs / "part/final_ckpt.pt")) == []  # resumed bit for bit, Adam's moments included
 
     steps = []
@@ -102,6 +105,11 @@ def test_a_learned_entropy_coefficient_with_its_own_adam_resumes_and_runs_per_se
 
 
 # What is not state, changed by an update: each refused in one line that names it.
+RETURN = "    return {**stats, **optimizer.stats()}\n"
+INIT = "        self.obs_dim = obs_dim\n"
+ACTOR_OBS = "        actor_obs = obs[..., :self.obs_dim]\n"
+NORMALIZE = "    def normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:\n"
+CONSTANT = "CHECKPOINT_FORMAT = 2\n"
 NOT_STATE = {
     "args": ((("    return {**stats, **optimizer.stats()}\n",
                "    args.clip_coef = args.clip_coef * 0.9\n    return {**stats, **optimizer.stats()}\n"),),
@@ -116,6 +124,45 @@ NOT_STATE = {
                     "    agent.kl_seen = float(stats['losses/approx_kl'])\n"
                     "    return {**stats, **optimizer.stats()}\n")),
                   "Agent.kl_seen changed during training"),
+    "numpy_scalar": (((INIT, INIT + "        self.updates_seen = 0\n"),
+                      (RETURN, "    agent.updates_seen = np.int64(agent.updates_seen + 1)\n" + RETURN)),
+                     "Agent.updates_seen changed during training"),
+    "class_attribute": (((NORMALIZE, "    updates_seen = 0\n\n" + NORMALIZE),
+                         (RETURN, "    Agent.updates_seen += 1\n" + RETURN)),
+                        "the class attribute Agent.updates_seen changed during training"),
+    "closure": (((CONSTANT, CONSTANT + "\n\ndef make_counter():\n    count = [0]\n\n    def counter():\n"
+                  "        count[0] += 1\n    return counter\n\n\ncount_updates = make_counter()\n"),
+                 (RETURN, "    count_updates()\n" + RETURN)),
+                "the default arguments and closure of count_updates() changed during training"),
+    "mutable_default": (((CONSTANT, CONSTANT + "\n\ndef remember(kl, seen=[]):\n    seen.append(kl)\n"),
+                         (RETURN, "    remember(float(stats['losses/approx_kl']))\n" + RETURN)),
+                        "the default arguments and closure of remember() changed during training"),
+    "optimizer_attribute": ((("        super().__init__(self.parameter_groups(agent), lr=lr, eps=1e-5, fused=True)\n",
+                              "        super().__init__(self.parameter_groups(agent), lr=lr, eps=1e-5, fused=True)\n"
+                              "        self.lr_scale = 1.0\n"),
+                             (RETURN, "    optimizer.lr_scale *= 0.99\n" + RETURN)),
+                            "the PPO optimizer's lr_scale changed during training"),
+    "random_random_on_the_agent": (((INIT, INIT + "        self.rng = random.Random(0)\n"),
+                                    (ACTOR_OBS, ACTOR_OBS + "        actor_obs = actor_obs * (1 + 1e-3 * "
+                                                            "self.rng.random())\n")),
+                                   "Agent.rng changed during training"),
+    "plain_object": (((CONSTANT, CONSTANT + "\n\nclass Tally:\n    def __init__(self):\n        self.updates = 0\n"),
+                      (INIT, INIT + "        self.tally = Tally()\n"),
+                      (RETURN, "    agent.tally.updates += 1\n" + RETURN)),
+                     "Agent.tally changed during training"),
+    "non_persistent_buffer": (((INIT, INIT + "        self.register_buffer('updates', torch.tensor(0.0), "
+                                             "persistent=False)\n"),
+                               (RETURN, "    agent.updates += 1\n" + RETURN)),
+                              "Agent.updates (a buffer made persistent=False) changed during training"),
+    "optimizer_in_a_module_variable": (((CONSTANT, CONSTANT + "AUX_OPTIMIZER = None\n"),
+                                        (RETURN, "    global AUX_OPTIMIZER\n    if AUX_OPTIMIZER is None:\n"
+                                                 "        AUX_OPTIMIZER = torch.optim.Adam(agent.critic.parameters())\n"
+                                         + RETURN)),
+                                       "the module variable AUX_OPTIMIZER changed during training"),
+    "scheduler_in_train": ((("    optimizer = make_optimizer(agent, args)\n",
+                             "    optimizer = make_optimizer(agent, args)\n"
+                             "    scheduler = torch.optim.lr_scheduler.LinearLR(optimizer)  # noqa: F841\n"),),
+                           "a learning-rate scheduler steps the PPO optimizer"),
 }
 
 
@@ -133,7 +180,7 @@ def test_state_outside_the_agent_is_refused(tmp_path, capfd, kind):
     module = import_copy(edited(edits, f"my_{kind}", tmp_path))
     line = refused_in_one_line(module, fast_args(ENV, "r", total_timesteps=64), tmp_path, capfd,
                                whole_process=False)
-    assert says in line and "keep state that changes in the Agent" in line, line
+    assert says in line and ("keep state that changes in the Agent" in line or "from a counter buffer" in line), line
 
 
 def test_a_copy_without_a_flag_runs_or_names_the_line_that_reads_it(tmp_path, capfd):
@@ -198,9 +245,10 @@ class WithOwnOptimizer(torch.nn.Module):
         self.coef_optimizer = torch.optim.Adam([self.coef], lr=0.1)
 
 
-def test_an_own_optimizers_parameters_are_its_alone_under_num_seeds():
-    """PPO's optimizer neither steps nor clears the own optimizer's parameter, with one seed or many; the same
-    optimizer under two names is one; a tensor that is no parameter of the Agent is refused under --num_seeds."""
+def test_an_own_optimizers_parameters_are_stepped_by_ppo_where_its_loss_reaches_them():
+    """PPO's optimizer holds the own optimizer's parameter too, with one seed or many, and steps it only where PPO's
+    loss gave it a gradient; the same optimizer under two names is one; a tensor that is no parameter of the Agent is
+    refused under --num_seeds."""
     for num_seeds in (1, 2):
         agent = ppo.stack_seeds([WithOwnOptimizer() for _ in range(num_seeds)])
         agent.alias = agent.coef_optimizer
@@ -208,12 +256,16 @@ def test_an_own_optimizers_parameters_are_its_alone_under_num_seeds():
             agent.generators = [torch.Generator().manual_seed(seed) for seed in range(num_seeds)]
         optimizer = ppo.make_optimizer(agent, ppo.Args())
         assert list(ppo.own_optimizers(agent)) == ["coef_optimizer"]
-        assert not any(p is agent.coef for group in optimizer.param_groups for p in group["params"])
-        agent.coef.grad = torch.ones_like(agent.coef)
         optimizer.zero_grad()
-        assert agent.coef.grad is not None, num_seeds
+        optimizer.step(torch.zeros(num_seeds) if num_seeds > 1 else torch.tensor(0.0), 0.5)  # no gradient: no step
+        assert bool((agent.coef == 0).all()), num_seeds
+        agent.coef.grad = torch.ones_like(agent.coef)
         agent.coef_optimizer.step()
         assert bool((agent.coef != 0).all()), num_seeds
+        moved = agent.coef.detach().clone()
+        agent.coef.grad = torch.ones_like(agent.coef)
+        optimizer.step(torch.zeros(num_seeds) if num_seeds > 1 else torch.tensor(0.0), 0.5)  # PPO's gradient: a step
+        assert bool((agent.coef != moved).all()), num_seeds
     loose = WithOwnOptimizer()
     loose.coef_optimizer = torch.optim.Adam([torch.zeros(1, requires_grad=True)])
     with pytest.raises(ppo.UserError, match="steps a tensor that is none of the Agent's parameters"):
@@ -225,7 +277,9 @@ def test_what_unsaved_state_compares():
     on the Agent, whose state checkpoints do not save, is refused; an optimizer made after PPO's too."""
     assert ppo.same_data(torch.tensor([float("nan"), 1.0]), torch.tensor([float("nan"), 1.0]))
     assert ppo.same_data(np.array([np.nan]), np.array([np.nan])) and not ppo.same_data(torch.zeros(1), np.zeros(1))
-    assert ppo.plain_data(deque([1.0, torch.ones(1)])) and ppo.plain_data({1, 2}) and not ppo.plain_data([object()])
+    assert ppo.same_data(ppo.fingerprint(deque([1.0, torch.ones(1)])), [1.0, torch.ones(1)])
+    assert ppo.fingerprint(np.int64(3)) == 3 and ppo.fingerprint([object()]) == ["<object>"]
+    assert not ppo.same_data(ppo.fingerprint(random.Random(1)), ppo.fingerprint(random.Random(2)))
     assert not ppo.same_data(deque([1, 2]), deque([1, 3])) and ppo.same_data({1, 2}, {2, 1})
     agent = WithOwnOptimizer()
     optimizer = ppo.make_optimizer(agent, ppo.Args())
@@ -234,9 +288,11 @@ def test_what_unsaved_state_compares():
     agent.coef_optimizer = torch.optim.Adam([agent.coef])  # remade: PPO's optimizer knew the first
     with pytest.raises(ppo.UserError, match="own optimizers are not those it had when the PPO optimizer was made"):
         unsaved.refuse_changes()
-    agent.scheduler = torch.optim.lr_scheduler.LinearLR(agent.coef_optimizer)
-    with pytest.raises(ppo.UserError, match="WithOwnOptimizer.scheduler is a learning-rate scheduler"):
-        ppo.UnsavedState(agent, ppo.Args(), optimizer)
+    agent = WithOwnOptimizer()
+    unsaved = ppo.UnsavedState(agent, ppo.Args(), ppo.make_optimizer(agent, ppo.Args()))
+    torch.optim.lr_scheduler.LinearLR(agent.coef_optimizer)  # made in train(), say: it wraps the optimizer's step()
+    with pytest.raises(ppo.UserError, match="a learning-rate scheduler steps coef_optimizer"):
+        unsaved.refuse_changes()
 
 
 def test_frozen_and_unused_parameters_under_num_seeds():
@@ -270,3 +326,32 @@ def test_frozen_and_unused_parameters_under_num_seeds():
     loss.sum().backward()
     optimizer.step(loss, 0.5)
     assert torch.equal(agent.idle.weight, idle) and torch.equal(agent.target.weight, target)
+
+
+# Phasic Policy Gradient's auxiliary phase, as the contract says to write it: an auxiliary value head on the actor and
+# an Adam of the Agent's own over the actor and the head, stepped after each update.
+LOGSTD = "            self.actor_logstd = nn.Parameter(torch.ones(1, action_dim) * log_std_init)\n"
+PPG = ((LOGSTD, LOGSTD + "        self.aux_value = nn.Linear(action_dim, 1)\n"
+                         "        self.aux_optimizer = torch.optim.Adam([*self.actor.parameters(), "
+                         "*self.aux_value.parameters()], lr=1e-3)\n"),
+       (RETURN, "    agent.aux_optimizer.zero_grad()\n"
+                "    aux_values = agent.aux_value(agent.actor(b_obs[..., :agent.obs_dim])).squeeze(-1)\n"
+                "    ((aux_values - b_returns) ** 2).mean(-1).sum().backward()\n"
+                "    agent.aux_optimizer.step()\n" + RETURN))
+
+
+def test_an_own_optimizer_over_the_actor_leaves_ppo_training_it(tmp_path):
+    """PPG's auxiliary Adam over the actor: PPO still trains the actor (non-zero policy loss and KL in every update,
+    as an actor taken from PPO would not have), and the auxiliary phase steps it once an update, each seed of
+    --num_seeds as its run alone."""
+    copy = str(edited(PPG, "my_ppg", tmp_path))
+    results = run_scripts([(copy, fast_args(ENV, name, total_timesteps=32 * 3, **flags))
+                           for name, flags in (("one", {}), ("two", {"num_seeds": 2}))], tmp_path)
+    for result in results:
+        assert result.returncode == 0, result.stderr[-3000:]
+    for run in ("one", "two/two__seed1", "two/two__seed2"):
+        logged = scalars(tmp_path / "runs" / run)
+        assert all(kl > 0 for _, kl in logged["losses/approx_kl"]), run
+        assert all(loss != 0 for _, loss in logged["losses/policy_loss"]), run
+        aux = load(tmp_path / "runs" / run / "final_ckpt.pt")["optimizer"]["own_optimizers"]["aux_optimizer"]
+        assert {float(state["step"]) for state in aux["state"].values()} == {3.0}, run

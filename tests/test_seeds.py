@@ -299,8 +299,8 @@ def test_each_seed_draws_from_its_own_generator_inside_per_seed_draws():
         def get_action_and_value(self, obs):
             return torch.distributions.Gamma(obs.exp(), 1.0).sample()
 
-    with pytest.raises(ppo.UserError, match="draws from torch's default generator"):
-        ppo.policy_step_of(Noisy())(mean)
+    with pytest.raises(ppo.UserError, match="draws from torch's global random generator"):
+        ppo.policy_step_of(Noisy(), ppo.Args(num_seeds=3), None)(mean)  # refused before it is compared
 
 
 def test_a_seed_whose_update_stopped_draws_no_more_from_its_generator():
@@ -323,8 +323,8 @@ def test_a_seed_whose_update_stopped_draws_no_more_from_its_generator():
 
 
 def test_an_update_drawing_from_torchs_default_generator_is_refused(tmp_path):
-    """A copy of ppo_rgb.py whose image shifts draw outside optimizer.draws(): under --num_seeds the first minibatch
-    step stops the run with one line; alone it trains."""
+    """A copy of ppo_rgb.py whose image shifts draw outside optimizer.draws(): under --num_seeds the first update
+    stops the run with one line; alone it trains."""
     source = (REPO / "ppo_rgb.py").read_text()
     assert source.count("with optimizer.draws():") == 1
     (tmp_path / "my_shifts.py").write_text(source.replace("with optimizer.draws():", "with contextlib.nullcontext():"))
@@ -332,8 +332,9 @@ def test_an_update_drawing_from_torchs_default_generator_is_refused(tmp_path):
                                                                            aug_shift=4, hidden_sizes="64", **flags))
                                 for name, flags in (("seeds", {"num_seeds": 2}), ("alone", {}))], tmp_path)
     assert seeds.returncode == 2 and "Traceback" not in seeds.stderr, seeds.stderr[-2000:]
-    assert seeds.stderr.splitlines()[-1].startswith("error: update() draws from torch's default generator, which the "
-                                                    "seeds of --num_seeds share: draw inside optimizer.draws()")
+    assert seeds.stderr.splitlines()[-1].startswith("error: update() draws from torch's global random generator, "
+                                                    "which the seeds of --num_seeds share")
+    assert "inside optimizer.draws()" in seeds.stderr.splitlines()[-1]
     assert alone.returncode == 0, alone.stderr[-2000:]
 
 

@@ -1,0 +1,50 @@
+"""Under --num_seeds, code written the usual way for one seed that would make a seed part from its run alone stops
+the run in its first iteration with one error line naming where and the rule (ppo.py's first_call_checked() and
+stack_seeds()): whole-tensor reductions, draws from Python's, numpy's or torch's global generator, state outside the
+Agent's parameters, buffers and registered modules. The unchanged trainer passes the same check (test_seeds.py)."""
+
+import pytest
+
+from tests.test_copy_state import ENV, edited, import_copy
+from tests.util import fast_args, refused_in_one_line
+
+RETURN = "    return {**stats, **optimizer.stats()}\n"
+NORMALIZED = ("        advantages = (advantages - advantages.mean(-1, keepdim=True)) / "
+              "(advantages.std(-1, keepdim=True) + 1e-8)\n")
+ACTOR_OBS = "        actor_obs = obs[..., :self.obs_dim]\n"
+INIT = "        self.obs_dim = obs_dim\n"
+MIXING = {
+    # CleanRL's idiom: one mean and std over the whole tensor, which holds every seed's rows
+    "whole_tensor_advantages": (
+        ((NORMALIZED, "        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)\n"),),
+        "update() differs from that seed's alone in its result losses/"),
+    "numpy_in_update": (
+        ((RETURN, "    stats['noise'] = torch.tensor(np.random.rand())\n" + RETURN),),
+        "update() draws from numpy's global random generator"),
+    "python_random_in_policy": (
+        ((ACTOR_OBS, ACTOR_OBS + "        actor_obs = actor_obs * (1 + 1e-3 * random.random())\n"),),
+        "the policy step (Agent.get_action_and_value()) draws from Python's global random generator"),
+    "numpy_generator_on_the_agent": (
+        ((INIT, INIT + "        self.rng = np.random.default_rng(0)\n"),
+         (ACTOR_OBS, ACTOR_OBS + "        actor_obs = actor_obs + torch.as_tensor("
+                                 "self.rng.normal(size=actor_obs.shape) * 1e-2, dtype=actor_obs.dtype)\n")),
+        "differs from that seed's alone in its result"),
+    "unregistered_tensor": (
+        ((INIT, INIT + "        self.projection = torch.randn(obs_dim, obs_dim)\n"),
+         (ACTOR_OBS, ACTOR_OBS + "        actor_obs = actor_obs @ self.projection\n")),
+        "Agent.projection"),
+    "linear_in_a_list": (
+        ((INIT, INIT + "        self.extra = [nn.Linear(obs_dim, obs_dim)]\n"),
+         (ACTOR_OBS, ACTOR_OBS + "        actor_obs = self.extra[0](actor_obs)\n")),
+        "Agent.extra"),
+}
+
+
+@pytest.mark.parametrize("kind", MIXING)
+def test_what_mixes_seeds_stops_the_first_iteration_in_one_line(tmp_path, capfd, kind):
+    edits, says = MIXING[kind]
+    module = import_copy(edited(edits, f"my_{kind}", tmp_path))
+    line = refused_in_one_line(module, fast_args(ENV, "r", num_seeds=2, total_timesteps=64 * 4), tmp_path, capfd,
+                               whole_process=False)
+    assert says in line, line
+    assert not (tmp_path / "runs/r/r__seed1/ckpt_2.pt").exists()  # the first iteration: before any checkpoint
