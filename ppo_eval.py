@@ -664,7 +664,8 @@ def export_policy(policy: DeployedPolicy, first, envs, ckpt: dict, checkpoint: P
 def write_policy(policy: DeployedPolicy, inputs: tuple, dynamic_shapes: tuple, path: Path) -> list[np.ndarray]:
     """Write the policy as ONNX or torch.export's program; return what the written file computes from inputs."""
     if path.suffix == ".pt2":
-        torch.export.save(torch.export.export(policy, inputs, dynamic_shapes=dynamic_shapes), str(path))
+        torch.export.save(torch.export.export(PolicyReads(policy, inputs, dynamic_shapes), inputs,
+                                              dynamic_shapes=dynamic_shapes), str(path))
         with torch.no_grad():
             return [x.numpy() for x in as_tuple(torch.export.load(str(path)).module()(*inputs))]
     try:
@@ -679,6 +680,27 @@ def write_policy(policy: DeployedPolicy, inputs: tuple, dynamic_shapes: tuple, p
                       input_names=policy.input_names, output_names=policy.output_names, dynamic_shapes=dynamic_shapes)
     session = onnxruntime.InferenceSession(str(path))
     return session.run(None, {name: x.numpy() for name, x in zip(policy.input_names, inputs)})
+
+
+class PolicyReads(nn.Module):
+    """The policy holding only the tensors its action reads (the ONNX exporter drops the others itself): a program
+    exported from the whole DeployedPolicy would carry the critic, and a copy's auxiliary heads and buffers."""
+
+    def __init__(self, policy: DeployedPolicy, inputs: tuple, dynamic_shapes: tuple):
+        super().__init__()
+        object.__setattr__(self, "policy", policy)  # not a submodule: its tensors are exported only as read below
+        program = torch.export.export(policy, inputs, dynamic_shapes=dynamic_shapes)
+        read = {node.name for node in program.graph.nodes if node.op == "placeholder" and node.users}
+        signature = program.graph_signature
+        self.names = [name for placeholder, name in {**signature.inputs_to_parameters,
+                                                     **signature.inputs_to_buffers}.items() if placeholder in read]
+        tensors = {**dict(policy.named_parameters()), **dict(policy.named_buffers())}
+        for name in self.names:
+            self.register_buffer(name.replace(".", "__"), tensors[name].detach())
+
+    def forward(self, *inputs: torch.Tensor):
+        read = {name: getattr(self, name.replace(".", "__")) for name in self.names}
+        return torch.func.functional_call(self.policy, read, inputs)
 
 
 def logits_per_dimension(space) -> torch.Tensor:

@@ -133,6 +133,10 @@ def test_exported_policy_acts_as_the_trainer_on_recorded_observations(tmp_path, 
         observation_space = load(tmp_path / "runs/run/final_ckpt.pt")["observation_space"]
         if trainer.__name__ == "ppo":  # PointMass's unbounded observations: null bounds
             assert observation_space["low"] == [-np.inf] * 2 and description["observation_space"]["low"] == [None] * 2
+    # the .pt2 program holds the tensors the action reads, as the ONNX file does: not the critic's
+    held = torch.export.load(str(tmp_path / "policy.pt2")).state_dict
+    assert held and not [name for name in held if "critic" in name], list(held)
+    assert (tmp_path / "policy.pt2").stat().st_size < 1.2 * (tmp_path / "policy.onnx").stat().st_size
     # each file described in its own JSON, which the next export to the same stem leaves alone
     assert {path.name: json.loads(path.read_text())["format"] for path in tmp_path.glob("policy*.json")} == {
         f"policy.{fmt}.json": fmt for fmt in EXPORT_FORMATS}
