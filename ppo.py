@@ -7,55 +7,46 @@
     python ppo.py --resume runs/RUN_NAME                                 # continue an interrupted run
     torchrun --standalone --nproc_per_node=4 ppo.py --env_id=PickCube-v1  # data parallel: 4 GPUs, 4 x 512 envs
 
-Everything happens on torch tensors on the learner's device: rollout, final-value bootstrapping, GAE, update. The file
-reads top to bottom: Args; the Agent; ALGO LOGIC (rollout(), compute_advantages(), ppo_loss(), update(), PPOOptimizer
-with both learning-rate schedules); train(), the loop that runs them inside a Run (below the divider: logs, evaluation,
-checkpoints, signals); the run's settings (settings(), seed_process(), the envs' kwargs,
-env_action(), what the critic sees). Above the "Plumbing" divider stands what an idea changes; below it stand many
-seeds in one process (--num_seeds), env adapters, run directories, checkpoints and resume, collectives, signals and
-validation, which decide numbers too (what the envs return, dtypes, time limits, what a resume restores): a change there
-is a refactor, checked to the bit by benchmarks/same_numbers.py.
-A copy (cp ppo.py my_idea.py) is a trainer of its own: runs/ENV__my_idea__SEED__TIME, its own resume and evaluation.
-Docs: docs/ppo.md (flags, examples, the contract below at length), docs/bootstrap.md, docs/checkpoints.md.
+The file reads top to bottom in CleanRL's order, on torch tensors on the learner's device: Args; the Agent; ALGO
+LOGIC (rollout() with final-value bootstrapping, compute_advantages(), ppo_loss(), update(), PPOOptimizer); train(),
+the loop, inside a Run that logs, evaluates, saves and stops on a signal. Above the "Plumbing" divider stands what an
+idea changes; below it stand many seeds in one process, env adapters, checkpoints, collectives and validation, which
+decide numbers too: a change there is a refactor, checked to the bit by benchmarks/same_numbers.py. A copy (cp ppo.py
+my_idea.py) is a trainer of its own: runs/ENV__my_idea__SEED__TIME, its own resume and evaluation. Docs: docs/ppo.md
+(flags, examples, this contract with its reasons and examples), docs/bootstrap.md, docs/checkpoints.md.
 
 A copy's contract (python scripts/verify_copy.py my_idea.py checks it in short runs):
-- Where to change what: the loss, ppo_loss(); advantages and returns, compute_advantages() (bootstrapping at episode
-  ends: rollout()); the distribution and the network, Agent (get_action_and_value() samples and scores actions,
-  get_action(deterministic=True) is what evaluation and export act with); what the envs receive, env_action(); the
-  optimizer's step, the early stop and the learning rate, PPOOptimizer; what is logged, the statistics update()
-  returns.
-- Shapes: rollout tensors are (num_steps, num_envs, ...), the env's action masks among them (buf.action_masks,
-  booleans (..., logits), which the Agent's distribution takes; None where the env gives none, docs/ppo.md); update()
-  takes rows (num_steps * num_envs, ...) and minibatches of them; ppo_loss() reduces each term over its rows, the
-  last dimension (.mean(-1)). Under --num_seeds N everything carries a leading seed dimension: rollout tensors
-  (num_steps, N, num_envs, ...), rows and minibatches (N, rows, ...), the Agent's parameters and buffers (N, ...)
-  (stack_seeds), one value per seed of each statistic. Code written for one seed batches where it reduces over the
-  last dimension, indexes parameters and buffers from the end (self.mean[..., None, :]) and compares statistics
-  elementwise (torch.where); where it does not, the first iteration stops with one error line naming the rule.
-- Random draws: the policy draws with torch.normal, torch.bernoulli, torch.multinomial or a Normal, Categorical or
-  Bernoulli's sample(); update() draws its own (noise, an augmentation) inside optimizer.draws(), in place
-  (random_(), uniform_(), normal_()) on a tensor with the seed dimension first. Under --num_seeds each seed's from
-  its own generator (PerSeedDraws), any other refused.
-- State: a copy's own state lives in the Agent, in one place, __init__: modules, parameters, buffers (a coefficient,
-  a counter: self.register_buffer, updated in place) and optimizers of its own, each stepping in its own phase after
-  PPO's step (PPOOptimizer steps whatever PPO's loss reaches: detach what it must not train). Checkpoints save all
-  of it with the PPO optimizer's state, the reward normalizer and the random streams; --resume restores it,
-  --num_seeds gives each seed its own, ppo_eval.py loads it. A learned entropy coefficient, for example:
+- Where: the loss, ppo_loss(); advantages, compute_advantages() (bootstrapping at episode ends: rollout()); the
+  network and the distribution, Agent (get_action(deterministic=True) is what evaluation and export act with); what
+  the envs receive, env_action(); the step, the early stop and the learning rate, PPOOptimizer; what is logged, the
+  statistics update() returns.
+- Shapes: rollout tensors are (num_steps, num_envs, ...), the env's action masks among them (buf.action_masks, None
+  where it gives none); update() takes rows (num_steps * num_envs, ...) and ppo_loss() reduces each term over them,
+  the last dimension (.mean(-1)), never the whole tensor: under --num_seeds N every tensor has a leading seed
+  dimension (rollouts (num_steps, N, num_envs, ...), rows (N, rows, ...), the Agent's parameters and buffers (N, ...),
+  one value per seed of each statistic). Index parameters and buffers from the end (self.mean[..., None, :]) and
+  compare statistics elementwise (torch.where).
+- Draws: the policy's with torch.normal, torch.bernoulli, torch.multinomial or a distribution's sample(); update()'s
+  own inside optimizer.draws(), in place (uniform_(), normal_()) on a tensor with the seed dimension first.
+- State: in the Agent's __init__ alone: modules, parameters, buffers (self.register_buffer, updated in place) and
+  optimizers of its own, which step in their own phase after PPO's step (PPOOptimizer steps whatever PPO's loss
+  reaches: detach what it must not train). Checkpoints save it, --resume restores it, each seed of --num_seeds has
+  its own, ppo_eval.py loads it. A learned entropy coefficient:
       self.log_ent_coef = nn.Parameter(torch.tensor(-4.6))                          # in Agent.__init__
       self.ent_coef_optimizer = torch.optim.Adam([self.log_ent_coef], lr=1e-3)
       loss = pg_loss - agent.log_ent_coef.exp().detach() * entropy_loss + ...       # in update()
       agent.ent_coef_optimizer.zero_grad()                                         # after optimizer.step()
       (agent.log_ent_coef.exp() * (entropy_loss.detach() - target_entropy)).sum().backward()
       agent.ent_coef_optimizer.step()
-  Nothing else is state: a run whose update or evaluation changes the flags (args), an Agent's Python attribute or
-  persistent=False buffer, the PPO optimizer's attributes, this file's module variables, class attributes, default
-  arguments or closures, or puts a learning-rate scheduler on an optimizer, stops with one error line; so does an
-  Agent whose attributes differ between seeds. Under --num_seeds the first policy step and update also run for
-  each seed alone, and a seed whose numbers part from its own alone beyond float rounding stops the run.
-- What an exported policy computes (ppo_eval.py --export): env_action(get_action(normalize_obs(obs),
-  deterministic=True, action_mask=action_mask)), the mask a second input where the env gives masks; env_action() may
-  read the envs' single_action_space, action_low, action_high, action_start. A policy that takes an action its mask
-  forbids stops the run (TorchVecEnv.check_allowed) and is refused by the export.
+- Refused in one error line, as checkpoints would lose it: an update or evaluation that changes the flags, a Python
+  attribute or a persistent=False buffer of the Agent, the PPO optimizer's attributes, this file's module variables,
+  class attributes, default arguments or closures; a learning-rate scheduler; Agent attributes that differ between
+  seeds. Under --num_seeds the first policy step and update also run for each seed alone, and a seed that parts from
+  its run alone, or a draw from a global generator (np.random, random), stops the run. What the run cannot see,
+  verify_copy.py's resume check finds: state in a variable of train() or in a Gymnasium wrapper the copy adds.
+- Export (ppo_eval.py --export): env_action(get_action(normalize_obs(obs), deterministic=True,
+  action_mask=action_mask)), the mask a second input where the env gives masks; env_action() may read the envs'
+  single_action_space, action_low, action_high, action_start.
 """
 
 from __future__ import annotations
@@ -397,6 +388,7 @@ class Agent(nn.Module):
     def __init__(self, obs_dim: int, action_space: dict, norm_obs: bool, norm_value: bool,
                  hidden_sizes: tuple[int, ...], activation: str, log_std_init: float, critic_dim: int = 0):
         super().__init__()
+        # A copy's own state goes here, as modules, parameters, buffers and optimizers (docstring: State)
         self.discrete = action_space["type"] != "Box"
         self.obs_dim = obs_dim
         self.obs_normalizer = RunningMeanStd(obs_dim + critic_dim) if norm_obs else None
@@ -1100,7 +1092,7 @@ def make_agents(args: Args, envs: TorchVecEnv, device: torch.device, resume_stat
     seeds' Agents outside their parameters, buffers and modules is refused (one seed's: against another seed's)."""
     if args.num_seeds == 1:
         agent, random_states = make_agent(args, envs), rng_states(torch.device("cpu"))
-        torch.manual_seed(args.seed + 1)
+        torch.default_generator.manual_seed(args.seed + 1)  # another seed's Agent, drawn where a run draws its own
         refuse_unregistered_state([agent, make_agent(args, envs)])
         set_rng_states(random_states, torch.device("cpu"))
         return agent.to(device)
@@ -1233,7 +1225,8 @@ class SeedSteps:
     """--num_seeds: an optimizer of the Agent's own (own_optimizers()) over its stacked parameters as one per seed,
     as SeedOptimizer is PPO's: each seed's slices of them as parameters of their own (views of the same memory), in
     groups seed by seed, so that each seed has its own state, and a seed whose update stopped (SeedOptimizer) takes no
-    step until the update ends. Its state dict is then every seed's in turn, as seed_checkpoint() splits it."""
+    step until the update ends. Its state dict is then every seed's in turn, as seed_checkpoint() splits it. A
+    learning rate set from a buffer of the Agent (one value per seed) gives each seed's groups that seed's value."""
 
     def zero_grad(self, set_to_none: bool = True):
         for p in self.stacked:
@@ -1242,6 +1235,10 @@ class SeedSteps:
 
     def step(self, closure=None):
         give_seeds_gradients(self.views, self.stacked, self.seed_optimizer.going)
+        num_seeds = len(self.views)
+        for k, group in enumerate(self.param_groups):  # groups seed by seed
+            if isinstance(group["lr"], torch.Tensor) and group["lr"].numel() == num_seeds:
+                group["lr"] = group["lr"].flatten()[k * num_seeds // len(self.param_groups)].item()
         return super().step(closure)
 
 
@@ -1383,18 +1380,19 @@ def rollout_part(x, i: int):
     return x[:, i] if isinstance(x, torch.Tensor) and x.dim() > 1 else x
 
 
-def differing(together, alone_, what: str, before=None) -> Optional[str]:
-    """Where a seed's numbers among the seeds (together) differ from its own alone beyond float rounding: a name and
-    both numbers; None where they agree. before: the state before, so that a change is compared to its size."""
+def differing(together, single, what: str, before=None) -> Optional[str]:
+    """Where a seed's numbers among the seeds (together) differ from its own alone (single) beyond float rounding: a
+    name and both numbers; None where they agree. before: the state before, so that a change is compared to its size."""
     if isinstance(together, dict):
-        return next((found for key in together if (found := differing(
-            together[key], alone_[key], f"{what} {key}", None if before is None else before[key]))), None)
+        return next((found for key in together if (found := f"{what} {key} (alone: none)" if key not in single else
+                                                  differing(together[key], single[key], f"{what} {key}",
+                                                            None if before is None else before[key]))), None)
     if isinstance(together, (tuple, list)):
-        return next((found for k, (a, b) in enumerate(zip(together, alone_))
+        return next((found for k, (a, b) in enumerate(zip(together, single))
                      if (found := differing(a, b, f"{what}[{k}]"))), None)
     if not isinstance(together, torch.Tensor):
         return None
-    a, b = together.detach().double().cpu(), torch.as_tensor(alone_).detach().double().cpu()
+    a, b = together.detach().double().cpu(), torch.as_tensor(single).detach().double().cpu()
     if a.shape != b.shape and a.numel() != b.numel():
         return f"{what} (shape {tuple(a.shape)} against {tuple(b.shape)})"
     if b.numel() == 0:

@@ -1363,7 +1363,7 @@ def make_agents(args: Args, envs: TorchVecEnv, device: torch.device, resume_stat
     seeds' Agents outside their parameters, buffers and modules is refused (one seed's: against another seed's)."""
     if args.num_seeds == 1:
         agent, random_states = make_agent(args, envs), rng_states(torch.device("cpu"))
-        torch.manual_seed(args.seed + 1)
+        torch.default_generator.manual_seed(args.seed + 1)  # another seed's Agent, drawn where a run draws its own
         refuse_unregistered_state([agent, make_agent(args, envs)])
         set_rng_states(random_states, torch.device("cpu"))
         return agent.to(device)
@@ -1500,7 +1500,8 @@ class SeedSteps:
     """--num_seeds: an optimizer of the Agent's own (own_optimizers()) over its stacked parameters as one per seed,
     as SeedOptimizer is PPO's: each seed's slices of them as parameters of their own (views of the same memory), in
     groups seed by seed, so that each seed has its own state, and a seed whose update stopped (SeedOptimizer) takes no
-    step until the update ends. Its state dict is then every seed's in turn, as seed_checkpoint() splits it."""
+    step until the update ends. Its state dict is then every seed's in turn, as seed_checkpoint() splits it. A
+    learning rate set from a buffer of the Agent (one value per seed) gives each seed's groups that seed's value."""
 
     def zero_grad(self, set_to_none: bool = True):
         for p in self.stacked:
@@ -1509,6 +1510,10 @@ class SeedSteps:
 
     def step(self, closure=None):
         give_seeds_gradients(self.views, self.stacked, self.seed_optimizer.going)
+        num_seeds = len(self.views)
+        for k, group in enumerate(self.param_groups):  # groups seed by seed
+            if isinstance(group["lr"], torch.Tensor) and group["lr"].numel() == num_seeds:
+                group["lr"] = group["lr"].flatten()[k * num_seeds // len(self.param_groups)].item()
         return super().step(closure)
 
 
@@ -1662,18 +1667,19 @@ def rollout_part(x, i: int):
 
 
 # Copied from ppo.py
-def differing(together, alone_, what: str, before=None) -> Optional[str]:
-    """Where a seed's numbers among the seeds (together) differ from its own alone beyond float rounding: a name and
-    both numbers; None where they agree. before: the state before, so that a change is compared to its size."""
+def differing(together, single, what: str, before=None) -> Optional[str]:
+    """Where a seed's numbers among the seeds (together) differ from its own alone (single) beyond float rounding: a
+    name and both numbers; None where they agree. before: the state before, so that a change is compared to its size."""
     if isinstance(together, dict):
-        return next((found for key in together if (found := differing(
-            together[key], alone_[key], f"{what} {key}", None if before is None else before[key]))), None)
+        return next((found for key in together if (found := f"{what} {key} (alone: none)" if key not in single else
+                                                  differing(together[key], single[key], f"{what} {key}",
+                                                            None if before is None else before[key]))), None)
     if isinstance(together, (tuple, list)):
-        return next((found for k, (a, b) in enumerate(zip(together, alone_))
+        return next((found for k, (a, b) in enumerate(zip(together, single))
                      if (found := differing(a, b, f"{what}[{k}]"))), None)
     if not isinstance(together, torch.Tensor):
         return None
-    a, b = together.detach().double().cpu(), torch.as_tensor(alone_).detach().double().cpu()
+    a, b = together.detach().double().cpu(), torch.as_tensor(single).detach().double().cpu()
     if a.shape != b.shape and a.numel() != b.numel():
         return f"{what} (shape {tuple(a.shape)} against {tuple(b.shape)})"
     if b.numel() == 0:

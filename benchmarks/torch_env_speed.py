@@ -72,7 +72,7 @@ def measure(num_envs: int, compile_: bool, device: torch.device, warmup: int, it
     envs = ppo.make_torch_native_envs(args, num_envs, device)
     agent = ppo.make_agents(args, envs, device, None)
     optimizer = ppo.make_optimizer(agent, args)
-    policy_step = ppo.compile_unless_unavailable(ppo.policy_step_of(agent), compile_)
+    policy_step = ppo.compile_unless_unavailable(ppo.policy_step_of(agent, args, envs), compile_)
     update_losses = ppo.compile_unless_unavailable(functools.partial(ppo.ppo_loss, agent, args), compile_)
     buf = ppo.RolloutBuffer(args.num_steps, envs, device)
     state = {"next_obs": envs.reset(seed=1)}

@@ -1,23 +1,29 @@
 """Does a copy of a trainer keep the copy contract (ppo.py's docstring)? Short runs of the copy on a small env of the
-tests (tests/envs.py's PointMass, whose episodes restart alike whatever their seed, so a resumed run can equal an
-uninterrupted one) or on --env_id, then a table of what holds and how it was checked, each failure with what to change.
+tests (tests/envs.py's PointMassHalves, whose episodes terminate halfway and restart alike whatever their seed, so a
+resumed run can equal an uninterrupted one) or on --env_id, then a table of what holds and how it was checked, each
+failure with what to change.
 
-    python scripts/verify_copy.py my_idea.py                                   # PointMass, Box actions
+    python scripts/verify_copy.py my_idea.py                                   # PointMassHalves, Box actions
     python scripts/verify_copy.py my_idea.py --env_id Pendulum-v1              # your env (resume: see below)
     python scripts/verify_copy.py my_idea.py --flags "--ent_coef 0.01"         # the copy's own flags, for every run
     python scripts/verify_copy.py my_idea.py --flags --norm_obs                # a flag without a value
     python scripts/verify_copy.py my_idea.py --checks resume exports           # some of the checks
 
-The checks, each run of the copy a process of its own in a temporary directory, two at a time:
-  trains      4 iterations end with a final checkpoint whose numbers are all finite (ppo.py's copies: a run whose
-              update changes the flags, a Python attribute of the Agent or a module variable stops with its error line)
+The checks, each run of the copy a process of its own in a temporary directory, two at a time; the runs evaluate
+and save a checkpoint every iteration:
+  trains      8 iterations end with a final checkpoint whose numbers are all finite, and PPO learned: the policy
+              loss and the approximate KL are not 0 in every update, every trainable parameter moved after the
+              first iteration, the evaluation's return moved (a run that changes what is not state stops with its
+              error line)
   same_seed   the same seed twice: the same weights, optimizer state and logged numbers, to the bit
-  resume      stopped by SIGTERM after iteration 2 and resumed, the run ends as the uninterrupted one: the same
-              weights and buffers (the Agent's state, a copy's own included), every optimizer's state, reward
-              normalizer, to the bit; and every optimizer the copy created holds no state that the checkpoint lacks
-              (Adam's moments of an optimizer kept in a variable of train())
-  seeds       (a copy of a trainer with --num_seeds) --num_seeds 2 ends with each seed as its run alone, to float
-              rounding
+  resume      stopped by SIGTERM at two points and resumed, the run ends as the uninterrupted one: the same weights
+              and buffers (the Agent's state, a copy's own included), every optimizer's state, reward normalizer, to
+              the bit; and every optimizer the copy created holds no state that the checkpoint lacks (Adam's moments
+              of an optimizer kept in a variable of train()). The points: after the first iteration in which the
+              copy's own state changed (a checkpoint's tensor that does not change every iteration), and halfway
+              from there to the end
+  seeds       (a copy of a trainer with --num_seeds) --num_seeds 2 ends with each seed as its run alone, within 100
+              times the float rounding that the stock trainer's seeds part by in the same runs
   evaluates   ppo_eval.py evaluates the final checkpoint
   exports     the ONNX policy of ppo_eval.py --export gives the actions the envs received in the copy's own last
               evaluation in training (recorded where TorchVecEnv hands them to the Gymnasium vector env), its first
@@ -56,13 +62,14 @@ from tests.util import TIMING_TAGS, fast_args, scalars  # noqa: E402
 
 # Which trainer a copy is of, by a field of its Args; its default env and flags.
 KINDS = {"ippo": ("agent_obs", "vmas:tests.vmas_scenarios:Clock", dict(max_episode_steps=16)),
-         "ppo_rnn": ("rnn_hidden_size", "tests.envs:PointMass-v0", dict(seq_len=8, rnn_hidden_size=16)),
+         "ppo_rnn": ("rnn_hidden_size", "tests.envs:PointMassHalves-v0", dict(seq_len=8, rnn_hidden_size=16)),
          # tanh heads: a ReLU unit at its kink switches under float rounding, and a seed of a batch then parts from
          # its run alone by more than rounding (7e-5 in a weight after 4 iterations, where tanh's part by 4e-8)
-         "ppo_rgb": ("obs_mode", "tests.envs:PointMassPixels-v0", dict(activation="tanh")),
-         "ppo": ("num_seeds", "tests.envs:PointMass-v0", {})}
+         "ppo_rgb": ("obs_mode", "tests.envs:PointMassPixelsHalves-v0", dict(activation="tanh")),
+         "ppo": ("num_seeds", "tests.envs:PointMassHalves-v0", {})}
 CHECKS = ("trains", "same_seed", "resume", "seeds", "evaluates", "exports")
-ITERATIONS, STOP_AFTER = 4, 2
+ITERATIONS = 8
+SEEDS_ROUNDING_FACTOR, SEEDS_ROUNDING_FLOOR = 100, 1e-7  # the seeds check's tolerance, of the stock trainer's rounding
 EXPORT_STEPS = 10
 NUM_ENVS = 3  # not the number of seeds of the seeds check: a buffer broadcast against the wrong dimension fails
 # The harnesses' start: the copy (sys.argv[1]) imported as a module of its own name, as a user's python my_idea.py runs
@@ -326,7 +333,7 @@ def main(argv=None) -> int:
         def argv_of(name: str, **overrides) -> list[str]:
             given = extra if copys_flags is None else copys_flags
             return fast_args(env, name, num_envs=NUM_ENVS, total_timesteps=16 * NUM_ENVS * ITERATIONS,
-                             eval_freq=ITERATIONS, **flags, **overrides) + given
+                             eval_freq=1, checkpoint_freq=1, **flags, **overrides) + given
         return argv_of
 
     refused = flags_refused(module, argv_on(env_id)("first"))
@@ -338,24 +345,32 @@ def main(argv=None) -> int:
         work = Path(directory)
         results = run_jobs(jobs_of(str(copy), argv_on(env_id), wanted, has_seeds, work), work)
         runs = work / "runs"
-        trained = f"{ITERATIONS} iterations on {env_id}, the final checkpoint's numbers finite"
+        trained = (f"{ITERATIONS} iterations on {env_id}: the final checkpoint's numbers finite, the policy loss and "
+                   "KL not 0 in every update, every trainable parameter moved after iteration 1, the return moved")
         first = results["first"]
         if first.returncode != 0:
             checks.add("trains", trained, [f"the run failed: {error_of(first)}"], "make a short run of the copy work")
             print(checks.table())
             return 1
         ckpt = load(runs / "first/final_ckpt.pt")
-        nonfinite = [key for key, value in ckpt["model"].items()
-                     if value.is_floating_point() and not torch.isfinite(value).all()]
-        checks.add("trains", trained, [f"non-finite {key}" for key in nonfinite],
-                   "find where the loss or an update gives NaN or inf")
+        checks.add("trains", trained, not_learned(module, runs / "first", work),
+                   "find where the loss or an update gives NaN or inf, or where the loss does not reach the "
+                   "policy (a detach(), a parameter no optimizer steps)")
 
         if "same_seed" in wanted:
             check_same_seed(checks, results["again"], ckpt, runs)
+        if "resume" in wanted:
+            results.update(resume_runs(str(copy), argv_on(env_id), work))
+        tolerance = None
+        if "seeds" in wanted and has_seeds:
+            stock_argv_of = argv_on(env_id, copys_flags=stock_flags(kind, extra, argv_on, env_id))
+            tolerance, rounding_how = seeds_tolerance(kind, stock_argv_of, work)
         for check in ("resume", "seeds") if has_seeds else ("resume",):
             if check in wanted:
-                failures = failures_of(check, copy, results, work)
-                how = HOW[check] + f", on {env_id}"
+                failures = failures_of(check, copy, results, work, tolerance)
+                how = HOW[check] + (f", within {rounding_how}" if check == "seeds" else
+                                    f" (here after iterations {' and '.join(map(str, results['stopped']))})") + \
+                    f", on {env_id}"
                 like = test_env_like(kind, test_env, ckpt)
                 if env_id != like and numeric(failures):
                     failures, how = second_opinion(check, copy, kind, env_id, like, argv_on, extra, work, failures,
@@ -377,16 +392,18 @@ def main(argv=None) -> int:
     return 1 if checks.failed() else 0
 
 
-HOW = {"resume": f"stopped by SIGTERM after iteration {STOP_AFTER}, resumed, against the uninterrupted run to the "
-                 "bit; every optimizer's state in the checkpoint",
-       "seeds": "--num_seeds 2 against each seed alone, to float rounding"}
-FIXES = {"resume": "keep state that changes training in the Agent (a buffer: self.register_buffer(...); in a copy "
-                   "of ppo.py also a parameter, or an optimizer of its own made in Agent.__init__: "
-                   "self.my_optimizer = torch.optim.Adam(...)), which checkpoints save and --resume restores, not in "
-                   "a variable of train() or an attribute of another object",
-         "seeds": "follow 'Shapes' of the contract (the trainer's docstring): reduce over the rows (the last "
-                  "dimension; ippo.py's: the second-to-last, masked_mean()), index parameters and buffers from the "
-                  "end, compare statistics elementwise"}
+HOW = {"resume": "stopped by SIGTERM after the first iteration that changed the copy's own state and halfway from "
+                 "there, resumed, against the uninterrupted run to the bit; every optimizer's state in the checkpoint",
+       "seeds": "--num_seeds 2 against each seed alone"}
+FIXES = {"resume": "keep state that changes training in the Agent (a buffer: self.register_buffer(...), persistent "
+                   "as by default; a parameter, or an optimizer of its own made in Agent.__init__: "
+                   "self.my_optimizer = torch.optim.Adam(...)), which checkpoints save and --resume restores; not in "
+                   "a variable of train(), an attribute of another object or a Gymnasium wrapper of the copy's "
+                   "(which a resumed run builds anew)",
+         "seeds": "keep each seed's numbers its own (the trainer's docstring, 'A copy's contract'): reduce over rows "
+                  "alone (the last dimension; ippo.py's: the second-to-last, masked_mean()), index parameters and "
+                  "buffers from the end, compare statistics elementwise, keep what the Agent uses in its "
+                  "parameters, buffers and modules, draw with the seed dimension first"}
 
 
 def flags_refused(module, argv: list[str]) -> str:
@@ -408,9 +425,6 @@ def jobs_of(script: str, argv_of, wanted: set, seeds: bool, work: Path) -> dict[
     jobs = {"first": ["-c", RECORDED_RUN, script, str(work / "evaluation.pt"), *argv_of("first")]}
     if "same_seed" in wanted:
         jobs["again"] = [script, *argv_of("again")]
-    if "resume" in wanted:
-        jobs["stopped"] = ["-c", STOPPED_RUN, script, str(STOP_AFTER), str(work / "lost.json"),
-                           str(work / f"runs/stopped/ckpt_{STOP_AFTER}.pt"), *argv_of("stopped")]
     if "seeds" in wanted and seeds:
         jobs.update({"alone2": [script, *argv_of("alone2", seed=2)], "batch": [script, *argv_of("batch", num_seeds=2)]})
     return jobs
@@ -422,12 +436,12 @@ def run_jobs(jobs: dict[str, list[str]], work: Path) -> dict[str, subprocess.Com
         return dict(zip(jobs, pool.map(lambda job: run(job, work), jobs.values())))
 
 
-def failures_of(check: str, script: Path, results: dict, work: Path) -> list[str]:
+def failures_of(check: str, script: Path, results: dict, work: Path, tolerance: Optional[float] = None) -> list[str]:
     if results["first"].returncode != 0:
         return [f"the uninterrupted run failed: {error_of(results['first'])}"]
     if check == "seeds":
-        return seeds_failures(results, work / "runs")
-    return resume_failures(script, results["stopped"], load(work / "runs/first/final_ckpt.pt"), work)
+        return seeds_failures(results, work / "runs", tolerance)
+    return resume_failures(script, results, load(work / "runs/first/final_ckpt.pt"), work)
 
 
 def second_opinion(check: str, copy: Path, kind: str, env_id: str, test_env: str, argv_on, extra: list[str],
@@ -437,11 +451,11 @@ def second_opinion(check: str, copy: Path, kind: str, env_id: str, test_env: str
     is the cause, and the copy is checked on the test env of the same action space instead. The stock trainer runs
     with those of the copy's flags that it has; where it fails otherwise than in its numbers, it gives no opinion."""
     stock, stock_work = REPO / f"{kind}.py", work / f"stock_{check}"
-    stock_argv = argv_on(env_id, copys_flags=[])("first")
-    taken = [word for flag in flags_of(extra) if not flags_refused(importlib.import_module(kind), stock_argv + flag)
-             for word in flag]  # the copy's flags that the stock trainer has too: the env's, the run's
+    taken = stock_flags(kind, extra, argv_on, env_id)
     stock_results = run_jobs(jobs_of(str(stock), argv_on(env_id, copys_flags=taken), {check}, True, stock_work),
                              stock_work)
+    if check == "resume":
+        stock_results.update(resume_runs(str(stock), argv_on(env_id, copys_flags=taken), stock_work))
     stock_failures = failures_of(check, stock, stock_results, stock_work)
     if not stock_failures:
         return failures, how + f" (the stock {kind}.py holds there)"
@@ -449,8 +463,17 @@ def second_opinion(check: str, copy: Path, kind: str, env_id: str, test_env: str
         return failures, how + f" (the stock {kind}.py fails there otherwise: {stock_failures[0]})"
     test_work = work / f"test_{check}"
     results = run_jobs(jobs_of(str(copy), argv_on(test_env), {check}, True, test_work), test_work)
+    if check == "resume":
+        results.update(resume_runs(str(copy), argv_on(test_env), test_work))
     return failures_of(check, copy, results, test_work), (
         HOW[check] + f", on {test_env}: on {env_id} the stock {kind}.py's runs fail it too")
+
+
+def stock_flags(kind: str, extra: list[str], argv_on, env_id: str) -> list[str]:
+    """The copy's flags that the stock trainer has too: the env's, the run's."""
+    stock_argv = argv_on(env_id, copys_flags=[])("first")
+    return [word for flag in flags_of(extra) if not flags_refused(importlib.import_module(kind), stock_argv + flag)
+            for word in flag]
 
 
 def flags_of(words: list[str]) -> list[list[str]]:
@@ -467,7 +490,8 @@ def flags_of(words: list[str]) -> list[list[str]]:
 def numeric(failures: list[str]) -> bool:
     """Whether a check failed on numbers alone: checkpoints' tensors that differ (differences()), nothing that
     crashed or went missing."""
-    return bool(failures) and all(re.match(r"(seed \d+: )?/", failure) and " in one run only" not in failure
+    return bool(failures) and all(re.match(r"(seed \d+: |stopped after iteration \d+: )?/", failure)
+                                  and " in one run only" not in failure
                                   for failure in failures)
 
 
@@ -497,26 +521,112 @@ def check_same_seed(checks: Checks, again: subprocess.CompletedProcess, ckpt: di
                "unseeded generator (np.random.default_rng(), random.Random(), the clock)")
 
 
-def resume_failures(copy: Path, stopped: subprocess.CompletedProcess, ckpt: dict, work: Path) -> list[str]:
-    runs = work / "runs"
-    if stopped.returncode != 128 + 15:
-        return [f"the run stopped by SIGTERM after iteration {STOP_AFTER} exited with {stopped.returncode}: "
-                f"{error_of(stopped)}"]
-    lost = [f"the optimizer created at {where} holds state that the checkpoint does not"
-            for where in lost_optimizers(work)]
-    resumed = run([str(copy), "--resume", str(runs / "stopped")], work)
-    return lost + ([f"--resume failed: {error_of(resumed)}"] if resumed.returncode != 0 else
-                   differences(state(ckpt), state(load(runs / "stopped/final_ckpt.pt")), exact=True))
+def resume_points(run_dir: Path) -> list[int]:
+    """Where the resume check stops a run (from its uninterrupted run's checkpoints of every iteration): after the
+    first iteration in which a tensor changed that does not change in every iteration (the copy's own state: a phase
+    of its own, a counter; PPO's weights and Adam change every time), else after iteration 1; and halfway from there
+    to the end."""
+    ckpts = [state(load(run_dir / f"ckpt_{k}.pt")) for k in range(1, ITERATIONS + 1)]
+    changed = [set(differences(before, after, exact=True)) for before, after in zip(ckpts, ckpts[1:])]
+    every_time = set.intersection(*changed) if changed else set()
+    first = next((k for k, keys in enumerate(changed, start=2) if keys - every_time and k < ITERATIONS), 1)
+    return sorted({first, max(first + 1, first + (ITERATIONS - first) // 2)} - {ITERATIONS})
 
 
-def seeds_failures(results: dict, runs: Path) -> list[str]:
+def resume_runs(script: str, argv_of, work: Path) -> dict[str, subprocess.CompletedProcess]:
+    """The runs stopped at each of resume_points() (the first run must have ended), then each resumed."""
+    points = resume_points(work / "runs/first") if (work / "runs/first/final_ckpt.pt").is_file() else []
+    stopped = run_jobs({f"stopped{k}": ["-c", STOPPED_RUN, script, str(k), str(work / f"lost{k}.json"),
+                                         str(work / f"runs/stopped{k}/ckpt_{k}.pt"), *argv_of(f"stopped{k}")]
+                        for k in points}, work)
+    resumed = run_jobs({f"resumed{k}": [script, "--resume", str(work / f"runs/stopped{k}")] for k in points
+                        if stopped[f"stopped{k}"].returncode == 128 + 15}, work)
+    return {**stopped, **resumed, "stopped": points}
+
+
+def resume_failures(copy: Path, results: dict, ckpt: dict, work: Path) -> list[str]:
+    failures = []
+    for k in results["stopped"]:
+        stopped, at = results[f"stopped{k}"], f"stopped after iteration {k}"
+        if stopped.returncode != 128 + 15:
+            failures.append(f"the run {at} exited with {stopped.returncode}: {error_of(stopped)}")
+            continue
+        report = work / f"lost{k}.json"
+        failures += [f"the optimizer created at {where} holds state that the checkpoint does not"
+                     for where in (json.loads(report.read_text()) if report.is_file() else [])]
+        resumed = results[f"resumed{k}"]
+        failures += ([f"--resume of the run {at} failed: {error_of(resumed)}"] if resumed.returncode != 0 else
+                     [f"{at}: {d}" for d in differences(state(ckpt), state(load(
+                         work / f"runs/stopped{k}/final_ckpt.pt")), exact=True)])
+    return failures
+
+
+def not_learned(module, run_dir: Path, work: Path) -> list[str]:
+    """What says that a run of the copy did not learn: non-finite numbers, a policy loss or KL of 0 in every update,
+    a trainable parameter that never moved after iteration 1, an evaluation return that never moved."""
+    ckpt = load(run_dir / "final_ckpt.pt")
+    found = [f"non-finite {key}" for key, value in ckpt["model"].items()
+             if value.is_floating_point() and not torch.isfinite(value).all()]
+    if found:
+        return found
+    logs = logged(run_dir)
+    for tag in ("losses/policy_loss", "losses/approx_kl"):  # a KL of float rounding (1e-14) is none
+        if tag in logs and all(abs(value) < 1e-8 for _, value in logs[tag]):
+            found.insert(0, f"{tag} is 0 (below 1e-8) in every update: PPO did not change the policy")
+    args = ppo_eval.run_args(module, ckpt, ppo_eval.EvalArgs(checkpoint="unused"))
+    maniskill, _ = module.find_env(args.env_id)  # imports the env's module, as the run did
+    envs = module.make_envs(args, maniskill, torch.device("cpu"), evaluation=True, run_dir=work, num_eval_steps=16)
+    try:
+        trainable = [name for name, p in module.make_agent(args, envs).named_parameters() if p.requires_grad]
+    finally:
+        envs.close()
+    after_first = load(run_dir / "ckpt_1.pt")["model"]
+    found += [f"the parameter {name} never moved after iteration 1" for name in trainable
+              if name in ckpt["model"] and torch.equal(ckpt["model"][name], after_first[name])]
+    returns = [value for _, value in logs.get("eval/return", [])]
+    if len(set(returns)) == 1 and len(returns) > 1:
+        found.append(f"the evaluation's return is {returns[0]:.4g} at every iteration")
+    return found
+
+
+def seeds_tolerance(kind: str, argv_of, work: Path) -> tuple[Optional[float], str]:
+    """How far a seed of --num_seeds may part from its run alone: SEEDS_ROUNDING_FACTOR times what the stock
+    trainer's first seed parts by in the same runs (its float rounding), and how that was found."""
+    stock_work = work / "stock_seeds"
+    stock = str(REPO / f"{kind}.py")
+    results = run_jobs({"first": [stock, *argv_of("first")], "batch": [stock, *argv_of("batch", num_seeds=2)]},
+                       stock_work)
+    if any(result.returncode != 0 for result in results.values()):
+        return None, f"rtol 1e-4, atol 1e-5 (the stock {kind}.py's runs failed there)"
+    runs = stock_work / "runs"
+    rounding = max(float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+                   for a, b in tensor_pairs(load(runs / "first/final_ckpt.pt")["model"],
+                                            load(runs / "batch/batch__seed1/final_ckpt.pt")["model"]))
+    tolerance = max(SEEDS_ROUNDING_FACTOR * rounding, SEEDS_ROUNDING_FLOOR)
+    return tolerance, (f"{tolerance:.1e} ({SEEDS_ROUNDING_FACTOR} times the {rounding:.1e} by which the stock "
+                       f"{kind}.py's first seed parts from its run alone there)")
+
+
+def tensor_pairs(a: dict, b: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(a[key], b[key]) for key in a if key in b and a[key].is_floating_point() and a[key].shape == b[key].shape]
+
+
+def seeds_failures(results: dict, runs: Path, tolerance: Optional[float] = None) -> list[str]:
     batch, alone2 = results["batch"], results["alone2"]
     if batch.returncode != 0 or alone2.returncode != 0:
         return [f"--num_seeds 2 failed: {error_of(batch)}" if batch.returncode != 0 else
                 f"seed 2 alone failed: {error_of(alone2)}"]
-    return [f"seed {seed}: {d}" for seed, alone in ((1, "first"), (2, "alone2"))
-            for d in differences(load(runs / alone / "final_ckpt.pt")["model"],
-                                 load(runs / f"batch/batch__seed{seed}/final_ckpt.pt")["model"], exact=False)]
+    found = []
+    for seed, alone in ((1, "first"), (2, "alone2")):
+        a = load(runs / alone / "final_ckpt.pt")["model"]
+        b = load(runs / f"batch/batch__seed{seed}/final_ckpt.pt")["model"]
+        if tolerance is None:
+            found += [f"seed {seed}: {d}" for d in differences(a, b, exact=False)]
+            continue
+        found += [f"seed {seed}: /{key} (by {gap:.1e})" for key in a if key in b and a[key].is_floating_point()
+                  and (gap := float((a[key].double() - b[key].double()).abs().max()) if a[key].numel() else 0.0)
+                  > tolerance]
+    return found
 
 
 if __name__ == "__main__":

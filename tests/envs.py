@@ -21,6 +21,8 @@ class PointMass(gym.Env):
     nan_reward_seed: only in an env last reset with this seed (the seeds of ppo.py --num_seeds reset theirs with
     seeds of their own).
     terminate_odd_episodes: the 1st, 3rd, ... episodes terminate after half the time limit; the others are truncated.
+    terminate_halfway: every episode terminates after half the time limit (a rollout of the time limit's steps then
+    holds two whole episodes of each env: scripts/verify_copy.py's env, whose copies may count terminations).
     critic: info["critic"] holds x^2 and the step count, a privileged critic's vector (--critic_obs).
     actions: a key of ACTION_KINDS, the push in another action space.
     """
@@ -31,12 +33,12 @@ class PointMass(gym.Env):
     metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
 
     def __init__(self, nan_reward_after=None, render_mode=None, terminate_odd_episodes=False, nan_only_on_rank=None,
-                 critic=False, actions=None, nan_reward_seed=None):
+                 critic=False, actions=None, nan_reward_seed=None, terminate_halfway=False):
         self.nan_reward_seed, self.nan_this_episode = nan_reward_seed, nan_reward_seed is None
         on_this_rank = nan_only_on_rank is None or int(os.environ.get("RANK", "0")) == nan_only_on_rank
         self.nan_reward_after = nan_reward_after if on_this_rank else None
         self.render_mode = render_mode
-        self.terminate_odd_episodes = terminate_odd_episodes
+        self.terminate_odd_episodes, self.terminate_halfway = terminate_odd_episodes, terminate_halfway
         self.critic = critic
         if actions is not None:
             self.action_space = ACTION_KINDS[actions]
@@ -74,7 +76,8 @@ class PointMass(gym.Env):
         reward = -self.x**2
         if self.nan_reward_after is not None and self.nan_this_episode and self.total_steps > self.nan_reward_after:
             reward = float("nan")
-        terminated = self.terminate_odd_episodes and self.episodes % 2 == 1 and self.t == EPISODE_STEPS // 2
+        terminated = ((self.terminate_halfway or self.terminate_odd_episodes and self.episodes % 2 == 1)
+                      and self.t == EPISODE_STEPS // 2)
         return self._obs(), reward, terminated, False, self._info()
 
 
@@ -97,6 +100,9 @@ ACTION_KINDS = {"Discrete": gym.spaces.Discrete(3, start=-1),
 for kind in ACTION_KINDS:
     gym.register(f"PointMass{kind}-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS,
                  kwargs={"actions": kind})
+for kind in ("", *ACTION_KINDS):
+    gym.register(f"PointMassHalves{kind}-v0", entry_point=PointMass, max_episode_steps=EPISODE_STEPS,
+                 kwargs={"terminate_halfway": True, **({"actions": kind} if kind else {})})
 
 
 class PointMassButtons(PointMass):
@@ -125,6 +131,9 @@ gym.register("PointMassPixelsCritic-v0", entry_point=PointMassPixels, max_episod
 for kind in ACTION_KINDS:
     gym.register(f"PointMassPixels{kind}-v0", entry_point=PointMassPixels, max_episode_steps=EPISODE_STEPS,
                  kwargs={"actions": kind})
+for kind in ("", *ACTION_KINDS):
+    gym.register(f"PointMassPixelsHalves{kind}-v0", entry_point=PointMassPixels, max_episode_steps=EPISODE_STEPS,
+                 kwargs={"terminate_halfway": True, **({"actions": kind} if kind else {})})
 
 
 class PointMassGlobalDraws(PointMass):

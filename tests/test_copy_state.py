@@ -31,6 +31,8 @@ LEARNED_ENT_COEF = (
      "        loss = pg_loss - agent.log_ent_coef.exp().detach() * entropy_loss + v_loss * args.vf_coef\n"),
     ("        optimizer.step(loss, args.max_grad_norm)\n",
      "        optimizer.step(loss, args.max_grad_norm)\n"
+     "        for group in agent.ent_coef_optimizer.param_groups:  # the scheduler's advice: lr from a counter\n"
+     "            group['lr'] = 1e-1 / (1 + agent.updates)\n"
      "        agent.ent_coef_optimizer.zero_grad()\n"
      "        (agent.log_ent_coef.exp() * (entropy_loss.detach() - 2.0)).sum().backward()\n"
      "        agent.ent_coef_optimizer.step()\n"),
@@ -62,7 +64,7 @@ def same(a: dict, b: dict, exact: bool = True) -> list[str]:
 
 def test_a_learned_entropy_coefficient_with_its_own_adam_resumes_and_runs_per_seed(tmp_path):
     copy = str(edited(LEARNED_ENT_COEF, "my_ent", tmp_path))
-    example = ppo.__doc__.split("for example:\n")[1].split("\n  Nothing else is state")[0]
+    example = ppo.__doc__.split("A learned entropy coefficient:\n")[1].split("\n- Refused")[0]
     for line in example.splitlines():  # the docstring's example, as this copy has it
         code = line.split("  #")[0].strip().replace("lr=1e-3", "lr=1e-1").replace("target_entropy", "2.0")
         assert code.removesuffix(" + ...") in Path(copy).read_text(), code
@@ -94,7 +96,8 @@ def test_a_learned_entropy_coefficient_with_its_own_adam_resumes_and_runs_per_se
         assert in_batch["model"]["updates"] == 4
         alone_own, batch_own = (ckpt["optimizer"]["own_optimizers"]["ent_coef_optimizer"] for ckpt in
                                 (alone, in_batch))
-        assert alone_own["param_groups"] == batch_own["param_groups"]
+        assert [{**group, "lr": float(group["lr"])} for group in alone_own["param_groups"]] == batch_own["param_groups"]
+        assert batch_own["param_groups"][0]["lr"] == pytest.approx(1e-1 / 4)  # after 3 updates: each seed its own
         steps.append(batch_own["state"][0]["step"])
         assert steps[-1] == alone_own["state"][0]["step"]  # a seed whose update stopped took no step of its own
         for key in ("exp_avg", "exp_avg_sq"):
