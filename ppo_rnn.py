@@ -1136,7 +1136,12 @@ def load_states(agent: Agent, optimizer: torch.optim.Optimizer, reward_normalize
             dist.broadcast(tensor, 0)
     if resume_state is None:
         return 0, 0
-    optimizer.load_state_dict(resume_state["optimizer"])
+    try:
+        optimizer.load_state_dict(resume_state["optimizer"])
+    except ValueError as e:  # torch's: a group of another size
+        raise UserError(f"the checkpoint's optimizer state does not fit {TRAINER}.py's optimizer ({e}); a copy's "
+                        "checkpoint from before PPO's optimizer held its own optimizers' parameters too (2026-12-03) "
+                        "cannot be resumed: start a new run from its weights with --checkpoint") from e
     return resume_state["global_step"], resume_state["iteration"]
 
 
@@ -1291,9 +1296,10 @@ def make_agents(args: Args, envs: TorchVecEnv, device: torch.device, resume_stat
     seeds' Agents outside their parameters, buffers and modules is refused (one seed's: against another seed's)."""
     if args.num_seeds == 1:
         agent, random_states = make_agent(args, envs), rng_states(torch.device("cpu"))
-        torch.default_generator.manual_seed(args.seed + 1)  # another seed's Agent, drawn where a run draws its own
-        refuse_unregistered_state([agent, make_agent(args, envs)])
-        set_rng_states(random_states, torch.device("cpu"))
+        with torch.random.fork_rng(devices=range(torch.cuda.device_count())):  # the run's streams stay as they are
+            torch.manual_seed(args.seed + 1)
+            refuse_unregistered_state([agent, make_agent(args, envs)])
+        set_rng_states(random_states, torch.device("cpu"))  # numpy's and Python's, which a copy's Agent may draw from
         return agent.to(device)
     agents, generators = [], []
     for seed in range(args.seed, args.seed + args.num_seeds):
@@ -1318,12 +1324,16 @@ def make_agents(args: Args, envs: TorchVecEnv, device: torch.device, resume_stat
 def refuse_unregistered_state(agents: list[nn.Module]):
     """The Agents of different seeds may differ in their parameters, buffers and registered modules alone, which
     checkpoints save and stack_seeds() gives each seed: one error line names an attribute that differs besides."""
-    first = dict(agents[0].named_modules(prefix=type(agents[0]).__name__))
+    first, first_known = dict(agents[0].named_modules(prefix=type(agents[0]).__name__)), registered(agents[0])
     for other in agents[1:]:
+        other_known = registered(other)
         for name, module in other.named_modules(prefix=type(other).__name__):
+            if name not in first:
+                raise UserError(f"the Agents of two seeds hold different modules ({name} in one alone): build the "
+                                "same network for every seed")
             for key, value in vars(module).items():
-                if not key.startswith("_") and not same_data(fingerprint(value),
-                                                             fingerprint(getattr(first[name], key, None))):
+                if not key.startswith("_") and not same_data(fingerprint(value, other_known), fingerprint(
+                        getattr(first[name], key, None), first_known)):
                     raise UserError(
                         f"{name}.{key} differs between the Agents of two seeds and is none of the Agent's parameters, "
                         "buffers or registered modules: checkpoints leave it out (--resume and ppo_eval.py would make "
@@ -1338,11 +1348,29 @@ def make_optimizer(agent: Agent, args: Args) -> PPOOptimizer:
         raise UserError(f"the Agent's own optimizers ({', '.join(own_optimizers(agent))}) do not work under torchrun "
                         "yet: train with one process (--num_seeds for many seeds)")
     if not hasattr(agent, "generators"):
+        for own in own_optimizers(agent).values():
+            own.__class__ = type(f"Own{type(own).__name__}", (NumberLearningRates, type(own)), {})
         return PPOOptimizer(agent, args.learning_rate)
     optimizer = SeedOptimizer(agent, args.learning_rate)
     for own in own_optimizers(agent).values():
         split_by_seed(own, optimizer)
     return optimizer
+
+
+# Copied from ppo.py
+class NumberLearningRates:
+    """An optimizer of the Agent's own whose groups' lr a copy sets from a buffer of the Agent (a tensor): each group
+    steps with a number, under --num_seeds its seed's value (its groups are each seed's in turn), since torch's Adam
+    takes no tensor lr on a GPU. Mixed in before the optimizer's class (make_optimizer(), split_by_seed())."""
+
+    def step(self, closure=None):
+        values = {}  # one wait for the device per tensor
+        for k, group in enumerate(self.param_groups):
+            lr = group["lr"]
+            if isinstance(lr, torch.Tensor):
+                values.setdefault(id(lr), lr.flatten().tolist())
+                group["lr"] = values[id(lr)][k * len(values[id(lr)]) // len(self.param_groups)]
+        return super().step(closure)
 
 
 # Copied from ppo.py
@@ -1424,12 +1452,11 @@ class SeedOptimizer(PPOOptimizer):
 
 
 # Copied from ppo.py
-class SeedSteps:
+class SeedSteps(NumberLearningRates):
     """--num_seeds: an optimizer of the Agent's own (own_optimizers()) over its stacked parameters as one per seed,
     as SeedOptimizer is PPO's: each seed's slices of them as parameters of their own (views of the same memory), in
     groups seed by seed, so that each seed has its own state, and a seed whose update stopped (SeedOptimizer) takes no
-    step until the update ends. Its state dict is then every seed's in turn, as seed_checkpoint() splits it. A
-    learning rate set from a buffer of the Agent (one value per seed) gives each seed's groups that seed's value."""
+    step until the update ends. Its state dict is then every seed's in turn, as seed_checkpoint() splits it."""
 
     def zero_grad(self, set_to_none: bool = True):
         for p in self.stacked:
@@ -1438,10 +1465,6 @@ class SeedSteps:
 
     def step(self, closure=None):
         give_seeds_gradients(self.views, self.stacked, self.seed_optimizer.going)
-        num_seeds = len(self.views)
-        for k, group in enumerate(self.param_groups):  # groups seed by seed
-            if isinstance(group["lr"], torch.Tensor) and group["lr"].numel() == num_seeds:
-                group["lr"] = group["lr"].flatten()[k * num_seeds // len(self.param_groups)].item()
         return super().step(closure)
 
 
@@ -1493,7 +1516,10 @@ def update_step_of(agent: Agent, args: Args, envs: TorchVecEnv):
         # a run alone draws its minibatches and the update's own draws from torch's default generator
         device = generators[0].device
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            (torch.cuda.set_rng_state if device.type == "cuda" else torch.set_rng_state)(generators[0].get_state())
+            if device.type == "cuda":
+                torch.cuda.set_rng_state(generators[0].get_state(), device)
+            else:
+                torch.set_rng_state(generators[0].get_state())
             return update(*inputs)
     return first_call_checked("update()", update_step, rollout_part, agent, args, envs)
 
@@ -1516,27 +1542,27 @@ def first_call_checked(where: str, step, part, agent: Agent, args: Args, envs: T
         optimizer = next((x for x in inputs if isinstance(x, PPOOptimizer)), None)
         optimizer_state = None if optimizer is None else copy.deepcopy(optimizer.state_dict())
         generator_states = [generator.get_state() for generator in agent.generators]
+        given = cloned((inputs, keywords))  # as they came: the call may write into the rollout's tensors
         rng_before = rng_states(device)
         result = step(agent, agent.generators, *inputs, **keywords)
         drawn = [GLOBAL_GENERATORS[key] for key in moved_generators(rng_before, rng_states(device))]
         if drawn:
             raise UserError(f"{where} draws from {' and '.join(drawn)} global random generator, which the seeds of "
-                            "--num_seeds share: draw from torch with the seed dimension first (torch.normal, a "
-                            "distribution's sample(); in update(), inside optimizer.draws()) "
-                            f"({TRAINER}.py's docstring, 'A copy's contract')")
+                            "--num_seeds share: draw from torch with the seed dimension first (torch.normal, "
+                            "torch.bernoulli, torch.multinomial, a Normal, Categorical or Bernoulli's sample(); in "
+                            f"update(), inside optimizer.draws()) ({TRAINER}.py's docstring, 'A copy's contract')")
         rng_after = rng_states(device)
         try:
             for i, seed_agent in enumerate(agents_of_seeds(agent, args, envs, model)):
                 generator = torch.Generator(device)
                 generator.set_state(generator_states[i])
-                seed_inputs = [alone(x, i, part, agent, seed_agent, args, optimizer_state) for x in inputs]
+                seed_inputs = [alone(x, i, part, agent, seed_agent, args, optimizer_state) for x in given[0]]
                 seed_keywords = {key: alone(x, i, part, agent, seed_agent, args, optimizer_state)
-                                 for key, x in keywords.items()}
+                                 for key, x in given[1].items()}
                 seed_agent.train(agent.training)
                 seed_result = step(seed_agent, [generator], *seed_inputs, **seed_keywords)
-                differs = (differing(seed_part(result, i), seed_result, "its result")
-                           or differing(seed_state(agent.state_dict(), i), seed_agent.state_dict(), "the Agent's",
-                                        seed_state(model, i)))
+                differs = (differing(result, seed_result, i, "its result")
+                           or differing(agent.state_dict(), seed_agent.state_dict(), i, "the Agent's", model))
                 if differs:
                     raise UserError(
                         f"under --num_seeds, seed {args.seed + i}'s {where} differs from that seed's alone in "
@@ -1556,9 +1582,22 @@ GLOBAL_GENERATORS = {"python": "Python's", "numpy": "numpy's", "torch": "torch's
 # itself: 6e-6 seen). Float rounding parted the Agents by 2.3e-5 of their change at most (PointMass, CartPole, Pendulum
 # with every normalizer, and each sibling's test env).
 ALONE_RTOL, ALONE_ATOL = 1e-3, 1e-4
-# first_call_checked(): a seed's numbers may part from its own alone by ALONE_RTOL of their size (of a change of its
-# Agent: of the change's size), and ALONE_ATOL (a ratio's rounding about 1). Float rounding parts them by 2e-5 at
-# most (PointMass, CartPole, Pendulum with every normalizer; benchmarks/results/seeds_alone)
+
+
+# Copied from ppo.py
+def cloned(x):
+    """x with every tensor in it cloned: in tuples, lists, dicts and a RolloutBuffer's attributes."""
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    if isinstance(x, (tuple, list)):
+        return type(x)(cloned(item) for item in x)
+    if isinstance(x, dict):
+        return {key: cloned(value) for key, value in x.items()}
+    if hasattr(x, "rows"):  # a RolloutBuffer
+        buffer = copy.copy(x)
+        vars(buffer).update({key: cloned(value) for key, value in vars(x).items()})
+        return buffer
+    return x
 
 
 # Copied from ppo.py
@@ -1567,7 +1606,7 @@ def alone(x, i: int, part, agent: Agent, seed_agent: Agent, args: Args, optimize
     if x is agent:
         return seed_agent
     if isinstance(x, PPOOptimizer):
-        optimizer = PPOOptimizer(seed_agent, args.learning_rate)
+        optimizer = make_optimizer(seed_agent, dataclasses.replace(args, num_seeds=1))
         optimizer.load_state_dict(seed_optimizer_state(optimizer_state, i, args.num_seeds))
         return optimizer
     if isinstance(x, Args):
@@ -1595,26 +1634,30 @@ def rollout_part(x, i: int):
 
 
 # Copied from ppo.py
-def differing(together, single, what: str, before=None) -> Optional[str]:
-    """Where a seed's numbers among the seeds (together) differ from its own alone (single) beyond float rounding: a
-    name and both numbers; None where they agree. before: the state before, so that a change is compared to its size."""
+def differing(together, single, i: int, what: str, before=None) -> Optional[str]:
+    """Where seed i's numbers among the seeds (together, the seed dimension first) differ from its own alone (single)
+    beyond float rounding: a name and both numbers; None where they agree. before: the seeds' state before, so that a
+    change is compared to its size."""
     if isinstance(together, dict):
         return next((found for key in together if (found := f"{what} {key} (alone: none)" if key not in single else
-                                                  differing(together[key], single[key], f"{what} {key}",
+                                                  differing(together[key], single[key], i, f"{what} {key}",
                                                             None if before is None else before[key]))), None)
     if isinstance(together, (tuple, list)):
         return next((found for k, (a, b) in enumerate(zip(together, single))
-                     if (found := differing(a, b, f"{what}[{k}]"))), None)
+                     if (found := differing(a, b, i, f"{what}[{k}]"))), None)
     if not isinstance(together, torch.Tensor):
         return None
-    a, b = together.detach().double().cpu(), torch.as_tensor(single).detach().double().cpu()
-    if a.shape != b.shape and a.numel() != b.numel():
-        return f"{what} (shape {tuple(a.shape)} against {tuple(b.shape)})"
+    if together.dim() == 0 or not isinstance(single, (torch.Tensor, int, float)):  # one value for all seeds
+        return f"{what} (shape {tuple(together.shape)}, not one value per seed)"
+    a, b = together[i].detach().double().cpu(), torch.as_tensor(single).detach().double().cpu()
+    if a.numel() != b.numel():
+        return f"{what} (shape {tuple(together.shape)}, alone {tuple(b.shape)})"
     if b.numel() == 0:
         return None
     a = a.reshape(b.shape)
     size = b.abs().nan_to_num().amax()
-    scale, atol = (size, ALONE_ATOL) if before is None else ((b - before.double().cpu()).abs().amax(), 1e-6 * size)
+    scale, atol = ((size, ALONE_ATOL) if before is None else
+                   ((b - before[i].double().cpu().reshape(b.shape)).abs().amax(), 1e-6 * size))
     gap = torch.where(a.isnan() & b.isnan(), 0.0, (a - b).abs()).nan_to_num(nan=float("inf"))
     if gap.amax() <= ALONE_RTOL * scale.nan_to_num() + atol:
         return None
@@ -3646,28 +3689,33 @@ class UnsavedState:
 
     def values(self) -> dict:
         values = {f"args.{key}": value for key, value in vars(self.args).items()}
+        known = registered(self.agent)
         for name, module in self.agent.named_modules(prefix=type(self.agent).__name__):
-            values.update({f"{name}.{key}": fingerprint(value) for key, value in vars(module).items()
+            values.update({f"{name}.{key}": fingerprint(value, known) for key, value in vars(module).items()
                            if not key.startswith("_") and key not in ("training", "generators")})
-            values.update({f"{name}.{key} (a buffer made persistent=False)": module._buffers[key]
-                           for key in module._non_persistent_buffers_set if module._buffers.get(key) is not None})
-        values.update({f"the PPO optimizer's {key}": fingerprint(value) for key, value in vars(self.optimizer).items()
+            if not isinstance(module, RewardNormalizer):  # its returns restart with the envs, as in a run alone
+                values.update({f"{name}.{key} (a buffer made persistent=False)": module._buffers[key]
+                               for key in module._non_persistent_buffers_set if module._buffers.get(key) is not None})
+        values.update({f"the PPO optimizer's {key}": fingerprint(value, known)
+                       for key, value in vars(self.optimizer).items()
                        if not key.startswith("_") and key not in OPTIMIZER_RUN_FIELDS})
         for key, value in vars(sys.modules[__name__]).items():
             if key.startswith("_"):
                 continue
-            values[f"the module variable {key}"] = fingerprint(value)
+            values[f"the module variable {key}"] = fingerprint(value, known)
             functions = {key: value} if callable(value) else {}
             if isinstance(value, type) and value.__module__ == __name__:
-                values.update({f"the class attribute {key}.{attribute}": fingerprint(member)
+                values.update({f"the class attribute {key}.{attribute}": fingerprint(member, known)
                                for attribute, member in vars(value).items() if not attribute.startswith("__")})
                 functions.update({f"{key}.{name}": f for name, f in vars(value).items() if inspect.isfunction(f)})
             for name, function in functions.items():
                 function = inspect.unwrap(function)  # torch wraps an optimizer's step() when it makes one
                 if inspect.isfunction(function) and function.__code__.co_filename == __file__:
-                    cells = [cell.cell_contents for cell in function.__closure__ or () if cell_filled(cell)]
-                    values[f"the default arguments and closure of {name}()"] = fingerprint(
-                        [function.__defaults__, function.__kwdefaults__, cells])
+                    # data alone: a function's cache (a compiled function made on first call) is no state
+                    held = [*(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values(),
+                            *(cell.cell_contents for cell in function.__closure__ or () if cell_filled(cell))]
+                    values[f"the default arguments and closure of {name}()"] = [
+                        fingerprint(value, known) for value in held if value is not None and not callable(value)]
         return values
 
     def refuse_changes(self):
@@ -3679,10 +3727,12 @@ class UnsavedState:
         scheduled = next((name for name, optimizer in optimizers.items()
                           if hasattr(optimizer.step, "_wrapped_by_lr_sched")), None)
         if scheduled is not None:
+            instead = ("change PPOOptimizer.schedule_learning_rate()" if scheduled == "the PPO optimizer" else
+                       "set its groups' lr from a counter buffer of the Agent (self.register_buffer('updates', "
+                       "torch.tensor(0)); under --num_seeds each seed's groups take that seed's value)")
             raise UserError(f"a learning-rate scheduler steps {scheduled}: checkpoints do not save its state and "
-                            "--num_seeds would not split it; set the group's lr from a counter buffer of the Agent "
-                            "(self.register_buffer('updates', torch.tensor(0)); under --num_seeds each seed's lr is "
-                            f"its own) ({TRAINER}.py's docstring, 'A copy's contract')")
+                            f"--num_seeds would not split it; {instead} ({TRAINER}.py's docstring, 'A copy's "
+                            "contract')")
         now = self.values()
         changed = next((name for name in {**self.before, **now}
                         if name not in now or name not in self.before or not same_data(now[name], self.before[name])),
@@ -3710,10 +3760,20 @@ def cell_filled(cell) -> bool:
 
 
 # Copied from ppo.py
-def fingerprint(value, depth: int = 0):
+def registered(agent: nn.Module) -> dict[int, str]:
+    """The Agent's modules, parameters and buffers by id: fingerprint() names them, as checkpoints save them."""
+    named = [*agent.named_modules(), *agent.named_parameters(), *agent.named_buffers()]
+    return {id(value): name or type(agent).__name__ for name, value in named}
+
+
+# Copied from ppo.py
+def fingerprint(value, known: Optional[dict[int, str]] = None, depth: int = 0):
     """value as data that same_data() compares: numbers, strings, tensors and arrays, containers of them; a random
     generator as its state, a module as its state dict, an object of this file's classes (or a SimpleNamespace) as
-    its attributes; anything else (a function, a file, an optimizer) as its type's name."""
+    its attributes; what known (registered()) holds as its name; anything else (a function, a file, an optimizer) as
+    its type's name."""
+    if known is not None and id(value) in known:
+        return f"<{known[id(value)]}>"
     if depth > 8:
         return "<deeper>"
     if isinstance(value, (bool, int, float, complex, str, bytes, type(None), torch.Tensor, np.ndarray)):
@@ -3721,24 +3781,24 @@ def fingerprint(value, depth: int = 0):
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, (list, tuple, deque)):
-        return [fingerprint(item, depth + 1) for item in value]
+        return [fingerprint(item, known, depth + 1) for item in value]
     if isinstance(value, (set, frozenset)):
         return sorted(map(repr, value))
     if isinstance(value, dict):
-        return {key: fingerprint(item, depth + 1) for key, item in value.items()}
+        return {key: fingerprint(item, known, depth + 1) for key, item in value.items()}
     if isinstance(value, random.Random):
         return value.getstate()
     if isinstance(value, np.random.Generator):
         return value.bit_generator.state
     if isinstance(value, np.random.RandomState):
-        return fingerprint(value.get_state(), depth + 1)
+        return fingerprint(value.get_state(), known, depth + 1)
     if isinstance(value, torch.Generator):
         return value.get_state()
     if isinstance(value, nn.Module):
         return dict(value.state_dict())
     if (type(value).__module__ == __name__ and not isinstance(value, (type, torch.optim.Optimizer))
             or isinstance(value, types.SimpleNamespace)) and hasattr(value, "__dict__"):
-        return {"<type>": type(value).__qualname__, **fingerprint(vars(value), depth + 1)}
+        return {"<type>": type(value).__qualname__, **fingerprint(vars(value), known, depth + 1)}
     return f"<{type(value).__qualname__}>"
 
 

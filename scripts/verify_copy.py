@@ -165,18 +165,22 @@ def load(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def differences(a, b, exact: bool, where: str = "") -> list[str]:
-    """Where two checkpoints' tensors (nested dicts and lists of them) differ."""
+def differences(a, b, exact: bool, where: str = "", tolerance: Optional[float] = None) -> list[str]:
+    """Where two checkpoints' tensors (nested dicts and lists of them) differ: exactly, or beyond float rounding
+    (tolerance: of each number's size, at least 1; else rtol 1e-4, atol 1e-5)."""
     if isinstance(a, dict) and isinstance(b, dict):
         if a.keys() != b.keys():
             return [f"{where or 'the checkpoint'} holds {sorted(map(str, a.keys() ^ b.keys()))} in one run only"]
-        return [d for key in a for d in differences(a[key], b[key], exact, f"{where}/{key}")]
+        return [d for key in a for d in differences(a[key], b[key], exact, f"{where}/{key}", tolerance)]
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, exact, f"{where}/{i}")]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, exact, f"{where}/{i}", tolerance)]
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        same = torch.equal(a, b) if exact else a.shape == b.shape and torch.allclose(
-            a.double(), b.double(), rtol=1e-4, atol=1e-5, equal_nan=True)
-        return [] if same else [where]
+        rtol, atol = (1e-4, 1e-5) if tolerance is None else (tolerance, tolerance)
+        same = torch.equal(a, b) if exact or not a.is_floating_point() else a.shape == b.shape and torch.allclose(
+            a.double(), b.double(), rtol=rtol, atol=atol, equal_nan=True)
+        if same or exact or a.shape != b.shape or not a.is_floating_point():
+            return [] if same else [where]
+        return [f"{where} (by {float((a.double() - b.double()).abs().nan_to_num().max()):.1e})"]
     return [] if a == b or (a != a and b != b) else [where]  # NaN != NaN: equal here
 
 
@@ -332,8 +336,10 @@ def main(argv=None) -> int:
         """The runs' flags on env, with the copy's --flags (or copys_flags)."""
         def argv_of(name: str, **overrides) -> list[str]:
             given = extra if copys_flags is None else copys_flags
-            return fast_args(env, name, num_envs=NUM_ENVS, total_timesteps=16 * NUM_ENVS * ITERATIONS,
-                             eval_freq=1, checkpoint_freq=1, **flags, **overrides) + given
+            # the checks read every iteration's checkpoint and evaluation: those flags last, over the copy's
+            return fast_args(env, name, num_envs=NUM_ENVS, total_timesteps=16 * NUM_ENVS * ITERATIONS, **flags,
+                             **overrides) + given + ["--eval_freq", "1", "--checkpoint_freq", "1",
+                                                     "--keep_checkpoints", "None"]
         return argv_of
 
     refused = flags_refused(module, argv_on(env_id)("first"))
@@ -346,14 +352,15 @@ def main(argv=None) -> int:
         results = run_jobs(jobs_of(str(copy), argv_on(env_id), wanted, has_seeds, work), work)
         runs = work / "runs"
         trained = (f"{ITERATIONS} iterations on {env_id}: the final checkpoint's numbers finite, the policy loss and "
-                   "KL not 0 in every update, every trainable parameter moved after iteration 1, the return moved")
+                   "KL not 0 in every update, every trainable parameter moved after iteration 1"
+                   + (", the return moved" if env_id == test_env else ""))
         first = results["first"]
         if first.returncode != 0:
             checks.add("trains", trained, [f"the run failed: {error_of(first)}"], "make a short run of the copy work")
             print(checks.table())
             return 1
         ckpt = load(runs / "first/final_ckpt.pt")
-        checks.add("trains", trained, not_learned(module, runs / "first", work),
+        checks.add("trains", trained, not_learned(module, runs / "first", work, returns_move=env_id == test_env),
                    "find where the loss or an update gives NaN or inf, or where the loss does not reach the "
                    "policy (a detach(), a parameter no optimizer steps)")
 
@@ -561,9 +568,11 @@ def resume_failures(copy: Path, results: dict, ckpt: dict, work: Path) -> list[s
     return failures
 
 
-def not_learned(module, run_dir: Path, work: Path) -> list[str]:
+def not_learned(module, run_dir: Path, work: Path, returns_move: bool) -> list[str]:
     """What says that a run of the copy did not learn: non-finite numbers, a policy loss or KL of 0 in every update,
-    a trainable parameter that never moved after iteration 1, an evaluation return that never moved."""
+    a trainable parameter that never moved after iteration 1, and where returns_move (the test env's, whose return
+    moves with any change of the policy; a user's env may hold it, as MountainCar's -200) an evaluation return that
+    never moved."""
     ckpt = load(run_dir / "final_ckpt.pt")
     found = [f"non-finite {key}" for key, value in ckpt["model"].items()
              if value.is_floating_point() and not torch.isfinite(value).all()]
@@ -584,7 +593,7 @@ def not_learned(module, run_dir: Path, work: Path) -> list[str]:
     found += [f"the parameter {name} never moved after iteration 1" for name in trainable
               if name in ckpt["model"] and torch.equal(ckpt["model"][name], after_first[name])]
     returns = [value for _, value in logs.get("eval/return", [])]
-    if len(set(returns)) == 1 and len(returns) > 1:
+    if returns_move and len(set(returns)) == 1 and len(returns) > 1:
         found.append(f"the evaluation's return is {returns[0]:.4g} at every iteration")
     return found
 
@@ -599,12 +608,12 @@ def seeds_tolerance(kind: str, argv_of, work: Path) -> tuple[Optional[float], st
     if any(result.returncode != 0 for result in results.values()):
         return None, f"rtol 1e-4, atol 1e-5 (the stock {kind}.py's runs failed there)"
     runs = stock_work / "runs"
-    rounding = max(float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+    rounding = max(float(((a.double() - b.double()).abs() / b.double().abs().clamp(min=1)).max()) if a.numel() else 0
                    for a, b in tensor_pairs(load(runs / "first/final_ckpt.pt")["model"],
                                             load(runs / "batch/batch__seed1/final_ckpt.pt")["model"]))
     tolerance = max(SEEDS_ROUNDING_FACTOR * rounding, SEEDS_ROUNDING_FLOOR)
-    return tolerance, (f"{tolerance:.1e} ({SEEDS_ROUNDING_FACTOR} times the {rounding:.1e} by which the stock "
-                       f"{kind}.py's first seed parts from its run alone there)")
+    return tolerance, (f"{tolerance:.1e} of each number's size, at least 1 ({SEEDS_ROUNDING_FACTOR} times the "
+                       f"{rounding:.1e} by which the stock {kind}.py's first seed parts from its run alone there)")
 
 
 def tensor_pairs(a: dict, b: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -616,17 +625,10 @@ def seeds_failures(results: dict, runs: Path, tolerance: Optional[float] = None)
     if batch.returncode != 0 or alone2.returncode != 0:
         return [f"--num_seeds 2 failed: {error_of(batch)}" if batch.returncode != 0 else
                 f"seed 2 alone failed: {error_of(alone2)}"]
-    found = []
-    for seed, alone in ((1, "first"), (2, "alone2")):
-        a = load(runs / alone / "final_ckpt.pt")["model"]
-        b = load(runs / f"batch/batch__seed{seed}/final_ckpt.pt")["model"]
-        if tolerance is None:
-            found += [f"seed {seed}: {d}" for d in differences(a, b, exact=False)]
-            continue
-        found += [f"seed {seed}: /{key} (by {gap:.1e})" for key in a if key in b and a[key].is_floating_point()
-                  and (gap := float((a[key].double() - b[key].double()).abs().max()) if a[key].numel() else 0.0)
-                  > tolerance]
-    return found
+    return [f"seed {seed}: {d}" for seed, alone in ((1, "first"), (2, "alone2"))
+            for d in differences(load(runs / alone / "final_ckpt.pt")["model"],
+                                 load(runs / f"batch/batch__seed{seed}/final_ckpt.pt")["model"], exact=False,
+                                 tolerance=tolerance)]
 
 
 if __name__ == "__main__":

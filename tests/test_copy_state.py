@@ -183,7 +183,7 @@ def test_state_outside_the_agent_is_refused(tmp_path, capfd, kind):
     module = import_copy(edited(edits, f"my_{kind}", tmp_path))
     line = refused_in_one_line(module, fast_args(ENV, "r", total_timesteps=64), tmp_path, capfd,
                                whole_process=False)
-    assert says in line and ("keep state that changes in the Agent" in line or "from a counter buffer" in line), line
+    assert says in line and ("keep state that changes in the Agent" in line or "schedule_learning_rate" in line), line
 
 
 def test_a_copy_without_a_flag_runs_or_names_the_line_that_reads_it(tmp_path, capfd):
@@ -335,8 +335,8 @@ def test_frozen_and_unused_parameters_under_num_seeds():
 # an Adam of the Agent's own over the actor and the head, stepped after each update.
 LOGSTD = "            self.actor_logstd = nn.Parameter(torch.ones(1, action_dim) * log_std_init)\n"
 PPG = ((LOGSTD, LOGSTD + "        self.aux_value = nn.Linear(action_dim, 1)\n"
-                         "        self.aux_optimizer = torch.optim.Adam([*self.actor.parameters(), "
-                         "*self.aux_value.parameters()], lr=1e-3)\n"),
+                         "        self.aux_parameters = [*self.actor.parameters(), *self.aux_value.parameters()]\n"
+                         "        self.aux_optimizer = torch.optim.Adam(self.aux_parameters, lr=1e-3)\n"),
        (RETURN, "    agent.aux_optimizer.zero_grad()\n"
                 "    aux_values = agent.aux_value(agent.actor(b_obs[..., :agent.obs_dim])).squeeze(-1)\n"
                 "    ((aux_values - b_returns) ** 2).mean(-1).sum().backward()\n"
@@ -346,7 +346,8 @@ PPG = ((LOGSTD, LOGSTD + "        self.aux_value = nn.Linear(action_dim, 1)\n"
 def test_an_own_optimizer_over_the_actor_leaves_ppo_training_it(tmp_path):
     """PPG's auxiliary Adam over the actor: PPO still trains the actor (non-zero policy loss and KL in every update,
     as an actor taken from PPO would not have), and the auxiliary phase steps it once an update, each seed of
-    --num_seeds as its run alone."""
+    --num_seeds as its run alone. A list of the Agent's own parameters (aux_parameters) is state checkpoints save:
+    not refused."""
     copy = str(edited(PPG, "my_ppg", tmp_path))
     results = run_scripts([(copy, fast_args(ENV, name, total_timesteps=32 * 3, **flags))
                            for name, flags in (("one", {}), ("two", {"num_seeds": 2}))], tmp_path)
@@ -358,3 +359,36 @@ def test_an_own_optimizer_over_the_actor_leaves_ppo_training_it(tmp_path):
         assert all(loss != 0 for _, loss in logged["losses/policy_loss"]), run
         aux = load(tmp_path / "runs" / run / "final_ckpt.pt")["optimizer"]["own_optimizers"]["aux_optimizer"]
         assert {float(state["step"]) for state in aux["state"].values()} == {3.0}, run
+
+
+# What is state or no state at all, and must not be refused: a function's cache filled on first call, an update that
+# writes into the rollout's tensors it is given (per seed)
+NOT_REFUSED = (
+    (CONSTANT, CONSTANT + "\n\ndef make_lazy_tanh():\n    made = None\n\n    def lazy_tanh(x):\n"
+               "        nonlocal made\n        if made is None:\n            made = torch.tanh\n"
+               "        return made(x)\n    return lazy_tanh\n\n\nlazy_tanh = make_lazy_tanh()\n"),
+    ("    b_action_masks = None if buf.action_masks is None else buf.rows(buf.action_masks)\n",
+     "    b_action_masks = None if buf.action_masks is None else buf.rows(buf.action_masks)\n"
+     "    returns.mul_(lazy_tanh(torch.tensor(1.0)))  # in place, into train()'s tensor\n"),
+)
+
+
+def test_a_cache_and_an_update_writing_its_inputs_are_not_refused(tmp_path):
+    copy = str(edited(NOT_REFUSED, "my_lazy", tmp_path))
+    results = run_scripts([(copy, fast_args(ENV, name, total_timesteps=32 * 2, **flags))
+                           for name, flags in (("one", {}), ("two", {"num_seeds": 2}))], tmp_path)
+    for result in results:
+        assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_an_optimizer_state_that_does_not_fit_is_one_error_line(monkeypatch):
+    """A copy's checkpoint from before PPO's optimizer held the own optimizers' parameters: its PPO group is one
+    parameter short, which torch refuses with a ValueError; --resume says so in one line."""
+    agent = WithOwnOptimizer()
+    optimizer = ppo.make_optimizer(agent, ppo.Args())
+    older = optimizer.state_dict()
+    older["param_groups"][0]["params"] = older["param_groups"][0]["params"][:-1]
+    monkeypatch.setattr(ppo, "load_weights", lambda *args: None)
+    with pytest.raises(ppo.UserError, match="optimizer state does not fit"):
+        ppo.load_states(agent, optimizer, None, None, {"optimizer": older, "global_step": 0, "iteration": 0},
+                        ppo.Args(), None)

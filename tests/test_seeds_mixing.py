@@ -33,6 +33,9 @@ MIXING = {
         ((INIT, INIT + "        self.projection = torch.randn(obs_dim, obs_dim)\n"),
          (ACTOR_OBS, ACTOR_OBS + "        actor_obs = actor_obs @ self.projection\n")),
         "Agent.projection"),
+    "one_statistic_for_all_seeds": (
+        ((RETURN, "    stats['mean_return'] = b_returns.mean()\n" + RETURN),),
+        "its result mean_return (shape (), not one value per seed)"),
     "linear_in_a_list": (
         ((INIT, INIT + "        self.extra = [nn.Linear(obs_dim, obs_dim)]\n"),
          (ACTOR_OBS, ACTOR_OBS + "        actor_obs = self.extra[0](actor_obs)\n")),
