@@ -1580,7 +1580,7 @@ GLOBAL_GENERATORS = {"python": "Python's", "numpy": "numpy's", "torch": "torch's
 # first_call_checked(): a seed's statistics may part from its own alone by ALONE_RTOL of their size and ALONE_ATOL
 # (the first minibatch's ratio error is rounding itself: 6e-6 seen); each tensor of its Agent by ALONE_CHANGE_RTOL of
 # the norm of its change. Float rounding parted them by 2.3e-5 (tanh networks) and 1e-2 (ppo_rgb.py's ReLU NatureCNN,
-# whose units rounding flips); a whole-tensor advantage normalization by 0.67.
+# whose units rounding flips); a whole-tensor advantage normalization by 0.67 (benchmarks/results/seeds_alone).
 ALONE_RTOL, ALONE_ATOL, ALONE_CHANGE_RTOL = 1e-3, 1e-4, 0.1
 
 
