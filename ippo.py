@@ -1274,13 +1274,14 @@ def stack_seeds(modules: list[nn.Module]) -> nn.Module:
     returned as it is."""
     if len(modules) == 1:
         return modules[0]
-    stacked, stacked_of = copy.deepcopy(modules[0]), {}
+    stacked, stacked_of, replaced = copy.deepcopy(modules[0]), {}, []
     for name, module in stacked.named_modules():
         seeds = [m.get_submodule(name) for m in modules]
         for key, parameter in module._parameters.items():
             module._parameters[key] = nn.Parameter(torch.stack([seed._parameters[key].detach() for seed in seeds]),
                                                    requires_grad=parameter.requires_grad)
             stacked_of[id(parameter)] = module._parameters[key]
+            replaced.append(parameter)  # alive until the end: no other object takes its id
         for key, buffer in module._buffers.items():
             if buffer is not None and (buffer.is_floating_point() or key not in module._non_persistent_buffers_set):
                 module._buffers[key] = torch.stack([seed._buffers[key] for seed in seeds])
@@ -1292,6 +1293,14 @@ def stack_seeds(modules: list[nn.Module]) -> nn.Module:
         elif type(module).__module__.startswith("torch.nn.") and module._parameters:
             module.__class__ = type(f"Seed{type(module).__name__}", (SeedEach, type(module)), {})
             module.one_seed = False
+    for module in stacked.modules():  # lists of parameters (an own phase's) hold the stacked ones, as optimizers do
+        for key, value in vars(module).items():
+            if key.startswith("_"):
+                continue
+            if isinstance(value, (list, tuple)) and any(id(item) in stacked_of for item in value):
+                setattr(module, key, type(value)(stacked_of.get(id(item), item) for item in value))
+            elif isinstance(value, dict) and any(id(item) in stacked_of for item in value.values()):
+                setattr(module, key, {k: stacked_of.get(id(item), item) for k, item in value.items()})
     for name, own in own_optimizers(stacked).items():  # fresh ones: no state yet, which would refer to parameters
         for group in own.param_groups:
             if any(id(p) not in stacked_of for p in group["params"]):
@@ -1607,7 +1616,7 @@ def cloned(x):
         return type(x)(cloned(item) for item in x)
     if isinstance(x, dict):
         return {key: cloned(value) for key, value in x.items()}
-    if hasattr(x, "rows"):  # a RolloutBuffer
+    if isinstance(x, RolloutBuffer):
         buffer = copy.copy(x)
         vars(buffer).update({key: cloned(value) for key, value in vars(x).items()})
         return buffer
@@ -1628,9 +1637,7 @@ def alone(x, i: int, part, agent: Agent, seed_agent: Agent, args: Args, optimize
     if isinstance(x, functools.partial):  # update_losses: ppo_loss bound to the Agent
         return functools.partial(x.func, *(alone(y, i, part, agent, seed_agent, args, optimizer_state)
                                            for y in x.args), **x.keywords)
-    if hasattr(x, "eager"):  # compiled (compile_unless_unavailable): the seed runs it eagerly
-        return alone(x.eager, i, part, agent, seed_agent, args, optimizer_state)
-    if hasattr(x, "rows"):  # a RolloutBuffer: its tensors (num_steps, seeds, ...)
+    if isinstance(x, RolloutBuffer):  # its tensors (num_steps, seeds, ...)
         buffer = copy.copy(x)
         for key, value in vars(x).items():
             setattr(buffer, key, rollout_part(value, i))
@@ -1653,12 +1660,16 @@ def differing(together, single, i: int, what: str, before=None) -> Optional[str]
     beyond float rounding: a name and both numbers; None where they agree. before: the seeds' state before, so that a
     change is compared to its size."""
     if isinstance(together, dict):
-        return next((found for key in together if (found := f"{what} {key} (alone: none)" if key not in single else
-                                                  differing(together[key], single[key], i, f"{what} {key}",
-                                                            None if before is None else before[key]))), None)
+        for key in together:
+            if key not in single:
+                return f"{what} {key} (alone: none)"
+            found = differing(together[key], single[key], i, f"{what} {key}", None if before is None else before[key])
+            if found:
+                return found
+        return None
     if isinstance(together, (tuple, list)):
-        return next((found for k, (a, b) in enumerate(zip(together, single))
-                     if (found := differing(a, b, i, f"{what}[{k}]"))), None)
+        found = (differing(a, b, i, f"{what}[{k}]") for k, (a, b) in enumerate(zip(together, single)))
+        return next(filter(None, found), None)
     if not isinstance(together, torch.Tensor):
         return None
     if together.dim() == 0 or not isinstance(single, (torch.Tensor, int, float)):  # one value for all seeds
@@ -1674,7 +1685,8 @@ def differing(together, single, i: int, what: str, before=None) -> Optional[str]
         return None
     # a tensor of the Agent: the norm of its change (a ReLU unit that rounding flips moves a few numbers far)
     change = b - before[i].double().cpu().reshape(b.shape) if before is not None else None
-    if change is not None and gap.norm() <= ALONE_CHANGE_RTOL * change.nan_to_num().norm() + 1e-6 * b.abs().amax():
+    unchanged = 1e-6 * b.abs().amax()  # a tensor the update left alone may part by rounding of its size
+    if change is not None and gap.norm() <= ALONE_CHANGE_RTOL * change.nan_to_num().norm() + unchanged:
         return None
     k = int(gap.flatten().argmax())
     return f"{what} ({a.flatten()[k].item():.6g} against {b.flatten()[k].item():.6g} alone)"
@@ -3962,10 +3974,10 @@ class UnsavedState:
 
     def values(self) -> dict:
         values = {f"args.{key}": value for key, value in vars(self.args).items()}
-        known = registered(self.agent)
+        known, seeds_generators = registered(self.agent), vars(self.agent).get("generators", [])  # checkpoints save
         for name, module in self.agent.named_modules(prefix=type(self.agent).__name__):
             values.update({f"{name}.{key}": fingerprint(value, known) for key, value in vars(module).items()
-                           if not key.startswith("_") and key not in ("training", "generators")})
+                           if not key.startswith("_") and key != "training" and value is not seeds_generators})
             if not isinstance(module, RewardNormalizer):  # its returns restart with the envs, as in a run alone
                 values.update({f"{name}.{key} (a buffer made persistent=False)": module._buffers[key]
                                for key in module._non_persistent_buffers_set if module._buffers.get(key) is not None})
@@ -4001,8 +4013,9 @@ class UnsavedState:
                           if hasattr(optimizer.step, "_wrapped_by_lr_sched")), None)
         if scheduled is not None:
             instead = ("change PPOOptimizer.schedule_learning_rate()" if scheduled == "the PPO optimizer" else
-                       "set its groups' lr from a counter buffer of the Agent (self.register_buffer('updates', "
-                       "torch.tensor(0)); under --num_seeds each seed's groups take that seed's value)")
+                       "set its groups' lr before each of its steps from a counter buffer of the Agent "
+                       "(self.register_buffer('updates', torch.tensor(0)); under --num_seeds each seed's groups take "
+                       "that seed's value)")
             raise UserError(f"a learning-rate scheduler steps {scheduled}: checkpoints do not save its state and "
                             f"--num_seeds would not split it; {instead} ({TRAINER}.py's docstring, 'A copy's "
                             "contract')")
@@ -4042,9 +4055,9 @@ def registered(agent: nn.Module) -> dict[int, str]:
 # Copied from ppo.py
 def fingerprint(value, known: Optional[dict[int, str]] = None, depth: int = 0):
     """value as data that same_data() compares: numbers, strings, tensors and arrays, containers of them; a random
-    generator as its state, a module as its state dict, an object of this file's classes (or a SimpleNamespace) as
-    its attributes; what known (registered()) holds as its name; anything else (a function, a file, an optimizer) as
-    its type's name."""
+    generator as its state, a module or an object with a state_dict() (a scheduler) as that, another object as its
+    attributes; what known (registered()) holds as its name; a function, class, module, optimizer or env as its
+    type's name."""
     if known is not None and id(value) in known:
         return f"<{known[id(value)]}>"
     if depth > 8:
@@ -4069,10 +4082,11 @@ def fingerprint(value, known: Optional[dict[int, str]] = None, depth: int = 0):
         return value.get_state()
     if isinstance(value, nn.Module):
         return dict(value.state_dict())
-    if (type(value).__module__ == __name__ and not isinstance(value, (type, torch.optim.Optimizer))
-            or isinstance(value, types.SimpleNamespace)) and hasattr(value, "__dict__"):
-        return {"<type>": type(value).__qualname__, **fingerprint(vars(value), known, depth + 1)}
-    return f"<{type(value).__qualname__}>"
+    if isinstance(value, (type, types.ModuleType, torch.optim.Optimizer, gym.Env, gym.vector.VectorEnv)) or (
+            inspect.isroutine(value) or not hasattr(value, "__dict__")):  # an optimizer's state: checkpoints save it
+        return f"<{type(value).__qualname__}>"
+    saved = value.state_dict() if callable(getattr(value, "state_dict", None)) else vars(value)  # a scheduler's too
+    return {"<type>": type(value).__qualname__, **fingerprint(saved, known, depth + 1)}
 
 
 # Copied from ppo.py
@@ -4217,7 +4231,6 @@ def compile_unless_unavailable(fn, enabled: bool):
                 print(f"\nwarning: --compile: torch.compile failed ({reason}); running eagerly", file=sys.stderr)
                 compiled = fn
         return fn(*args, **kwargs)
-    call.eager = fn
     return call
 
 

@@ -336,10 +336,16 @@ def main(argv=None) -> int:
         """The runs' flags on env, with the copy's --flags (or copys_flags)."""
         def argv_of(name: str, **overrides) -> list[str]:
             given = extra if copys_flags is None else copys_flags
+            argv = fast_args(env, name, num_envs=NUM_ENVS, **flags, **overrides) + given
+            with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+                try:  # a batch of the copy's --num_envs and --num_steps where --flags give them
+                    parsed = module.parse_args(argv)
+                    batch = parsed.num_envs * parsed.num_steps
+                except (SystemExit, Exception):  # flags_refused() says why, in one line
+                    batch = NUM_ENVS * 16
             # the checks read every iteration's checkpoint and evaluation: those flags last, over the copy's
-            return fast_args(env, name, num_envs=NUM_ENVS, total_timesteps=16 * NUM_ENVS * ITERATIONS, **flags,
-                             **overrides) + given + ["--eval_freq", "1", "--checkpoint_freq", "1",
-                                                     "--keep_checkpoints", "None"]
+            return argv + ["--total_timesteps", str(ITERATIONS * batch), "--eval_freq", "1", "--checkpoint_freq", "1",
+                           "--keep_checkpoints", "None"]
         return argv_of
 
     refused = flags_refused(module, argv_on(env_id)("first"))
@@ -381,7 +387,7 @@ def main(argv=None) -> int:
                 like = test_env_like(kind, test_env, ckpt)
                 if env_id != like and numeric(failures):
                     failures, how = second_opinion(check, copy, kind, env_id, like, argv_on, extra, work, failures,
-                                                   how)
+                                                   how, tolerance)
                 # a run that failed says in its error line what to change; the rule is for numbers that differ
                 checks.add(check, how, failures, FIXES[check] if numeric(failures) or check == "resume" else "")
         if "seeds" in wanted and not has_seeds:
@@ -452,18 +458,19 @@ def failures_of(check: str, script: Path, results: dict, work: Path, tolerance: 
 
 
 def second_opinion(check: str, copy: Path, kind: str, env_id: str, test_env: str, argv_on, extra: list[str],
-                   work: Path, failures: list[str], how: str) -> tuple[list[str], str]:
+                   work: Path, failures: list[str], how: str, tolerance: Optional[float]) -> tuple[list[str], str]:
     """A check that the copy's numbers failed on the user's env, where the stock trainer's numbers may fail it too (an
     env whose episodes do not restart alike after a resume, a discrete action that float rounding flips): then the env
     is the cause, and the copy is checked on the test env of the same action space instead. The stock trainer runs
-    with those of the copy's flags that it has; where it fails otherwise than in its numbers, it gives no opinion."""
+    with those of the copy's flags that it has; where it fails otherwise than in its numbers, it gives no opinion.
+    tolerance: the seeds check's on the user's env; on the test env, its own (seeds_tolerance())."""
     stock, stock_work = REPO / f"{kind}.py", work / f"stock_{check}"
     taken = stock_flags(kind, extra, argv_on, env_id)
     stock_results = run_jobs(jobs_of(str(stock), argv_on(env_id, copys_flags=taken), {check}, True, stock_work),
                              stock_work)
     if check == "resume":
         stock_results.update(resume_runs(str(stock), argv_on(env_id, copys_flags=taken), stock_work))
-    stock_failures = failures_of(check, stock, stock_results, stock_work)
+    stock_failures = failures_of(check, stock, stock_results, stock_work, tolerance)
     if not stock_failures:
         return failures, how + f" (the stock {kind}.py holds there)"
     if not numeric(stock_failures):
@@ -472,7 +479,9 @@ def second_opinion(check: str, copy: Path, kind: str, env_id: str, test_env: str
     results = run_jobs(jobs_of(str(copy), argv_on(test_env), {check}, True, test_work), test_work)
     if check == "resume":
         results.update(resume_runs(str(copy), argv_on(test_env), test_work))
-    return failures_of(check, copy, results, test_work), (
+    if check == "seeds":
+        tolerance, _ = seeds_tolerance(kind, argv_on(test_env, copys_flags=taken), test_work)
+    return failures_of(check, copy, results, test_work, tolerance), (
         HOW[check] + f", on {test_env}: on {env_id} the stock {kind}.py's runs fail it too")
 
 
@@ -570,9 +579,9 @@ def resume_failures(copy: Path, results: dict, ckpt: dict, work: Path) -> list[s
 
 def not_learned(module, run_dir: Path, work: Path, returns_move: bool) -> list[str]:
     """What says that a run of the copy did not learn: non-finite numbers, a policy loss or KL of 0 in every update,
-    a trainable parameter that never moved after iteration 1, and where returns_move (the test env's, whose return
-    moves with any change of the policy; a user's env may hold it, as MountainCar's -200) an evaluation return that
-    never moved."""
+    a trainable parameter that never moved after iteration 1 (but one that an own optimizer alone steps), and where
+    returns_move (the test env's, whose return moves with any change of the policy; a user's env may hold it, as
+    MountainCar's -200) an evaluation return that never moved."""
     ckpt = load(run_dir / "final_ckpt.pt")
     found = [f"non-finite {key}" for key, value in ckpt["model"].items()
              if value.is_floating_point() and not torch.isfinite(value).all()]
@@ -586,9 +595,16 @@ def not_learned(module, run_dir: Path, work: Path, returns_move: bool) -> list[s
     maniskill, _ = module.find_env(args.env_id)  # imports the env's module, as the run did
     envs = module.make_envs(args, maniskill, torch.device("cpu"), evaluation=True, run_dir=work, num_eval_steps=16)
     try:
-        trainable = [name for name, p in module.make_agent(args, envs).named_parameters() if p.requires_grad]
+        agent = module.make_agent(args, envs)
     finally:
         envs.close()
+    # an own optimizer's parameters that PPO's loss does not reach (PPG's auxiliary head) may move in a phase rarer
+    # than the run's iterations
+    ppo_stepped = set(ckpt["optimizer"]["state"])
+    own_only = {id(p) for optimizer in module.own_optimizers(agent).values() for group in optimizer.param_groups
+                for p in group["params"]} - {id(p) for i, p in enumerate(module.ppo_parameters(agent))
+                                             if i in ppo_stepped}
+    trainable = [name for name, p in agent.named_parameters() if p.requires_grad and id(p) not in own_only]
     after_first = load(run_dir / "ckpt_1.pt")["model"]
     found += [f"the parameter {name} never moved after iteration 1" for name in trainable
               if name in ckpt["model"] and torch.equal(ckpt["model"][name], after_first[name])]

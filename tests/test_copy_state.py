@@ -162,6 +162,17 @@ NOT_STATE = {
                                                  "        AUX_OPTIMIZER = torch.optim.Adam(agent.critic.parameters())\n"
                                          + RETURN)),
                                        "the module variable AUX_OPTIMIZER changed during training"),
+    # another library's objects: by their attributes (an intrinsic reward's running std), or their state_dict()
+    "library_object": (((INIT, INIT + "        self.bonus_std = gym.wrappers.utils.RunningMeanStd(shape=())\n"),
+                        (RETURN, "    agent.bonus_std.update(b_returns.detach().cpu().numpy().reshape(-1))\n"
+                                 + RETURN)),
+                       "Agent.bonus_std changed during training"),
+    "plateau_scheduler": (((INIT, INIT + "        self.ent_coef = nn.Parameter(torch.tensor(0.0))\n"
+                                         "        self.ent_coef_optimizer = torch.optim.SGD([self.ent_coef], lr=1e-3)\n"
+                                         "        self.plateau = torch.optim.lr_scheduler.ReduceLROnPlateau("
+                                         "self.ent_coef_optimizer)\n"),
+                           (RETURN, "    agent.plateau.step(float(stats['losses/value_loss'].mean()))\n" + RETURN)),
+                          "Agent.plateau changed during training"),
     "scheduler_in_train": ((("    optimizer = make_optimizer(agent, args)\n",
                              "    optimizer = make_optimizer(agent, args)\n"
                              "    scheduler = torch.optim.lr_scheduler.LinearLR(optimizer)  # noqa: F841\n"),),
@@ -340,14 +351,15 @@ PPG = ((LOGSTD, LOGSTD + "        self.aux_value = nn.Linear(action_dim, 1)\n"
        (RETURN, "    agent.aux_optimizer.zero_grad()\n"
                 "    aux_values = agent.aux_value(agent.actor(b_obs[..., :agent.obs_dim])).squeeze(-1)\n"
                 "    ((aux_values - b_returns) ** 2).mean(-1).sum().backward()\n"
+                "    assert all(p.grad is not None for p in agent.aux_parameters)  # the Agent's, stacked too\n"
                 "    agent.aux_optimizer.step()\n" + RETURN))
 
 
 def test_an_own_optimizer_over_the_actor_leaves_ppo_training_it(tmp_path):
-    """PPG's auxiliary Adam over the actor: PPO still trains the actor (non-zero policy loss and KL in every update,
-    as an actor taken from PPO would not have), and the auxiliary phase steps it once an update, each seed of
-    --num_seeds as its run alone. A list of the Agent's own parameters (aux_parameters) is state checkpoints save:
-    not refused."""
+    """PPG's auxiliary Adam over the actor: PPO still trains the actor (PPO's Adam holds moments of the actor's every
+    parameter; the policy loss and KL are non-zero in every update), and the auxiliary phase steps it once an update,
+    each seed of --num_seeds as its run alone. A list of the Agent's own parameters (aux_parameters) is state
+    checkpoints save, not refused, and under --num_seeds holds the stacked parameters the seeds train."""
     copy = str(edited(PPG, "my_ppg", tmp_path))
     results = run_scripts([(copy, fast_args(ENV, name, total_timesteps=32 * 3, **flags))
                            for name, flags in (("one", {}), ("two", {"num_seeds": 2}))], tmp_path)
@@ -357,8 +369,12 @@ def test_an_own_optimizer_over_the_actor_leaves_ppo_training_it(tmp_path):
         logged = scalars(tmp_path / "runs" / run)
         assert all(kl > 0 for _, kl in logged["losses/approx_kl"]), run
         assert all(loss != 0 for _, loss in logged["losses/policy_loss"]), run
-        aux = load(tmp_path / "runs" / run / "final_ckpt.pt")["optimizer"]["own_optimizers"]["aux_optimizer"]
+        checkpoint = load(tmp_path / "runs" / run / "final_ckpt.pt")
+        aux = checkpoint["optimizer"]["own_optimizers"]["aux_optimizer"]
         assert {float(state["step"]) for state in aux["state"].values()} == {3.0}, run
+        ppo_state = checkpoint["optimizer"]["state"].values()  # aux_value alone is out of PPO's loss
+        trained = [key for key in checkpoint["model"] if key.startswith(("critic.", "actor.", "actor_logstd"))]
+        assert len(ppo_state) == len(trained) and all(state["exp_avg"].abs().sum() > 0 for state in ppo_state), run
 
 
 # What is state or no state at all, and must not be refused: a function's cache filled on first call, an update that

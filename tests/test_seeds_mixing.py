@@ -1,7 +1,8 @@
 """Under --num_seeds, code written the usual way for one seed that would make a seed part from its run alone stops
-the run in its first iteration with one error line naming where and the rule (ppo.py's first_call_checked() and
-stack_seeds()): whole-tensor reductions, draws from Python's, numpy's or torch's global generator, state outside the
-Agent's parameters, buffers and registered modules. The unchanged trainer passes the same check (test_seeds.py)."""
+the run at its start or in its first iteration with one error line naming where and the rule (ppo.py's
+first_call_checked() and refuse_unregistered_state()): whole-tensor reductions, draws from Python's, numpy's or torch's
+global generator, state outside the Agent's parameters, buffers and registered modules. The unchanged trainer passes
+the same check (test_seeds.py)."""
 
 import pytest
 
@@ -47,7 +48,7 @@ MIXING = {
 def test_what_mixes_seeds_stops_the_first_iteration_in_one_line(tmp_path, capfd, kind):
     edits, says = MIXING[kind]
     module = import_copy(edited(edits, f"my_{kind}", tmp_path))
-    line = refused_in_one_line(module, fast_args(ENV, "r", num_seeds=2, total_timesteps=64 * 4), tmp_path, capfd,
-                               whole_process=False)
+    line = refused_in_one_line(module, fast_args(ENV, "r", num_seeds=2, total_timesteps=64 * 4, checkpoint_freq=1),
+                               tmp_path, capfd, whole_process=False)
     assert says in line, line
-    assert not (tmp_path / "runs/r/r__seed1/ckpt_2.pt").exists()  # the first iteration: before any checkpoint
+    assert not list(tmp_path.rglob("ckpt_*.pt"))  # ckpt_1.pt ends the first iteration

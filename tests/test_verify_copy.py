@@ -191,6 +191,33 @@ def test_the_stock_trainers_copies_keep_the_contract(tmp_path, trainer):
     assert set(found) == {"trains", *checks} and f"my_{trainer}.py ({trainer}.py's copy)" in result.stdout
 
 
+# PPG's auxiliary phase as the contract says to write it, every 32 iterations (PPG's default): in the check's runs of
+# 8 iterations it runs in the first alone, so its head moves then alone
+RARE_PHASE = [
+    (LOGSTD, LOGSTD + "        self.aux_value = nn.Linear(action_dim, 1)\n"
+                      "        self.aux_optimizer = torch.optim.Adam([*self.actor.parameters(), "
+                      "*self.aux_value.parameters()], lr=1e-3)\n"
+                      "        self.register_buffer('updates', torch.tensor(0))\n"),
+    ("    return {**stats, **optimizer.stats()}\n",
+     "    if int(agent.updates) % 32 == 0:\n"
+     "        agent.aux_optimizer.zero_grad()\n"
+     "        aux_values = agent.aux_value(agent.actor(b_obs[..., :agent.obs_dim])).squeeze(-1)\n"
+     "        ((aux_values - b_returns) ** 2).mean(-1).sum().backward()\n"
+     "        agent.aux_optimizer.step()\n"
+     "    agent.updates += 1\n"
+     "    return {**stats, **optimizer.stats()}\n"),
+]
+
+
+def test_an_own_phase_rarer_than_the_runs_is_no_false_verdict(tmp_path):
+    source = (REPO / "ppo.py").read_text()
+    for old, new in RARE_PHASE:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    result = verify(tmp_path, source, "my_ppg", ["trains"])
+    assert result.returncode == 0 and rows(result.stdout)["trains"][0] == "holds", result.stdout + result.stderr[-3000:]
+
+
 def test_a_file_that_is_no_module_is_refused_in_one_line(tmp_path):
     result = run_python([str(REPO / "scripts/verify_copy.py"), str(tmp_path / "my-idea.py")], tmp_path)
     assert result.returncode == 2 and result.stderr.startswith("error:") and result.stderr.count("\n") == 1
