@@ -21,6 +21,9 @@ from tests.test_reliability import run_torchrun
 from tests.util import (REPO, fast_args, load, refused_in_one_line, run_script, runs_ahead, scalars,
                         sigterm_beside_full_run)
 
+# its runs_ahead runs start once: its tests run in one worker under pytest-xdist's --dist loadgroup
+pytestmark = pytest.mark.xdist_group("test_action_masks")
+
 LEARN = dict(total_timesteps=2048, update_epochs=4, eval_freq=16, num_eval_envs=2)
 # (trainer, env, its best return, the least a trained policy gets, None where 2,048 steps teach too little to tell);
 # random play among the allowed actions gets 8 of MaskedChoice's 16 and about 21 of MaskedTargets' 48. ippo.py's Meet

@@ -15,6 +15,9 @@ import torch
 
 from tests.util import REPO, load, run_python, runs_ahead, script_env
 
+# its runs_ahead runs start once: its tests run in one worker under pytest-xdist's --dist loadgroup
+pytestmark = pytest.mark.xdist_group("test_benchmarks")
+
 
 def run(command: list[str], cwd, extra_env: dict | None = None) -> subprocess.CompletedProcess:
     env = {**script_env(), **(extra_env or {})}

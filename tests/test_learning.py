@@ -8,8 +8,13 @@ seeds 1-3 (Pendulum: -174 to -285); each test runs seed 1. CartPole's threshold,
 22), leaves room for what another CPU or BLAS build changes: seeds 1-10 all ended at 500 on 2026-11-25.
 """
 
+import pytest
+
 from benchmarks.rnn_pomdp import TASKS
 from tests.util import run_script, runs_ahead, scalars
+
+# its runs_ahead runs start once: its tests run in one worker under pytest-xdist's --dist loadgroup
+pytestmark = pytest.mark.xdist_group("test_learning")
 
 CARTPOLE = ("--env_id CartPole-v1 --num_envs 4 --num_steps 128 --num_minibatches 4 --update_epochs 4 --gamma 0.99 "
             "--gae_lambda 0.95 --learning_rate 2e-3 --lr_schedule linear --target_kl None --total_timesteps 15360 "

@@ -16,6 +16,9 @@ from tests.test_learning import CARTPOLE
 from tests.util import (REPO, fast_args, load, refused_in_one_line, run_python, run_script, runs_ahead, scalars,
                         script_env, start_python, start_script, wait_for)
 
+# its runs_ahead runs start once: its tests run in one worker under pytest-xdist's --dist loadgroup
+pytestmark = pytest.mark.xdist_group("test_reliability")
+
 TRAINERS = ["ppo", "ppo_rnn", "ippo"]
 # Checkpoint retention, kills and torn writes: ppo.py's write_checkpoint, open_run and save_checkpoint, marked copies
 # in ppo_rnn.py and ppo_rgb.py (scripts/check_copies.py), and ippo.py's own open_run and checkpoint_states.

@@ -21,6 +21,9 @@ optuna = pytest.importorskip("optuna")
 sys.path.insert(0, str(REPO / "scripts"))
 import tune  # noqa: E402
 
+# its PostgreSQL server starts once: its tests run in one worker under pytest-xdist's --dist loadgroup
+pytestmark = pytest.mark.xdist_group("test_tune")
+
 STAND_IN = str(REPO / "tests/tune_trainer.py")
 BEST_COMMAND = "The best trial's command (from the directory tune.py ran in):\n\n    "
 
