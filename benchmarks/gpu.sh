@@ -112,7 +112,8 @@ learner() {  # NAME SECONDS EVAL_SECONDS COMMAND...: a training run in runs/gpu_
   part "export_$name" "$eval_seconds" "$PYTHON" "$repo/ppo_eval.py" "runs/gpu_$name" \
     --export="runs/gpu_$name/policy.pt2"
 }
-cores=$(nproc)
+# the cores this process may use (nproc alone gives OMP_NUM_THREADS where it is set, as the tests set it)
+cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 parallel=()  # the GPU tests side by side where pytest-xdist is installed: a GPU machine has the cores
 "$PYTHON" -c 'import xdist' 2>/dev/null && parallel=(-n 8)
 small=(--num_envs=8 --num_steps=64 --num_minibatches=4 --total_timesteps=20480 --eval_freq=10 --num_eval_envs=4

@@ -39,7 +39,7 @@ metrics=(charts/episodic_return eval/return charts/SPS)
 mkdir -p "$out"
 "$python" "$repo/scripts/plot.py" "${runs[@]}" --metrics "${metrics[@]:0:2}" --out "$out" >/dev/null
 {
-  echo "ppo_rgb.py on $env_id, $(date -u +%Y-%m-%d), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), one run at a time"
+  echo "ppo_rgb.py on $env_id, $(date -u +%Y-%m-%d), $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), one run at a time"
   echo "seeds: $seeds; command: ppo_rgb.py ${settings[*]} --total_timesteps $steps --seed <seed>"
   echo "charts/episodic_return: the mean return of the training episodes that ended in the last iteration"
   echo

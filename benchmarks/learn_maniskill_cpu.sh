@@ -46,7 +46,7 @@ done
 mkdir -p "$out"
 "$python" "$repo/scripts/plot.py" "${runs[@]}" --metrics eval/success_once eval/return --out "$out" >/dev/null
 {
-  echo "$trainer.py on $env_id (CPU simulation), $(date -u +%Y-%m-%d), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), one run at a time"
+  echo "$trainer.py on $env_id (CPU simulation), $(date -u +%Y-%m-%d), $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), one run at a time"
   echo "seeds: $seeds; command: $trainer.py ${settings[*]} --total_timesteps $steps --seed <seed>"
   echo "eval/success_once: the share of the 4 evaluation episodes that succeeded at some step, at the last evaluation"
   echo

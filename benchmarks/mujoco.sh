@@ -79,7 +79,7 @@ done
 {
   way="$jobs seed(s) at a time each"
   [ "$one_process" = 1 ] && way="each task's seeds in one process (--num_seeds)"
-  echo "ppo.py on MuJoCo v5, $(date -u +%Y-%m-%d), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), the tasks side by side, $way"
+  echo "ppo.py on MuJoCo v5, $(date -u +%Y-%m-%d), $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), the tasks side by side, $way"
   echo "seeds: $seeds; command: TASKS=\"${tasks[*]}\" ONE_PROCESS=$one_process bash benchmarks/mujoco.sh $steps \"$seeds\" $jobs, i.e. ppo.py ${common[*]} --total_timesteps $steps --env_id <task> and"
   for task in "${tasks[@]}"; do
     echo "- $task: $(settings_of "$task")"
