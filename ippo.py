@@ -3974,7 +3974,8 @@ class UnsavedState:
 
     def values(self) -> dict:
         values = {f"args.{key}": value for key, value in vars(self.args).items()}
-        known, seeds_generators = registered(self.agent), vars(self.agent).get("generators", [])  # checkpoints save
+        # the seeds' generators (--num_seeds) are the run's: checkpoints save their states
+        known, seeds_generators = registered(self.agent), vars(self.agent).get("generators", [])
         for name, module in self.agent.named_modules(prefix=type(self.agent).__name__):
             values.update({f"{name}.{key}": fingerprint(value, known) for key, value in vars(module).items()
                            if not key.startswith("_") and key != "training" and value is not seeds_generators})
