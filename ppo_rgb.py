@@ -1336,6 +1336,8 @@ def stack_seeds(modules: list[nn.Module]) -> nn.Module:
     for name, module in stacked.named_modules():
         seeds = [m.get_submodule(name) for m in modules]
         for key, parameter in module._parameters.items():
+            if parameter is None:  # a layer built without it (nn.LayerNorm(elementwise_affine=False))
+                continue
             module._parameters[key] = nn.Parameter(torch.stack([seed._parameters[key].detach() for seed in seeds]),
                                                    requires_grad=parameter.requires_grad)
             stacked_of[id(parameter)] = module._parameters[key]
@@ -1348,7 +1350,7 @@ def stack_seeds(modules: list[nn.Module]) -> nn.Module:
         elif type(module) in (nn.LSTM, nn.GRU) and module.batch_first and module.bias and not module.bidirectional \
                 and not module.dropout and not getattr(module, "proj_size", 0):
             module.__class__ = type(f"Seed{type(module).__name__}", (SeedRNN, type(module)), {})
-        elif type(module).__module__.startswith("torch.nn.") and module._parameters:
+        elif type(module).__module__.startswith("torch.nn.") and any(map(torch.is_tensor, module._parameters.values())):
             module.__class__ = type(f"Seed{type(module).__name__}", (SeedEach, type(module)), {})
             module.one_seed = False
     for module in stacked.modules():  # lists of parameters (an own phase's) hold the stacked ones, as optimizers do
@@ -1719,7 +1721,9 @@ def differing(together, single, i: int, what: str, before=None) -> Optional[str]
     change is compared to its size."""
     if isinstance(together, dict):
         for key in together:
-            if key not in single:
+            if key not in single:  # a statistic of the steps that the seed's run alone, stopped before any, never took
+                if isinstance(together[key], torch.Tensor) and together[key].dim() and together[key][i].isnan().all():
+                    continue
                 return f"{what} {key} (alone: none)"
             found = differing(together[key], single[key], i, f"{what} {key}", None if before is None else before[key])
             if found:

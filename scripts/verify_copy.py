@@ -233,6 +233,19 @@ def import_copy(path: Path):
     return module
 
 
+def own_flags(argv: list[str], module) -> list[str]:
+    """argv without the flags (and their values) that the copy's Args lacks: the runs' settings of a flag the copy
+    removed (a recipe of n-step advantages has no --gae_lambda)."""
+    fields, kept, keep = module.Args.__dataclass_fields__, [], True
+    for token in argv:
+        if token.startswith("--"):
+            name = token[2:].split("=")[0]
+            keep = name in fields or (name.startswith("no_") and name[3:] in fields)
+        if keep:
+            kept.append(token)
+    return kept
+
+
 def kind_of(module) -> str:
     fields = module.Args.__dataclass_fields__
     return next(kind for kind, (field, _, _) in KINDS.items() if field in fields or kind == "ppo")
@@ -336,7 +349,7 @@ def main(argv=None) -> int:
         """The runs' flags on env, with the copy's --flags (or copys_flags)."""
         def argv_of(name: str, **overrides) -> list[str]:
             given = extra if copys_flags is None else copys_flags
-            argv = fast_args(env, name, num_envs=NUM_ENVS, **flags, **overrides) + given
+            argv = own_flags(fast_args(env, name, num_envs=NUM_ENVS, **flags, **overrides), module) + given
             with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
                 try:  # a batch of the copy's --num_envs and --num_steps where --flags give them
                     parsed = module.parse_args(argv)
