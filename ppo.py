@@ -19,7 +19,10 @@ A copy's contract (python scripts/verify_copy.py my_idea.py checks it in short r
 - Where: the loss, ppo_loss(); advantages, compute_advantages() (bootstrapping at episode ends: rollout()); the
   network and the distribution, Agent (get_action(deterministic=True) is what evaluation and export act with); what
   the envs receive, env_action(); the step, the early stop and the learning rate, PPOOptimizer; what is logged, the
-  statistics update() returns.
+  statistics update() returns. A worked example of each kind, a patch onto this file (docs/recipes.md): the loss,
+  recipes/dual_clip.patch; the distribution in the update, rpo; advantages, nstep; the network, simba; a coefficient
+  with an optimizer of its own, learned_entropy; an auxiliary loss on shared features, aux_head; a phase of its own
+  over data kept across iterations, ppg; an intrinsic reward with a second critic, rnd.
 - Shapes: rollout tensors are (num_steps, num_envs, ...), the env's action masks among them (buf.action_masks, None
   where it gives none); update() takes rows (num_steps * num_envs, ...) and ppo_loss() reduces each term over them,
   the last dimension (.mean(-1)), never the whole tensor: under --num_seeds N every tensor has a leading seed

@@ -16,11 +16,13 @@ import builtins
 import contextlib
 import importlib
 import importlib.metadata
+import importlib.util
 import io
 import json
 import re
 import runpy
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -88,7 +90,22 @@ def runtime_only(dev_only: dict[str, str], extras: list[str]):
 
 def trainer(program: str):
     name = Path(program).stem
+    if recipe_of(program) is not None:  # my_rpo.py: ppo.py with recipes/rpo.patch applied, as docs/recipes.md makes it
+        if name not in sys.modules:
+            recipes = runpy.run_path(str(REPO / "scripts/recipes.py"))
+            copy = Path(tempfile.mkdtemp()) / f"{name}.py"
+            copy.write_text(recipes["apply"]((REPO / "ppo.py").read_text(), recipe_of(program)))
+            spec = importlib.util.spec_from_file_location(name, copy)
+            sys.modules[name] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(sys.modules[name])
+        return sys.modules[name]
     return importlib.import_module(name if name in TRAINERS or name == "ppo_eval" else "ppo")  # my_idea.py: ppo's copy
+
+
+def recipe_of(program: str) -> Path | None:
+    """The recipe whose copy program is (my_rpo.py: recipes/rpo.patch), or None."""
+    recipe = REPO / "recipes" / f"{Path(program).stem.removeprefix('my_')}.patch"
+    return recipe if Path(program).name.startswith("my_") and recipe.is_file() else None
 
 
 def smoke_argv(module, args, argv: list[str]) -> list[str]:

@@ -94,6 +94,11 @@ def tuning(directory):
                 "FINAL": "4096", "CONFIRM": "2"})
 
 
+def recipes(directory):
+    return run(["bash", str(REPO / "benchmarks/recipes.sh"), "exploration"], directory,
+               {"OUT": str(directory / "out"), "PYTHON": sys.executable, "STEPS": "2048", "SEEDS": "1 2"})
+
+
 def throughput(directory):
     return run([sys.executable, str(REPO / "benchmarks/throughput.py"), "--runs", "PushCube-v1:1", "Pendulum-v1:2",
                 "--steps", "20", "--iterations", "2"], directory)
@@ -108,12 +113,26 @@ ahead = runs_ahead({job.__name__: ((test,), job) for job, test in [
     (mujoco, "test_mujoco_benchmark_writes_its_table_and_plots"),
     (multi_agent, "test_multi_agent_benchmark_writes_its_table_and_plots"),
     (throughput, "test_throughput_benchmark_prints_its_table"),
+    (recipes, "test_recipes_benchmark_writes_its_table_and_plots"),
     (atari_speed, "test_atari_speed_benchmark_prints_its_table"),
     (recurrent, "test_recurrent_benchmark_writes_its_table_and_plots"),
     (mpe_spread, "test_mpe_spread_benchmark_writes_its_table_and_plot"),
     (taxi_masks, "test_taxi_masks_benchmark_writes_its_table"),
     (tuning, "test_tuning_benchmark_writes_its_results_and_plots"),
 ]})
+
+
+def test_recipes_benchmark_writes_its_table_and_plots(ahead):
+    directory, result = ahead["recipes"]
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = (directory / "out/table.md").read_text().splitlines()
+    assert table[1].startswith('seeds: 1 2; command: TASKS="MountainCar-v0" bash benchmarks/recipes.sh exploration')
+    assert [row.split(" | ")[:2] for row in table[6:]] == [
+        [f"| recipes_exploration_MountainCar-v0_{variant}__seeds1-2", "2"] for variant in ("ppo", "rnd")]
+    assert (directory / "out/MountainCar-v0/eval_return.png").stat().st_size > 10_000
+    ckpt = load(directory / "runs/recipes_exploration_MountainCar-v0_rnd__seeds1-2"
+                / "recipes_exploration_MountainCar-v0_rnd__seeds1-2__seed2/final_ckpt.pt")
+    assert "rnd_predictor.0.weight" in ckpt["model"] and ckpt["global_step"] == 2048  # the recipe's copy trained
 
 
 def test_mujoco_benchmark_writes_its_table_and_plots(ahead):

@@ -257,7 +257,7 @@ def plan(c: Command, fixtures: dict[str, str]) -> dict | None:
     if tokens[0] != "python" or len(tokens) < 2 or tokens[1] == "-m":
         return None
     program, argv = tokens[1], tokens[2:]
-    if program in TRAINERS:
+    if program in TRAINERS or (program.startswith("my_") and (REPO / "recipes" / f"{program[3:-3]}.patch").is_file()):
         return trainer_plan(c, program, argv, fixtures)
     if program == "ppo_eval.py" and c.recorded:
         return dict(program=program, argv=argv, mode="parse_eval", extras=[DEV])
