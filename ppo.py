@@ -18,11 +18,12 @@ my_idea.py) is a trainer of its own: runs/ENV__my_idea__SEED__TIME, its own resu
 A copy's contract (python scripts/verify_copy.py my_idea.py checks it in short runs):
 - Where: the loss, ppo_loss(); advantages, compute_advantages() (bootstrapping at episode ends: rollout()); the
   network and the distribution, Agent (get_action(deterministic=True) is what evaluation and export act with); what
-  the envs receive, env_action(); the step, the early stop and the learning rate, PPOOptimizer; what is logged, the
-  statistics update() returns. A worked example of each kind, a patch onto this file (docs/recipes.md): the loss,
-  recipes/dual_clip.patch; the distribution in the update, rpo; advantages, nstep; the network, simba; a coefficient
-  with an optimizer of its own, learned_entropy; an auxiliary loss on shared features, aux_head; a phase of its own
-  over data kept across iterations, ppg; an intrinsic reward with a second critic, rnd.
+  the envs receive, env_action(); what a step records, RolloutBuffer filled in rollout() (final_obs: the observation
+  an episode ended on, before the next one's first); the step, the early stop and the learning rate, PPOOptimizer;
+  what is logged, the statistics update() returns. A worked example of each kind, a patch onto this file
+  (docs/recipes.md): the loss, recipes/dual_clip.patch; the distribution in the update, rpo; advantages, nstep; the
+  network, simba; a coefficient with an optimizer of its own, learned_entropy; an auxiliary loss on shared features,
+  aux_head; a phase of its own over data kept across iterations, ppg; an intrinsic reward with a second critic, rnd.
 - Shapes: rollout tensors are (num_steps, num_envs, ...), the env's action masks among them (buf.action_masks, None
   where it gives none); update() takes rows (num_steps * num_envs, ...) and ppo_loss() reduces each term over them,
   the last dimension (.mean(-1)), never the whole tensor: under --num_seeds N every tensor has a leading seed
@@ -30,8 +31,8 @@ A copy's contract (python scripts/verify_copy.py my_idea.py checks it in short r
   one value per seed of each statistic). Index parameters and buffers from the end (self.mean[..., None, :]) and
   compare statistics elementwise (torch.where).
 - Draws: the policy's with torch.normal, torch.bernoulli, torch.multinomial or a Normal, Categorical or Bernoulli's
-  sample(); update()'s own inside optimizer.draws(), in place (uniform_(), normal_()) on a tensor with the seed
-  dimension first.
+  sample(); update()'s own, and those of what it calls (ppo_loss(), the Agent), inside optimizer.draws(), in place
+  (uniform_(), normal_()) on a tensor with the seed dimension first.
 - State: in the Agent's __init__ alone: modules, parameters, buffers (self.register_buffer, updated in place) and
   optimizers of its own, which step in their own phase after PPO's step (PPOOptimizer steps whatever PPO's loss
   reaches: detach what it must not train). Checkpoints save it, --resume restores it, each seed of --num_seeds has

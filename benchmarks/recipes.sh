@@ -83,5 +83,25 @@ done
   echo "eval/return: the mean return of 4 episodes of the deterministic policy at the last evaluation"
   echo
   "$python" "$repo/scripts/summarize.py" "${all_runs[@]}" --metrics eval/return charts/SPS --by_run --iqm
+  if [ "$suite" = exploration ]; then  # how soon each seed first reached the flag, which a final return hides
+    echo
+    "$python" - "${all_runs[@]}" <<'EOF'
+import sys
+from pathlib import Path
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+print("| runs | reached the flag | the first evaluation's step above -200 (the time limit's return), by seed |")
+print("|---|---:|---|")
+for run in sys.argv[1:]:
+    firsts = []
+    for seed_run in sorted(Path(run).glob("*__seed*"), key=lambda path: int(path.name.rsplit("seed", 1)[1])):
+        events = EventAccumulator(str(seed_run), size_guidance={"scalars": 0})
+        events.Reload()
+        firsts.append(next((e.step for e in events.Scalars("eval/return") if e.value > -200), None))
+    print(f"| {Path(run).name} | {sum(first is not None for first in firsts)}/{len(firsts)} | "
+          f"{', '.join('never' if first is None else f'{first:,}' for first in firsts)} |")
+EOF
+  fi
 } > "$out/table.md"
 cat "$out/table.md"

@@ -31,8 +31,9 @@ and save a checkpoint every iteration:
 On --env_id, a Gymnasium env starts other episodes after a resume than the uninterrupted run does, and float rounding
 can flip a discrete action between a seed alone and in a batch: where resume or seeds fails there, the stock trainer
 runs the same check on the env, and if it fails too, the copy is checked on the test env of the same action space
-instead; the row says where. Exits 1 if a check fails, 2 (one error line) on bad input. Not
-scripts/check_copies.py, which keeps the project's own trainers' marked copies equal.
+instead; the row says where. An idea behind a flag that is off by default is checked only where --flags switches it
+on. Exits 1 if a check fails, 2 (one error line) on bad input. Not scripts/check_copies.py, which keeps the project's
+own trainers' marked copies equal.
 """
 
 import argparse

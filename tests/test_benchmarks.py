@@ -127,8 +127,11 @@ def test_recipes_benchmark_writes_its_table_and_plots(ahead):
     assert result.returncode == 0, result.stderr[-3000:]
     table = (directory / "out/table.md").read_text().splitlines()
     assert table[1].startswith('seeds: 1 2; command: TASKS="MountainCar-v0" bash benchmarks/recipes.sh exploration')
-    assert [row.split(" | ")[:2] for row in table[6:]] == [
+    assert [row.split(" | ")[:2] for row in table[6:8]] == [
         [f"| recipes_exploration_MountainCar-v0_{variant}__seeds1-2", "2"] for variant in ("ppo", "rnd")]
+    assert table[9].startswith("| runs | reached the flag |") and len(table) == 13
+    reached = r"\| recipes_\S+ \| [0-2]/2 \| ((never|[\d,]+)(, |))+ \|"
+    assert all(re.fullmatch(reached, row) for row in table[11:]), table
     assert (directory / "out/MountainCar-v0/eval_return.png").stat().st_size > 10_000
     ckpt = load(directory / "runs/recipes_exploration_MountainCar-v0_rnd__seeds1-2"
                 / "recipes_exploration_MountainCar-v0_rnd__seeds1-2__seed2/final_ckpt.pt")
