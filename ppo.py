@@ -980,6 +980,8 @@ class SeedLinear(nn.Linear):
                             f"{tuple(x.shape)}: give a network of the copy's rows (buf.rows(x), a minibatch), seed "
                             f"first ({TRAINER}.py's docstring, 'A copy's contract')")
         rows = x.reshape(x.shape[0], -1, x.shape[-1])  # (seeds, rows, in) itself: a view, the same numbers
+        if self.bias is None:
+            return torch.bmm(rows, self.weight.transpose(-1, -2)).view(*x.shape[:-1], -1)
         return torch.baddbmm(self.bias.unsqueeze(-2), rows, self.weight.transpose(-1, -2)).view(*x.shape[:-1], -1)
 
 
@@ -1063,9 +1065,9 @@ def stack_seeds(modules: list[nn.Module]) -> nn.Module:
     """--num_seeds: one module of the seeds' modules (alike but for their values), each parameter and buffer (but
     integer buffers left out of the state dict, which describe the structure) stacked on a new first dimension, seed
     i's at index i: seed i's state dict is every tensor's [i]. Its nn.Linear layers become SeedLinear, its nn.LSTM
-    and nn.GRU layers SeedRNN, torch.nn's other layers with parameters SeedEach; inputs and outputs carry the seed
-    dimension first. The optimizers a module holds (own_optimizers()) step the stacked parameters. One module is
-    returned as it is."""
+    and nn.GRU layers SeedRNN, torch.nn's other layers with tensors of their own SeedEach; inputs and outputs carry
+    the seed dimension first. The optimizers a module holds (own_optimizers()) step the stacked parameters. One
+    module is returned as it is."""
     if len(modules) == 1:
         return modules[0]
     stacked, stacked_of, replaced = copy.deepcopy(modules[0]), {}, []
@@ -1086,7 +1088,8 @@ def stack_seeds(modules: list[nn.Module]) -> nn.Module:
         elif type(module) in (nn.LSTM, nn.GRU) and module.batch_first and module.bias and not module.bidirectional \
                 and not module.dropout and not getattr(module, "proj_size", 0):
             module.__class__ = type(f"Seed{type(module).__name__}", (SeedRNN, type(module)), {})
-        elif type(module).__module__.startswith("torch.nn.") and any(map(torch.is_tensor, module._parameters.values())):
+        elif type(module).__module__.startswith("torch.nn.") and any(  # tensors of its own: a BatchNorm's statistics
+                map(torch.is_tensor, [*module._parameters.values(), *module._buffers.values()])):
             module.__class__ = type(f"Seed{type(module).__name__}", (SeedEach, type(module)), {})
             module.one_seed = False
     for module in stacked.modules():  # lists of parameters (an own phase's) hold the stacked ones, as optimizers do

@@ -4,15 +4,15 @@
 # (each variant's interquartile mean with its 95% interval, and each seed's) and curves, in
 # benchmarks/results/recipes/<suite>/.
 #
-#   bash benchmarks/recipes.sh mujoco                # ppo.py, RPO, SimBa and PPG on Hopper-v5 at CleanRL's settings
+#   bash benchmarks/recipes.sh mujoco         # ppo.py, RPO, SimBa and PPG on Hopper-v5 at CleanRL's settings
 #   TASKS="Walker2d-v5 HalfCheetah-v5" bash benchmarks/recipes.sh mujoco
-#   bash benchmarks/recipes.sh exploration           # ppo.py and RND on MountainCar-v0, a hard-exploration task
+#   bash benchmarks/recipes.sh exploration    # ppo.py and RND on MountainCar-v0, a hard-exploration task
 #   OUT=/tmp/check STEPS=4096 SEEDS="1 2" bash benchmarks/recipes.sh mujoco   # a quick check of the script
 #
 # Each recipe is applied to a fresh copy of today's ppo.py (runs/recipes/my_<recipe>.py of the working directory),
 # whose run directories are runs/recipes_<suite>_<task>_<variant>__seedsF-L there; run the script again after an
-# interruption and it finishes what is missing (scripts/sweep.sh). JOBS variants at a time (default: the machine's cores). Needs mujoco (the mujoco
-# suite), rliable and matplotlib (requirements-dev.txt).
+# interruption and it finishes what is missing (scripts/sweep.sh). JOBS variants at a time (default: the machine's
+# cores). Needs mujoco (the mujoco suite), rliable and matplotlib (requirements-dev.txt).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -40,14 +40,14 @@ case "$suite" in
 esac
 
 mkdir -p runs/recipes
-trainer_of() {  # ppo.py, or a fresh copy of it with the recipe applied
-  if [ "$1" = ppo ]; then
-    echo "$repo/ppo.py"
-  else
-    rm -f "runs/recipes/my_$1.py"
-    "$python" "$repo/scripts/recipes.py" apply "$1" "runs/recipes/my_$1.py" >/dev/null
-    echo "runs/recipes/my_$1.py"
+for variant in "${variants[@]}"; do  # each recipe on a fresh copy of ppo.py, once, before any run starts
+  if [ "$variant" != ppo ]; then
+    rm -f "runs/recipes/my_$variant.py"
+    "$python" "$repo/scripts/recipes.py" apply "$variant" "runs/recipes/my_$variant.py" >/dev/null
   fi
+done
+trainer_of() {
+  if [ "$1" = ppo ]; then echo "$repo/ppo.py"; else echo "runs/recipes/my_$1.py"; fi
 }
 
 read -ra listed <<< "$seeds"
@@ -78,8 +78,13 @@ for task in "${tasks[@]}"; do
   "$python" "$repo/scripts/plot.py" "${runs[@]}" --metrics eval/return --out "$out/$task" >/dev/null
 done
 {
-  echo "ppo.py and its recipes, $(date -u +%Y-%m-%d), $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), $jobs variants at a time, each variant's seeds in one process (--num_seeds)"
-  echo "seeds: $seeds; command: TASKS=\"${tasks[*]}\" bash benchmarks/recipes.sh $suite (STEPS=$steps), i.e. for each variant (${variants[*]}): python ppo.py or my_<recipe>.py ${common[*]} ${settings[*]} --total_timesteps $steps --env_id <task>"
+  cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+  cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)
+  echo "ppo.py and its recipes, $(date -u +%Y-%m-%d), $cores cores ($cpu), $jobs variants at a time, each variant's" \
+    "seeds in one process (--num_seeds)"
+  echo "seeds: $seeds; command: TASKS=\"${tasks[*]}\" bash benchmarks/recipes.sh $suite (STEPS=$steps), i.e. for" \
+    "each variant (${variants[*]}): python ppo.py or my_<recipe>.py ${common[*]} ${settings[*]} --total_timesteps" \
+    "$steps --env_id <task>"
   echo "eval/return: the mean return of 4 episodes of the deterministic policy at the last evaluation"
   echo
   "$python" "$repo/scripts/summarize.py" "${all_runs[@]}" --metrics eval/return charts/SPS --by_run --iqm

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@")
+HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)\nindex ([0-9a-f]{40})\.\.([0-9a-f]{40})", re.MULTILINE)
 # git's python function context: the hunk header names the def or class the hunk stands in
 FUNCTION = re.compile(r"^[ \t]*((class|(async[ \t]+)?def)[ \t].*)$")
@@ -43,16 +43,22 @@ def parse(path: Path) -> tuple[str, str, str, list[tuple[int, list[str], list[st
     if header is None:
         raise RecipeError(f"{path} holds no 'diff --git a/TRAINER b/NAME' with a full 'index BLOB..BLOB' line: write "
                           "it with python scripts/recipes.py write")
-    hunks = []
+    hunks, left = [], [0, 0]  # the old and new lines the hunk's header announces and are still to come
     for line in text[header.end():].splitlines(keepends=True):
         found = HUNK.match(line)
-        if found:
+        if found and left == [0, 0]:
             hunks.append((int(found.group(1)), [], []))
-        elif hunks and line[:1] in (" ", "-", "+"):
-            if line[0] != "+":
-                hunks[-1][1].append(line[1:])
-            if line[0] != "-":
-                hunks[-1][2].append(line[1:])
+            left = [int(found.group(2) or 1), int(found.group(4) or 1)]
+            continue
+        if left == [0, 0]:
+            continue
+        kind, body = (" ", "\n") if line == "\n" else (line[:1], line[1:])  # a blank context line an editor stripped
+        if kind in (" ", "-"):
+            hunks[-1][1].append(body)
+            left[0] -= 1
+        if kind in (" ", "+"):
+            hunks[-1][2].append(body)
+            left[1] -= 1
     return text[:header.start()], header.group(1), header.group(3), hunks
 
 
@@ -86,8 +92,8 @@ def git(arguments: list[str], stdin: str = "", check: bool = True) -> str:
 
 
 def diff(header: str, trainer: str, name: str, old: str, new: str) -> str:
-    """header above a unified diff from the trainer's text to the copy's, as git diff writes it with its python
-    function context."""
+    """header above a unified diff from the trainer's text to the copy's, with git's python function context after
+    each hunk's line numbers (cut to 120 columns)."""
     old_lines = old.splitlines(keepends=True)
     hunks = []
     for line in difflib.unified_diff(old_lines, new.splitlines(keepends=True), n=CONTEXT_LINES):
@@ -95,7 +101,7 @@ def diff(header: str, trainer: str, name: str, old: str, new: str) -> str:
         if found:
             start = int(found.group(1)) - 1
             context = next((m.group(1) for m in map(FUNCTION.match, reversed(old_lines[:start])) if m), "")
-            line = f"{line.rstrip()} {context}".rstrip() + "\n"
+            line = f"{line.rstrip()} {context}".rstrip()[:120] + "\n"
         hunks.append(line)
     index = f"diff --git a/{trainer} b/{name}.py\nindex {blob(old, store=True)}..{blob(new)} 100644\n"
     return header + index + f"--- a/{trainer}\n+++ b/{name}.py\n" + "".join(hunks[2:])
@@ -114,14 +120,23 @@ def refresh(path: Path, root: Path) -> bool:
     header, trainer, base_blob, _ = parse(path)
     today = (root / trainer).read_text()
     base = git(["cat-file", "blob", base_blob], check=False)
-    if not base:  # a shallow clone: today's trainer is the base where the recipe still applies
-        base = today
-    ours = apply(base, path)
+    if not base:  # a shallow clone, a pruned object: where the recipe still applies, today's trainer is its base
+        try:
+            base, ours = today, apply(today, path)
+        except RecipeError:
+            raise RecipeError(f"{path.name}: the recipe no longer applies, and the {trainer} it was written against "
+                              f"(git blob {base_blob[:12]}) is not in this repository (a shallow clone?): fetch the "
+                              f"history, or merge by hand and write it: python scripts/recipes.py write {path.stem} "
+                              "YOUR_COPY") from None
+    else:
+        ours = apply(base, path)
     with tempfile.TemporaryDirectory() as folder:
         files = [Path(folder) / name for name in ("today", "base", "recipe")]
         for file, text in zip(files, (today, base, ours)):
             file.write_text(text)
         merged = subprocess.run(["git", "merge-file", "-p", *map(str, files)], capture_output=True, text=True)
+    if not 0 <= merged.returncode < 128:
+        raise RecipeError(f"{path.name}: git merge-file failed: {merged.stderr.strip()}")
     if merged.returncode != 0:
         raise RecipeError(f"{path.name}: the recipe conflicts with today's {trainer} in {merged.returncode} place(s): "
                           f"apply it to the {trainer} of git blob {base_blob[:12]}, merge by hand, then python "

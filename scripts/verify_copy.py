@@ -38,6 +38,7 @@ own trainers' marked copies equal.
 
 import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import io
 import json
@@ -390,7 +391,8 @@ def main(argv=None) -> int:
             results.update(resume_runs(str(copy), argv_on(env_id), work))
         tolerance = None
         if "seeds" in wanted and has_seeds:
-            stock_argv_of = argv_on(env_id, copys_flags=stock_flags(kind, extra, argv_on, env_id))
+            stock_argv_of = argv_on(env_id, copys_flags=stock_flags(kind, changed_defaults(module, kind) + extra,
+                                                                    argv_on, env_id))
             tolerance, rounding_how = seeds_tolerance(kind, stock_argv_of, work)
         for check in ("resume", "seeds") if has_seeds else ("resume",):
             if check in wanted:
@@ -504,6 +506,21 @@ def stock_flags(kind: str, extra: list[str], argv_on, env_id: str) -> list[str]:
     stock_argv = argv_on(env_id, copys_flags=[])("first")
     return [word for flag in flags_of(extra) if not flags_refused(importlib.import_module(kind), stock_argv + flag)
             for word in flag]
+
+
+def changed_defaults(module, kind: str) -> list[str]:
+    """The copy's defaults that differ from the stock trainer's, as flags: the stock trainer's runs that measure the
+    seeds' float rounding take them (a recipe's ReLU network rounds otherwise than the stock tanh one)."""
+    stock, words = importlib.import_module(kind).Args.__dataclass_fields__, []
+    for name, field in module.Args.__dataclass_fields__.items():
+        value = field.default
+        if name not in stock or value is dataclasses.MISSING or value == stock[name].default:
+            continue
+        if isinstance(value, bool):
+            words.append(f"--{name}" if value else f"--no_{name}")
+        else:
+            words += [f"--{name}", *map(str, value if isinstance(value, tuple) else [value])]
+    return words
 
 
 def flags_of(words: list[str]) -> list[list[str]]:

@@ -22,7 +22,6 @@ import json
 import re
 import runpy
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -93,7 +92,7 @@ def trainer(program: str):
     if recipe_of(program) is not None:  # my_rpo.py: ppo.py with recipes/rpo.patch applied, as docs/recipes.md makes it
         if name not in sys.modules:
             recipes = runpy.run_path(str(REPO / "scripts/recipes.py"))
-            copy = Path(tempfile.mkdtemp()) / f"{name}.py"
+            copy = Path.cwd() / f"{name}.py"  # the command's own directory
             copy.write_text(recipes["apply"]((REPO / "ppo.py").read_text(), recipe_of(program)))
             spec = importlib.util.spec_from_file_location(name, copy)
             sys.modules[name] = importlib.util.module_from_spec(spec)

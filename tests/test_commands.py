@@ -1,7 +1,8 @@
 """Every command the project prints runs: the shell commands of README.md, docs/*.md, benchmarks/README.md and the
-docstrings and headers of the trainers, ppo_eval.py, pomdp.py, scripts/ and benchmarks/, collected from the files
-(a new example is covered the day it is written) and run as after the README's set-up alone (tests/command_runner.py
-hides what only requirements-dev.txt installs, unless the command says "pip install X"). A command's environment
+docstrings and headers of the trainers, ppo_eval.py, pomdp.py, scripts/ and benchmarks/ and the recipes' text above
+their diff, collected from the files (a new example is covered the day it is written) and run as after the README's
+set-up alone (a recipe's copy, my_rpo.py, as ppo.py with the recipe applied; tests/command_runner.py hides what only
+requirements-dev.txt installs, unless the command says "pip install X"). A command's environment
 variables and `timeout` in front of it are dropped. A shell block of the docs is checked whole by bash -n, and its
 lines of other shell forms (a for loop, a Slurm script) run in bash with the trainers' launchers stubbed, each
 python or torchrun command they launch collected as its line's. A Python block of the docs compiles, the names it
@@ -28,6 +29,7 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.command_runner import recipe_of
 from tests.util import REPO, script_env
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "benchmarks/README.md"]
@@ -35,6 +37,7 @@ RESULTS = sorted((REPO / "benchmarks/results").rglob("*.md"))
 PYTHON_FILES = [*(REPO / name for name in ("ppo.py", "ppo_rnn.py", "ppo_rgb.py", "ippo.py", "ppo_eval.py", "pomdp.py")),
                 *sorted((REPO / "scripts").glob("*.py")), *sorted((REPO / "benchmarks").glob("*.py"))]
 SHELL_FILES = [*sorted((REPO / "scripts").glob("*.sh")), *sorted((REPO / "benchmarks").glob("*.sh"))]
+RECIPES = sorted((REPO / "recipes").glob("*.patch"))  # their text above the diff
 TRAINERS = ("ppo.py", "ppo_rnn.py", "ppo_rgb.py", "ippo.py", "my_idea.py")
 COMMAND_START = re.compile(r"^(\$ )?(python|\.venv/bin/python|torchrun|bash|scripts/|benchmarks/|cp |tensorboard|"
                            r"\.venv/bin/tensorboard)\b")
@@ -199,6 +202,8 @@ def results_commands(path: Path) -> list[Command]:
 def docstring_commands(path: Path) -> list[Command]:
     if path.suffix == ".py":
         text = ast.get_docstring(ast.parse(path.read_text())) or ""
+    elif path.suffix == ".patch":
+        text = path.read_text().split("\ndiff --git")[0]
     else:  # a shell script's header: its first comment lines
         header = []
         for line in path.read_text().splitlines()[1:]:
@@ -223,7 +228,7 @@ def command(where: str, line: str, comments: list[str], recorded: bool = False) 
 
 def collect() -> list[Command]:
     commands = [c for path in DOCS for c in doc_commands(path)]
-    commands += [c for path in PYTHON_FILES + SHELL_FILES for c in docstring_commands(path)]
+    commands += [c for path in PYTHON_FILES + SHELL_FILES + RECIPES for c in docstring_commands(path)]
     commands += [c for path in RESULTS for c in results_commands(path)]
     for c in commands:
         c.tokens = ["python" if t == ".venv/bin/python" else t for t in shlex.split(c.text) if t != "..."]
@@ -257,7 +262,7 @@ def plan(c: Command, fixtures: dict[str, str]) -> dict | None:
     if tokens[0] != "python" or len(tokens) < 2 or tokens[1] == "-m":
         return None
     program, argv = tokens[1], tokens[2:]
-    if program in TRAINERS or (program.startswith("my_") and (REPO / "recipes" / f"{program[3:-3]}.patch").is_file()):
+    if program in TRAINERS or recipe_of(program) is not None:
         return trainer_plan(c, program, argv, fixtures)
     if program == "ppo_eval.py" and c.recorded:
         return dict(program=program, argv=argv, mode="parse_eval", extras=[DEV])

@@ -247,3 +247,25 @@ def test_the_envs_refuse_an_action_of_another_shape_than_their_space():
             envs.step(torch.zeros((2, width), dtype=torch.long))
     envs.step(torch.zeros((2, 2), dtype=torch.long))  # the space's own shape
     envs.close()
+
+
+def test_layers_without_parameters_of_their_own_stack_per_seed():
+    """stack_seeds(): a Linear without a bias, a LayerNorm without scale and shift (SimBa's recipe) and a BatchNorm
+    whose statistics are its only tensors give each seed what its own module gives."""
+    torch.manual_seed(0)
+    networks = [torch.nn.Sequential(torch.nn.Linear(3, 4, bias=False), torch.nn.LayerNorm(4, elementwise_affine=False),
+                                    torch.nn.BatchNorm1d(4, affine=False)).eval() for _ in range(2)]
+    for network in networks:
+        network[2].running_mean.normal_()
+    x = torch.randn(2, 5, 3)
+    stacked = ppo.stack_seeds(networks)
+    for i, network in enumerate(networks):
+        torch.testing.assert_close(stacked(x)[i], network(x[i]))
+
+
+def test_a_statistic_a_seed_alone_never_logged_agrees_with_that_seeds_nan_alone():
+    """differing(): a seed that stopped before its update's first step has NaN among the seeds where its run alone
+    logged nothing; a number where its run alone logged nothing still differs."""
+    together = {"losses/policy_loss": torch.tensor([float("nan"), 0.5])}
+    assert ppo.differing(together, {}, 0, "its result") is None
+    assert ppo.differing(together, {}, 1, "its result") == "its result losses/policy_loss (alone: none)"

@@ -1,6 +1,10 @@
 """scripts/verify_copy.py: copies of the stock trainers keep the copy contract; a copy that breaks one of its rules is
 caught by the check of that rule, which says what to change."""
 
+import dataclasses
+import importlib.util
+import types
+
 import pytest
 
 from tests.util import REPO, run_python
@@ -266,3 +270,24 @@ def test_no_false_verdict_on_a_recurrent_copy_on_pendulum(tmp_path):
                          "resume", "seeds"], tmp_path, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert rows(result.stdout)["resume"][0] == rows(result.stdout)["seeds"][0] == "holds", result.stdout
+
+
+def test_the_runs_leave_out_the_flags_a_copy_removed_and_take_its_changed_defaults():
+    """own_flags(): a flag the copy's Args lacks (n-step advantages have no --gae_lambda) goes with its values;
+    changed_defaults(): the stock trainer's runs that measure the seeds' rounding take the copy's own defaults."""
+    spec = importlib.util.spec_from_file_location("verify_copy", REPO / "scripts/verify_copy.py")
+    verify_copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(verify_copy)
+
+    @dataclasses.dataclass
+    class Args:
+        gamma: float = 0.99
+        norm_adv: bool = False
+        activation: str = "relu"
+        hidden_sizes: tuple[int, ...] = (64, 64)
+        n_step: int = 5
+    copy = types.SimpleNamespace(Args=Args)
+    argv = ["--gamma", "0.9", "--gae_lambda", "0.95", "--no_norm_adv", "--finite_horizon_gae", "--n_step", "3"]
+    assert verify_copy.own_flags(argv, copy) == ["--gamma", "0.9", "--no_norm_adv", "--n_step", "3"]
+    assert verify_copy.changed_defaults(copy, "ppo") == ["--gamma", "0.99", "--no_norm_adv", "--activation", "relu",
+                                                         "--hidden_sizes", "64", "64"]
