@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -277,6 +278,10 @@ def test_a_trainer_left_behind_is_stopped_and_no_other_process(tmp_path):
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     trainer = subprocess.Popen(sleeper + ["--exp_name=trial_7"])
     other = subprocess.Popen(sleeper + ["--exp_name=trial_70"])
+    for child in (trainer, other):  # until it runs its own command line: on a loaded machine the exec comes late
+        deadline = time.monotonic() + 30
+        while b"--exp_name=" not in Path(f"/proc/{child.pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.01)
     try:
         tune.stop_left_behind(types.SimpleNamespace(number=7, user_attrs={"child": trainer.pid}))
         tune.stop_left_behind(types.SimpleNamespace(number=7, user_attrs={"child": other.pid}))
