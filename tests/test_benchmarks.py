@@ -469,7 +469,10 @@ def test_torch_env_speed_benchmark_prints_its_rows(tmp_path):
     assert [row[1] for row in rows] == ["no", "yes"]
     for row in rows:
         shares = [int(share.rstrip("%")) for share in row[3:6]]
-        assert float(row[2].replace(",", "")) > 0 and 50 <= sum(shares) <= 110 and row[6] == "n/a (CPU)"
+        # each share is timed on its own, once, on a machine the rest of the suite loads: their sum strays (127% was
+        # seen in CI), so the bounds catch a share in the wrong unit, not noise
+        assert float(row[2].replace(",", "")) > 0 and 50 <= sum(shares) <= 250
+        assert row[6] == "n/a (CPU)"
     if not torch.cuda.is_available():
         refused = run([sys.executable, str(REPO / "benchmarks/torch_env_speed.py"), "--device", "cuda"], tmp_path)
         assert refused.returncode == 1 and refused.stderr.startswith("error: --device cuda needs a machine with CUDA")
