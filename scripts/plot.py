@@ -7,6 +7,7 @@
     python scripts/plot.py runs/HalfCheetah-v5__* --iqm --out plots/                # IQM (pip install rliable)
     python scripts/plot.py runs/*_*__seed* --group '_(\\w+?)__seed\\d+$' --tasks '^(.*?)_' \\
         --normalize Hopper-v5=0:3000 Walker2d-v5=0:4000 --out plots/              # performance profiles
+    python scripts/plot.py runs/RUN --lineage --out plots/                          # a --pbt_interval run's lineage
 
 Runs are grouped into curves by name: --group is a regular expression whose first group (else whole match) names
 the curve; by default a trailing seed is dropped from the run name (`__seed3` as scripts/sweep.sh names runs, or
@@ -18,12 +19,16 @@ run is drawn thin. The y-axis spans the runs' values (the band of two or three s
 its 95% bootstrap interval, each resample drawing whole runs (rliable's sample-efficiency curves). --tasks (with
 --normalize, as scripts/summarize.py takes them) writes rliable's performance profile of the first metric's final
 values instead: for each group, the fraction of its runs over all tasks that score above tau. pip install rliable.
+--lineage draws a population's lineage.csv (ppo.py --pbt_interval): every member's score and settings at each
+ranking, thin, and in bold those of the final best member's ancestry (itself, back through the donors it took).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
+import math
 import re
 import sys
 import warnings
@@ -278,6 +283,56 @@ def plot(run_dirs: list[Path], metrics: list[str], pattern: str, out_dir: Path, 
     return written
 
 
+def ancestry(rows: list[dict]) -> list[dict]:
+    """The rows of lineage.csv that the final best member descends through: its own back to the ranking where it took
+    a donor's state (with the donor's score there, which was the line's), then the donor's before it, and so on."""
+    by_ranking = defaultdict(dict)
+    for row in rows:
+        by_ranking[int(row["iteration"])][row["member"]] = row
+    rankings = sorted(by_ranking)
+    last = by_ranking[rankings[-1]].values()
+    member = max(last, key=lambda row: -math.inf if math.isnan(float(row["score"])) else float(row["score"]))["member"]
+    line = []
+    for iteration in reversed(rankings):
+        row = by_ranking[iteration][member]
+        line.append({**row, "score": by_ranking[iteration][row["donor"]]["score"]} if row["donor"] else row)
+        member = row["donor"] or member
+    return line[::-1]
+
+
+def plot_lineage(run_dir: Path, out_dir: Path) -> Path:
+    path = run_dir / "lineage.csv"
+    if not path.is_file():
+        raise UserError(f"{path} is missing: --lineage draws a run of ppo.py --pbt_interval (its run directory)")
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise UserError(f"{path} holds no ranking yet")
+    names = ["score", *list(rows[0])[5:]]
+    best, plt = ancestry(rows), pyplot()
+    figure, axes = plt.subplots(len(names), 1, figsize=(9, 2.2 * len(names)), sharex=True, squeeze=False)
+    for axis, name in zip(axes[:, 0], names):
+        for member in dict.fromkeys(row["member"] for row in rows):
+            own = [row for row in rows if row["member"] == member]
+            axis.step([int(row["global_step"]) for row in own], [float(row[name]) for row in own], where="post",
+                      linewidth=0.6, alpha=0.5)
+        axis.step([int(row["global_step"]) for row in best], [float(row[name]) for row in best], where="post",
+                  color="black", linewidth=2, label=f"the best's ancestry (seed {best[-1]['member']} at the end)")
+        values = [float(row[name]) for row in rows if float(row[name]) > 0]
+        if name != "score" and len(values) == len(rows) and max(values) > 10 * min(values):
+            axis.set_yscale("log")
+        axis.set_ylabel(name)
+        axis.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize="small")
+    axes[-1, 0].set_xlabel("global step")
+    figure.suptitle(f"{run_dir.name}: each member's score and settings at each ranking")
+    figure.tight_layout()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out_dir / f"{run_dir.name}_lineage.png", dpi=100)
+    plt.close(figure)
+    return out_dir / f"{run_dir.name}_lineage.png"
+
+
 def run_dirs_parser(doc: str) -> argparse.ArgumentParser:
     """The arguments plot.py and summarize.py share: run directories, metrics and how runs are grouped."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -306,7 +361,10 @@ def report_user_errors(work) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = run_dirs_parser(__doc__)
     parser.add_argument("--out", type=Path, default=Path("plots"), help="directory for the PNG files")
+    parser.add_argument("--lineage", action="store_true", help="each run's population lineage (--pbt_interval)")
     options = parser.parse_args(argv)
+    if options.lineage:
+        return report_user_errors(lambda: print(*(plot_lineage(run, options.out) for run in options.runs), sep="\n"))
     if options.tasks is not None:
         return report_user_errors(lambda: print(performance_profile(
             options.runs, options.metrics[0], options.group, options.tasks, options.normalize, options.out,

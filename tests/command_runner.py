@@ -108,11 +108,14 @@ def recipe_of(program: str) -> Path | None:
 
 
 def smoke_argv(module, args, argv: list[str]) -> list[str]:
-    """The command cut to one batch (after the checkpoint's, on --resume) and a short evaluation after it."""
-    done = 0
+    """The command cut to one batch (after the checkpoint's, on --resume) and a short evaluation after it; a
+    population's (--pbt_interval) to two, ranked after the first."""
+    done, batches = 0, 1
     if args.resume is not None:
         done = module.load_checkpoint(module.find_resume_checkpoint(args.resume))["global_step"]
-    return [*argv, f"--total_timesteps={done + args.num_envs * args.num_steps}", "--eval_freq=1",
+    if getattr(args, "pbt_interval", None) is not None:
+        argv, batches = [*argv, "--pbt_interval=1", "--pbt_warmup=1"], 2
+    return [*argv, f"--total_timesteps={done + batches * args.num_envs * args.num_steps}", "--eval_freq=1",
             f"--num_eval_steps={EVAL_STEPS}"]
 
 
