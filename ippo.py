@@ -38,6 +38,9 @@ A copy's contract (python scripts/verify_copy.py my_idea.py checks it in short r
   batches where it reduces over the rows counted from the end, indexes parameters and buffers from the end
   (self.agent_ids[..., None, :, :]) and compares statistics elementwise (torch.where); where it does not, the first
   iteration stops with one error line naming the rule.
+  Under --pbt_interval the settings a population searches (args.learning_rate, args.gamma, ...: --pbt_space) hold
+  one value per member, each meeting its member's part of what it multiplies: use them in tensor arithmetic, never as
+  Python numbers (float(), if).
 - Random draws: the policy draws with torch.normal, torch.bernoulli, torch.multinomial or a Normal, Categorical or
   Bernoulli's sample(); update() draws its own inside optimizer.draws(), in place (random_(), uniform_(), normal_())
   on a tensor with the seed dimension first. Under --num_seeds each seed's from its own generator (PerSeedDraws), any
@@ -128,6 +131,30 @@ class Args:
     num_seeds: int = 1
     """train seeds seed, seed+1, ..., seed+num_seeds-1 in this one process, each a run of its own in
     runs/{run_name}/{run_name}__seed{seed}, as a run of that seed alone would train (docs/multi_agent.md)"""
+    pbt_interval: Optional[int] = None
+    """population-based training of the --num_seeds members (at least 4): every this many iterations they are ranked,
+    and the worst take the whole learner state of better ones, then perturb its settings (docs/pbt.md; None: off)"""
+    pbt_space: tuple[str, ...] = ("learning_rate=1e-5:1e-2:log", "ent_coef=0:0.02")
+    """the settings each member holds, NAME=LOW:HIGH[:log] as scripts/tune.py's --space, of learning_rate, ent_coef,
+    clip_coef, vf_coef, max_grad_norm, gamma, gae_lambda, target_kl"""
+    pbt_start: Literal["flags", "space"] = "flags"
+    """members start from the flags' values, or drawn from --pbt_space"""
+    pbt_objective: Literal["episodes", "eval"] = "episodes"
+    """the ranking's score: the mean return (success_once where the env reports it) of the training episodes that
+    ended since the last ranking; eval: of an evaluation of each member on the same seeds"""
+    pbt_warmup: Optional[int] = None
+    """iterations before the first ranking (None: one --pbt_interval)"""
+    pbt_fraction: float = 0.25
+    """the worst this fraction take the state of a random member of the best this fraction"""
+    pbt_rule: Literal["truncation", "dexpbt"] = "truncation"
+    """truncation: every member of the worst fraction takes a donor's state; dexpbt (Petrenko et al. 2023): only where
+    the donor leads by more than --pbt_margin of the scores' range, the others perturb their own settings"""
+    pbt_margin: float = 0.1
+    """dexpbt: the lead, as a fraction of the range of the members' scores, that makes a member take a donor's state"""
+    pbt_perturb: float = 0.2
+    """explore: multiply a setting by 1 - this or 1 + this (gamma and gae_lambda: 1 - x), clamped to --pbt_space"""
+    pbt_resample: float = 0.25
+    """explore: the probability that a setting is drawn from --pbt_space afresh instead"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
     cuda: bool = True
@@ -823,8 +850,11 @@ class PPOOptimizer(torch.optim.Adam):
     def schedule_learning_rate(self, iteration: int, num_iterations: int, args: Args):
         """--lr_schedule=linear, at the start of each iteration: from learning_rate down to 0 after the last."""
         if args.lr_schedule == "linear":
-            for group in self.param_groups:
-                group["lr"] = (1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate
+            self.set_learning_rate((1.0 - (iteration - 1.0) / num_iterations) * args.learning_rate)
+
+    def set_learning_rate(self, lr: float):
+        for group in self.param_groups:
+            group["lr"] = lr
 
     def adapt_learning_rates(self, approx_kl: torch.Tensor, args: Args):
         """--lr_schedule=adaptive, after each minibatch step (update())."""
@@ -1411,13 +1441,18 @@ class SeedOptimizer(PPOOptimizer):
 
     def __init__(self, agent: Agent, lr: float):
         self.generators, self.stacked = agent.generators, ppo_parameters(agent)
-        super().__init__(agent, lr)
+        super().__init__(agent, member_numbers(lr, 1)[0])
+        self.set_learning_rate(lr)
         self.going = [True] * len(self.generators)  # stepping, read without waiting for the GPU
         self.stepping = torch.ones(len(self.generators), dtype=torch.bool, device=self.stacked[0].device)
         self.scratch = torch.Generator(self.stepping.device)  # the draws of seeds that stopped, which a run alone skips
 
     def parameter_groups(self, agent: Agent) -> list[dict]:
         return [{"params": [nn.Parameter(p.detach()[i]) for p in self.stacked]} for i in range(len(self.generators))]
+
+    def set_learning_rate(self, lr: float):  # a population's members each their own (MemberValues)
+        for group, rate in zip(self.param_groups, member_numbers(lr, len(self.param_groups))):
+            group["lr"] = rate
 
     def minibatches(self, batch_size: int, minibatch_size: int, epochs: int):
         device = self.stepping.device
@@ -1460,8 +1495,9 @@ class SeedOptimizer(PPOOptimizer):
                             f"{tuple(self.stepping.shape)}: under --num_seeds ppo_loss() reduces each term over its "
                             f"rows alone (masked_mean()) ({TRAINER}.py's docstring, 'A copy's contract')")
         give_seeds_gradients([group["params"] for group in self.param_groups], self.stacked, self.going)
-        grad_norms = torch.stack([clip_grad_norm_per_net(group["params"], max_grad_norm)
-                                  for group, go in zip(self.param_groups, self.going) if go])
+        grad_norms = torch.stack([clip_grad_norm_per_net(group["params"], max_norm) for group, go, max_norm in
+                                  zip(self.param_groups, self.going, member_numbers(max_grad_norm, len(self.going)))
+                                  if go])
         loss_finite = (torch.isfinite(loss) | ~self.stepping).all()  # a stopped seed's loss its run alone skips
         if not (loss_finite & torch.isfinite(grad_norms).all()):  # one wait for the GPU, not two
             raise NonFiniteError("gradient" if loss_finite else "loss",
@@ -1634,11 +1670,11 @@ def alone(x, i: int, part, agent: Agent, seed_agent: Agent, args: Args, optimize
     if x is agent:
         return seed_agent
     if isinstance(x, PPOOptimizer):
-        optimizer = make_optimizer(seed_agent, dataclasses.replace(args, num_seeds=1))
+        optimizer = make_optimizer(seed_agent, member_args(args, i))
         optimizer.load_state_dict(seed_optimizer_state(optimizer_state, i, args.num_seeds))
         return optimizer
     if isinstance(x, Args):
-        return dataclasses.replace(x, num_seeds=1)
+        return member_args(x, i)
     if isinstance(x, functools.partial):  # update_losses: ppo_loss bound to the Agent
         return functools.partial(x.func, *(alone(y, i, part, agent, seed_agent, args, optimizer_state)
                                            for y in x.args), **x.keywords)
@@ -1945,6 +1981,267 @@ def mean_over_seeds(means: list[dict[str, float]]) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Population-based training (--pbt_interval): the seeds of --num_seeds as a population that exploits and explores
+# ---------------------------------------------------------------------------------------------
+
+# Copied from ppo.py
+PBT_SETTINGS = ("learning_rate", "ent_coef", "clip_coef", "vf_coef", "max_grad_norm", "gamma", "gae_lambda",
+                "target_kl")
+PBT_DISCOUNTS = ("gamma", "gae_lambda")  # perturbed as 1 - x: the horizon 1 / (1 - x) is what scales
+SETTING_RULE = ("a setting that --pbt_space searches holds one value per member: use it in tensor arithmetic, where "
+                "it meets each member's part of the other tensor, never as a Python number (float(), if)")
+
+
+# Copied from ppo.py
+class MemberValues(torch.Tensor):
+    """--pbt_interval: a searched setting as the algorithm reads it from args, one value per member (float64 on the
+    learner's device; numbers: the same as Python floats; flag: the flag's value). Where it meets a tensor it lines up
+    with that tensor's seed dimension, the first (a statistic (N,), rows (N, rows, ...), a step's (N, num_envs, ...))
+    or, after num_steps, the second (a rollout's (num_steps, N, num_envs, ...)), in that tensor's dtype as a Python
+    number would be: code written for one seed and one number computes each member's with its member's number."""
+
+    SCALAR = {torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.__int__, torch.Tensor.__bool__,
+              torch.Tensor.__index__}
+
+    def __deepcopy__(self, memo):  # one object wherever args is copied: explore() sets it in place
+        return self
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in cls.SCALAR:
+            raise UserError(f"{SETTING_RULE} ({TRAINER}.py's docstring, 'A copy's contract')")
+        given = [*args, *kwargs.values()]
+        members = next(x for x in given if isinstance(x, MemberValues))
+        reference = next((x for x in given if isinstance(x, torch.Tensor) and not isinstance(x, MemberValues)
+                          and x.dim() > 0), None)
+        with torch._C.DisableTorchFunctionSubclass():
+            if reference is None:  # settings and numbers alone (1 - args.clip_coef): a setting again
+                result = func(*args, **kwargs)
+                return (member_values(result, None, None, members.num_steps)
+                        if isinstance(result, torch.Tensor) and result.shape == members.shape else result)
+            dtype = reference.dtype if reference.is_floating_point() else torch.get_default_dtype()
+            shape = members.seed_shape(reference)
+
+            def lined_up(x):
+                return x.as_subclass(torch.Tensor).to(dtype).view(shape) if isinstance(x, MemberValues) else x
+            return func(*map(lined_up, args), **{key: lined_up(x) for key, x in kwargs.items()})
+
+    def seed_shape(self, reference: torch.Tensor) -> tuple[int, ...]:
+        n, shape = self.shape[0], reference.shape
+        dims = [d for d in (0, 1) if len(shape) > d and shape[d] == n and (d == 0 or shape[0] == self.num_steps)]
+        if len(dims) != 1:
+            raise UserError(f"{SETTING_RULE}; it met a tensor of shape {tuple(shape)}, which holds no seed dimension "
+                            f"of {n} first (or second, after num_steps) ({TRAINER}.py's docstring, 'A copy's "
+                            "contract')")
+        return (*(1,) * dims[0], n, *(1,) * (len(shape) - dims[0] - 1))
+
+    def set(self, numbers: list[float]):
+        with torch._C.DisableTorchFunctionSubclass():
+            self.copy_(torch.tensor(numbers, dtype=torch.float64))
+        self.numbers = list(numbers)
+
+
+# Copied from ppo.py
+def member_values(values, numbers: Optional[list[float]], flag, num_steps: int) -> MemberValues:
+    with torch._C.DisableTorchFunctionSubclass():
+        values = values.as_subclass(MemberValues)
+    values.numbers, values.flag, values.num_steps = numbers, flag, num_steps
+    return values
+
+
+# Copied from ppo.py
+def member_numbers(value, n: int) -> list[float]:
+    """A setting's number for each of n members: a MemberValues' own, else the one number."""
+    if not isinstance(value, MemberValues):
+        return [value] * n
+    if value.numbers is None:  # a setting computed from settings (2 * args.max_grad_norm)
+        with torch._C.DisableTorchFunctionSubclass():
+            return value.as_subclass(torch.Tensor).tolist()
+    return value.numbers
+
+
+# Copied from ppo.py
+def pbt_space(args: Args) -> dict[str, tuple[float, float, bool]]:
+    """--pbt_space as NAME -> (LOW, HIGH, log), each checked against the flag's own range (FLAG_RULES)."""
+    space = {}
+    for text in args.pbt_space:
+        name, _, spec = text.partition("=")
+        low, _, rest = spec.partition(":")
+        high, _, scale = rest.partition(":")
+        if name not in PBT_SETTINGS:
+            raise UserError(f"--pbt_space {text!r}: {'--' + name if name else 'its flag'} cannot vary per member; a "
+                            f"population searches {', '.join(PBT_SETTINGS)}")
+        try:
+            low, high = float(low), float(high)
+        except ValueError:
+            raise UserError(f"--pbt_space {text!r}: write NAME=LOW:HIGH or NAME=LOW:HIGH:log") from None
+        ok, rule = next((ok, rule) for flags, ok, rule in FLAG_RULES if name in flags)
+        if scale not in ("", "log") or not (finite(low) and finite(high) and low < high) or (scale and low <= 0):
+            raise UserError(f"--pbt_space {text!r}: write NAME=LOW:HIGH or NAME=LOW:HIGH:log, finite, LOW below HIGH "
+                            "(and above 0 on a log scale)")
+        if not (ok(low) and ok(high)):
+            raise UserError(f"--pbt_space {text!r} leaves --{name}'s range: --{name} must be {rule}")
+        if name in space:
+            raise UserError(f"--pbt_space names --{name} twice")
+        space[name] = (low, high, scale == "log")
+    return space
+
+
+# Copied from ppo.py
+def drawn(space: tuple[float, float, bool], generator: torch.Generator) -> float:
+    low, high, log = space
+    u = torch.rand((), generator=generator, dtype=torch.float64).item()
+    return math.exp(math.log(low) + u * (math.log(high) - math.log(low))) if log else low + u * (high - low)
+
+
+# Copied from ppo.py
+def population_args(args: Args, resume_state: Optional[dict], device: torch.device) -> Args:
+    """The Args that train() runs with: under --pbt_interval each searched setting a MemberValues, from the flags'
+    values, --pbt_start=space's draws, or a resumed run's."""
+    if args.pbt_interval is None:
+        return args
+    saved, generator = (resume_state or {}).get("pbt"), torch.Generator().manual_seed(args.seed)
+    settings = {}
+    for name, space in pbt_space(args).items():
+        numbers = ([drawn(space, generator) for _ in range(args.num_seeds)] if args.pbt_start == "space" else
+                   [getattr(args, name)] * args.num_seeds) if saved is None else saved["values"][name]
+        settings[name] = member_values(torch.tensor(numbers, dtype=torch.float64, device=device), list(numbers),
+                                       getattr(args, name), args.num_steps)
+    return dataclasses.replace(args, **settings)
+
+
+# Copied from ppo.py
+def flags_of(args: Args) -> Args:
+    """The run's Args as the flags gave them (a population's settings: their flags' values)."""
+    return dataclasses.replace(args, **{key: value.flag for key, value in vars(args).items()
+                                        if isinstance(value, MemberValues)})
+
+
+# Copied from ppo.py
+def member_args(args: Args, i: int) -> Args:
+    """Member (seed) i's Args as a run of that seed alone with its settings has them."""
+    return dataclasses.replace(args, num_seeds=1, pbt_interval=None, **{
+        key: member_numbers(value, args.num_seeds)[i] for key, value in vars(args).items()
+        if isinstance(value, MemberValues)})
+
+
+# Copied from ppo.py
+class Population:
+    """--pbt_interval: the members of --num_seeds as a population (Jaderberg et al. 2017) in one process. Every
+    pbt_interval iterations after the warm-up, end_iteration() ranks them by their score; each of the worst
+    pbt_fraction takes (exploit) the whole learner state of a random member of the best pbt_fraction, a copy along
+    the seed dimension: the Agent's parameters and buffers (observation and value statistics, a copy's own state),
+    every optimizer's state and learning rate (an adaptive schedule's position), the reward statistics, the searched
+    settings; then it perturbs (explore) the settings it took, after the copy. A member keeps its own envs,
+    their episodes in progress (and the reward normalizer's returns of them) and its own random streams, as a run
+    goes on. The last iteration ranks without exploiting, to name the best. lineage.csv: a row per member per
+    ranking (seeds name members and donors); checkpoints hold the rest (state())."""
+
+    def __init__(self, args: Args, setup: Setup, agent: Agent, optimizer: PPOOptimizer,
+                 reward_normalizer: Optional[RewardNormalizer], resume_state: Optional[dict]):
+        self.args, self.setup, self.agent, self.optimizer = args, setup, agent, optimizer
+        self.reward_normalizer, self.space = reward_normalizer, pbt_space(args)
+        self.settings = {name: getattr(args, name) for name in self.space}
+        self.generator = torch.Generator().manual_seed(args.seed + 1)
+        self.window = torch.zeros(2, args.num_seeds, dtype=torch.float64)  # the scores' sums and counts
+        self.scores = torch.full((args.num_seeds,), math.nan, dtype=torch.float64)
+        self.lineage, self.rows = setup.run_dir / "lineage.csv", []
+        if resume_state is not None:
+            saved = resume_state["pbt"]
+            self.generator.set_state(saved["generator"])
+            self.window, self.scores = saved["window"].clone(), saved["scores"].clone()
+            if self.lineage.is_file():  # the rows of rankings after the checkpoint are done again
+                self.rows = [row for row in self.lineage.read_text().splitlines()[1:]
+                             if int(row.split(",")[0]) <= resume_state["iteration"]]
+                self.write_lineage()
+
+    def state(self) -> dict:
+        return {"values": {name: list(values.numbers) for name, values in self.settings.items()},
+                "generator": self.generator.get_state(), "window": self.window.clone(), "scores": self.scores.clone()}
+
+    def end_iteration(self, run: Run, episodes: dict[str, torch.Tensor]):
+        args, iteration = self.args, run.iteration
+        for i, member_episodes in enumerate(episodes_by_seed(episodes, args.num_seeds)):
+            values = member_episodes.get("success_once", member_episodes.get("return"))
+            if values is not None and values.numel() > 0:
+                self.window[:, i] += torch.tensor([values.double().sum().item(), values.numel()])
+        run.log.scalars({f"pbt/{name}": torch.tensor(values.numbers) for name, values in self.settings.items()},
+                        run.global_step)
+        warmup, last = args.pbt_warmup or args.pbt_interval, iteration == self.setup.num_iterations
+        if not last and (iteration < warmup or (iteration - warmup) % args.pbt_interval):
+            return
+        self.scores = (self.evaluated(run) if args.pbt_objective == "eval" else self.window[0] / self.window[1])
+        self.window.zero_()
+        order = sorted(range(args.num_seeds), key=lambda i: (math.isnan(self.scores[i]), -self.scores[i], i))
+        k = max(1, int(args.num_seeds * args.pbt_fraction))
+        donors, spread = {}, float(self.scores.nan_to_num(0.0).max() - self.scores.nan_to_num(0.0).min())
+        for member in [] if last else order[-k:]:
+            donor = order[torch.randint(k, (), generator=self.generator).item()]
+            if (args.pbt_rule == "truncation" or math.isnan(self.scores[member])
+                    or self.scores[donor] - self.scores[member] > args.pbt_margin * spread):
+                self.exploit(member, donor)
+                donors[member] = donor
+            self.explore(member)
+        run.log.scalars({"pbt/score": self.scores.float()}, run.global_step)
+        self.rows += [",".join(map(str, [iteration, run.global_step, args.seed + i, self.scores[i].item(),
+                                         "" if i not in donors else args.seed + donors[i],
+                                         *(values.numbers[i] for values in self.settings.values())]))
+                      for i in range(args.num_seeds)]
+        self.write_lineage()
+
+    def evaluated(self, run: Run) -> torch.Tensor:
+        """--pbt_objective=eval: each member's mean over an evaluation on the same seeds (the run's first)."""
+        scores = []
+        for seed_agent, eval_envs in zip(agents_of_seeds(self.agent, self.args, run.envs), run.eval_envs):
+            seed_agent.eval()
+            with own_random_stream(eval_envs):
+                metrics = evaluate(seed_agent, eval_envs, self.setup.num_eval_steps, self.args.seed)
+            values = metrics.get("success_once", metrics.get("return"))
+            scores.append(values.double().mean().item() if values is not None and values.numel() else math.nan)
+        return torch.tensor(scores, dtype=torch.float64)
+
+    def exploit(self, member: int, donor: int):
+        for values in self.settings.values():
+            values.set([values.numbers[donor] if i == member else number for i, number in enumerate(values.numbers)])
+        with torch.no_grad():
+            for module in (self.agent, self.reward_normalizer):
+                for tensor in (module.state_dict() if module is not None else {}).values():
+                    tensor[member] = tensor[donor]
+        for optimizer in (self.optimizer, *own_optimizers(self.agent).values()):
+            per = len(optimizer.param_groups) // self.args.num_seeds  # groups seed by seed (SeedOptimizer, SeedSteps)
+            for to, of in zip(optimizer.param_groups[member * per:(member + 1) * per],
+                              optimizer.param_groups[donor * per:(donor + 1) * per]):
+                to["lr"] = of["lr"]
+                for p, q in zip(to["params"], of["params"]):
+                    optimizer.state.pop(p, None)
+                    if q in optimizer.state:
+                        optimizer.state[p] = {key: value.clone() if torch.is_tensor(value) else value
+                                              for key, value in optimizer.state[q].items()}
+
+    def explore(self, member: int):
+        for name, space in self.space.items():
+            numbers, factor = list(self.settings[name].numbers), 1.0 + self.args.pbt_perturb
+            if torch.rand((), generator=self.generator).item() < self.args.pbt_resample:
+                number = drawn(space, self.generator)
+            else:
+                factor = 1.0 - self.args.pbt_perturb if torch.rand((), generator=self.generator) < 0.5 else factor
+                number = numbers[member]
+                number = 1.0 - (1.0 - number) * factor if name in PBT_DISCOUNTS else number * factor
+            numbers[member] = min(max(number, space[0]), space[1])
+            self.settings[name].set(numbers)
+        if "learning_rate" in self.space and self.args.lr_schedule == "constant":  # linear: at the next iteration
+            self.optimizer.param_groups[member]["lr"] = self.settings["learning_rate"].numbers[member]
+
+    def best(self) -> int:
+        return int(self.scores.nan_to_num(-math.inf).argmax())
+
+    def write_lineage(self):
+        header = ",".join(["iteration", "global_step", "member", "score", "donor", *self.settings])
+        write_file(self.lineage, "\n".join([header, *self.rows, ""]).encode())
+
+
+# ---------------------------------------------------------------------------------------------
 # The run around train()'s loop: its start, logs, evaluation, checkpoints, signals, what stops it
 # ---------------------------------------------------------------------------------------------
 
@@ -1983,6 +2280,8 @@ class Run:
                            setup.device)
         self.unsaved = UnsavedState(self.agent, args, self.optimizer)
         self.log = RunLog(args, setup, self.resume_state)
+        self.population = None if args.pbt_interval is None else Population(
+            args, setup, self.agent, self.optimizer, self.reward_normalizer, self.resume_state)
         self.progress = tqdm(total=setup.num_iterations, initial=self.start_iteration, desc=setup.run_name,
                              dynamic_ncols=True, mininterval=1.0, disable=rank != 0)
         self.start_time, self.start_step = time.perf_counter(), self.global_step
@@ -2028,6 +2327,8 @@ class Run:
                       "steps", file=sys.stderr)
             self.log.flush()
         self.log.videos(global_step)
+        if self.population:
+            self.population.end_iteration(self, episodes)
         self.unsaved.refuse_changes()  # the evaluation's changes too, before a checkpoint leaves them out
         self.progress.set_postfix(postfix, refresh=False)
         self.progress.update(1)
@@ -2047,7 +2348,8 @@ class Run:
 
     def save(self, final: bool = False) -> Optional[Path]:
         return write_checkpoint(self.args, self.setup, self.envs, self.agent, self.optimizer, self.reward_normalizer,
-                                self.global_step, self.iteration, final)
+                                self.global_step, self.iteration, final,
+                                None if self.population is None else self.population.state())
 
     def __exit__(self, exc_type, e, tb) -> bool:
         rank = self.setup.rank
@@ -2070,6 +2372,10 @@ class Run:
             if rank == 0:
                 print(f"done: {self.setup.num_iterations} iterations, {self.global_step} steps; run in "
                       f"{self.setup.run_dir}", flush=True)
+                if self.population:
+                    best = self.population.best()
+                    print(f"best member: seed {self.args.seed + best} (score {self.population.scores[best]:.4g}), "
+                          f"{seed_dirs(self.args, self.setup.run_dir)[best][1]}", flush=True)
         return False
 
 
@@ -2152,7 +2458,8 @@ def main(args: Args) -> int:
             setup = Setup(run_name, run_dir, device, rank, **derived, time_limit_from=time_limit_from,
                           critic_input=critic_input, checkpoint_trainer=init_state and init_state.get("trainer"),
                           run_id=(resume_state or {}).get("run_id") or secrets.token_hex(8))
-            status = train(args, setup, envs, eval_envs, resume_state, init_state)
+            status = train(population_args(args, resume_state, device), setup, envs, eval_envs, resume_state,
+                           init_state)
             if num_ranks > 1:
                 dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)  # rank 0's last writes
             return status
@@ -2213,6 +2520,11 @@ FLAG_RULES = (
     (("wandb_project_name", "wandb_entity", "wandb_group"), lambda name: name is None or name.strip() != "",
      "a name (or None: the default)"),
     (("wandb_tags",), lambda tags: all(1 <= len(tag) <= 64 for tag in tags), "tags of 1 to 64 characters (wandb's)"),
+    (("pbt_interval", "pbt_warmup"), lambda value: value is None or value >= 1, "positive (or None)"),
+    (("pbt_fraction",), lambda value: 0.0 < value <= 0.5, "in (0, 0.5]"),
+    (("pbt_perturb",), lambda value: 0.0 < value < 1.0, "in (0, 1)"),
+    (("pbt_resample",), lambda value: 0.0 <= value <= 1.0, "in [0, 1]"),
+    (("pbt_margin",), lambda value: finite(value) and value >= 0.0, "0 or a positive finite number"),
 )
 
 
@@ -2252,6 +2564,8 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
                 raise UserError(f"--num_seeds does not work with {flag} yet; start a run of each seed instead "
                                 "(scripts/sweep.sh)")
     args, derived = settings(args, maniskill, time_limit, num_ranks)
+    if args.pbt_interval is not None:
+        refuse_bad_population(args, derived["num_iterations"])
     if args.track and importlib.util.find_spec("wandb") is None:
         raise UserError("--track logs to Weights and Biases, which is not installed: pip install wandb")
     if args.checkpoint is not None and args.resume is not None:
@@ -2308,6 +2622,28 @@ def validate(args: Args, maniskill: bool, time_limit: Optional[int], num_ranks: 
                             "(with --resume: a new run with --checkpoint), or a machine with CUDA for the GPU "
                             "simulation")
     return args, derived
+
+
+# Copied from ppo.py
+def refuse_bad_population(args: Args, num_iterations: int):
+    if args.num_seeds < 4:
+        raise UserError(f"--pbt_interval ranks a population of at least 4 members (--num_seeds), got {args.num_seeds}")
+    first = args.pbt_warmup or args.pbt_interval
+    if first >= num_iterations:
+        raise UserError(f"the first ranking (--pbt_warmup, else --pbt_interval: iteration {first}) comes at or after "
+                        f"the run's last iteration ({num_iterations}): lower it or raise --total_timesteps")
+    if args.num_steps == args.num_seeds:  # MemberValues finds a tensor's seed dimension by its size
+        raise UserError(f"--pbt_interval needs --num_steps other than --num_seeds ({args.num_seeds}), which a "
+                        "rollout's first dimensions would not tell apart")
+    for name, (low, high, _) in pbt_space(args).items():
+        if name == "target_kl" and args.target_kl is None:
+            raise UserError("--pbt_space searches target_kl, which --target_kl=None turns off: give it a value")
+        if name == "learning_rate" and args.lr_schedule == "adaptive":
+            raise UserError("--pbt_space searches learning_rate, which --lr_schedule=adaptive sets itself: use "
+                            "--lr_schedule=constant or linear")
+        if args.pbt_start == "flags" and not low <= getattr(args, name) <= high:
+            raise UserError(f"--{name}={getattr(args, name)} lies outside --pbt_space's {low}:{high}, where members "
+                            "start (--pbt_start=flags): give a value inside, or --pbt_start=space")
 
 
 # Copied from ppo.py
@@ -3307,7 +3643,7 @@ def open_run(args: Args, setup: Setup, resume_state: Optional[dict], announce: b
                if setup.time_limit_from is None else f"{args.max_episode_steps} (from {setup.time_limit_from})"}
     if setup.checkpoint_trainer is not None:
         derived["checkpoint_written_by"] = f"{setup.checkpoint_trainer}.py"
-    table = {**dataclasses.asdict(args), **derived}
+    table = {**dataclasses.asdict(flags_of(args)), **derived}
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in table.items()))
     if announce:
         print(f"run {setup.run_name}: {setup.run_dir}  " + "  ".join(f"{k}={v}" for k, v in derived.items()),
@@ -3468,8 +3804,8 @@ def wandb_run_id(run_id: str, seed: int) -> str:
 
 
 def checkpoint_states(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: PPOOptimizer,
-                      reward_normalizer: Optional[RewardNormalizer], global_step: int,
-                      iteration: int) -> list[tuple[Path, dict]]:
+                      reward_normalizer: Optional[RewardNormalizer], global_step: int, iteration: int,
+                      pbt: Optional[dict] = None) -> list[tuple[Path, dict]]:
     """What a checkpoint holds, by the run directory it goes to. Every rank calls it (each hands rank 0 its random
     state); on the others it is empty. Under --num_seeds, each seed's in its own run directory (seed_dirs()), as a run
     of that seed alone writes one, first; then the run's, which says how they make one run (with_seeds())."""
@@ -3479,7 +3815,8 @@ def checkpoint_states(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent,
     if setup.rank != 0:
         return []
     state = {"format": CHECKPOINT_FORMAT, "trainer": TRAINER, "run_name": setup.run_name,
-             "args": dataclasses.asdict(args), "model": agent.state_dict(), "optimizer": optimizer.state_dict(),
+             "args": dataclasses.asdict(flags_of(args)), "model": agent.state_dict(),
+             "optimizer": optimizer.state_dict(),
              "reward_normalizer": None if reward_normalizer is None else reward_normalizer.state_dict(),
              "agents": envs.agents, **agent_spaces(envs),
              "global_step": global_step, "iteration": iteration, "world_size": world_size(),
@@ -3493,7 +3830,7 @@ def checkpoint_states(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent,
     # afresh (setting the seeds' aside). The run's holds no tensor that a seed's holds: each is stored once.
     seeds = [(seed_dir, seed_checkpoint(state, i, seed_args, seed_dir))
              for i, (seed_args, seed_dir) in enumerate(seed_dirs(args, setup.run_dir))]
-    return [*seeds, (setup.run_dir, {**state, "model": {}, "reward_normalizer": None, "seed_rngs": [],
+    return [*seeds, (setup.run_dir, {**state, "pbt": pbt, "model": {}, "reward_normalizer": None, "seed_rngs": [],
                                      "optimizer": optimizer_groups(state["optimizer"])})]
 
 
@@ -3542,10 +3879,10 @@ def stack_optimizer_states(run_optimizer: dict, seed_optimizers: list[dict]) -> 
 # Copied from ppo.py
 def write_checkpoint(args: Args, setup: Setup, envs: TorchVecEnv, agent: Agent, optimizer: PPOOptimizer,
                      reward_normalizer: Optional[RewardNormalizer], global_step: int, iteration: int,
-                     final: bool = False) -> Optional[Path]:
+                     final: bool = False, pbt: Optional[dict] = None) -> Optional[Path]:
     """Every rank calls it; rank 0 writes ckpt_{iteration}.pt (and, final, final_ckpt.pt) in each run directory
     checkpoint_states() names, then keeps the newest --keep_checkpoints of each."""
-    states = checkpoint_states(args, setup, envs, agent, optimizer, reward_normalizer, global_step, iteration)
+    states = checkpoint_states(args, setup, envs, agent, optimizer, reward_normalizer, global_step, iteration, pbt)
     for run_dir, state in states:
         save_checkpoint(run_dir / f"ckpt_{iteration}.pt", state)
         if final:
@@ -3572,7 +3909,7 @@ def seed_dirs(args: Args, run_dir: Path) -> list[tuple[Args, Path]]:
     """--num_seeds: each seed as a run of its own, {run_name}__seed{seed} in the run's directory: its flags (those of
     a run of that seed alone, in the run's wandb group) and its directory."""
     names = [f"{run_dir.name}__seed{seed}" for seed in range(args.seed, args.seed + args.num_seeds)]
-    return [(dataclasses.replace(args, seed=args.seed + i, num_seeds=1, exp_name=name,
+    return [(dataclasses.replace(member_args(args, i), seed=args.seed + i, exp_name=name,
                                  wandb_group=args.wandb_group or run_dir.name), run_dir / name)
             for i, name in enumerate(names)]
 

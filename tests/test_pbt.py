@@ -135,7 +135,8 @@ def test_exploit_copies_the_whole_learner_state_then_explore_perturbs_the_copy(t
     for i, row in enumerate(rows[-4:]):  # each member's checkpoint holds its settings, as a run alone of them
         member = load(tmp_path / f"runs/pbt/pbt__seed{i + 1}/final_ckpt.pt")["args"]
         assert member["num_seeds"] == 1 and member["pbt_interval"] is None
-        assert all(member[name] == float(row[name]) == final["pbt"]["values"][name][i] for name in final["pbt"]["values"])
+        assert all(member[name] == float(row[name]) == final["pbt"]["values"][name][i]
+                   for name in final["pbt"]["values"])
         assert [value for _, value in scalars(tmp_path / f"runs/pbt/pbt__seed{i + 1}")["pbt/gamma"]][-1] == \
             pytest.approx(float(row["gamma"]))
     assert final["args"]["learning_rate"] == 3e-4  # the run's own: the flags
@@ -211,3 +212,31 @@ def test_plot_draws_the_lineage_of_the_final_best_member(tmp_path):
         ("2", "1", "5.0"), ("4", "3", "7.0"), ("6", "3", "9.0")]
     assert plot.main([str(run), "--lineage", "--out", str(tmp_path / "plots")]) == 0
     assert (tmp_path / "plots/r_lineage.png").stat().st_size > 10_000
+
+
+SIBLINGS = {"ppo_rnn.py": ("tests.envs:PointMass-v0", {"rnn_hidden_size": 16, "seq_len": 8}),
+            "ppo_rgb.py": ("tests.envs:PointMassPixels-v0", {"hidden_sizes": "64", "activation": "tanh"}),
+            "ippo.py": ("vmas:tests.vmas_scenarios:Clock", {"hidden_sizes": "64", "max_episode_steps": 16})}
+
+
+@pytest.mark.parametrize("trainer", SIBLINGS)
+def test_every_trainer_trains_a_population_and_resumes_it_exactly(tmp_path, trainer):
+    """Members drawn from the space (the first update also runs each member alone with its own numbers, so that a
+    setting that met a tensor along the wrong dimension would stop the run), ranked every 2 iterations; resumed from
+    iteration 3's checkpoint, the run ends with the same lineage and each member's weights."""
+    env_id, flags = SIBLINGS[trainer]
+    argv = fast_args(env_id, "pop", num_seeds=4, pbt_interval=2, pbt_start="space", total_timesteps=32 * 6,
+                     checkpoint_freq=3, norm_obs=True, **flags) + ["--pbt_space", *SPACE, "ent_coef=0:0.02"]
+    first = run_script(trainer, argv, tmp_path)
+    assert first.returncode == 0, first.stderr
+    run = tmp_path / "runs/pop"
+    lineage = (run / "lineage.csv").read_text()
+    finals = [load(run / f"pop__seed{seed}/final_ckpt.pt") for seed in range(1, 5)]
+    assert lineage.count("\n") == 1 + 3 * 4 and len({row.split(",")[5] for row in lineage.splitlines()[1:5]}) == 4
+    resumed = run_script(trainer, ["--resume", str(run / "ckpt_3.pt")], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert (run / "lineage.csv").read_text() == lineage
+    for seed, final in enumerate(finals, 1):
+        again = load(run / f"pop__seed{seed}/final_ckpt.pt")
+        assert all(torch.equal(final["model"][key], again["model"][key]) for key in final["model"])
+        assert again["args"]["learning_rate"] == final["args"]["learning_rate"] != 3e-4
