@@ -288,8 +288,12 @@ def run_args(trainer, ckpt: dict, args: EvalArgs):
     if saved.get("num_seeds", 1) > 1:
         run_dir, name, count = find_checkpoint(args.checkpoint).parent, ckpt["run_name"], saved["num_seeds"]
         first, last = (run_dir / f"{name}__seed{saved['seed'] + i}" for i in (0, count - 1))
+        scores = (ckpt.get("pbt") or {}).get("scores")  # a population's (--pbt_interval), at its last ranking
+        best = "" if scores is None or scores.isnan().all() else (
+            f"; the population's best at its last ranking: {name}__seed"
+            f"{saved['seed'] + int(scores.nan_to_num(-math.inf).argmax())}")
         raise UserError(f"{run_dir} is a run of {count} seeds trained together (--num_seeds), whose checkpoints hold "
-                        f"no weights: evaluate a seed's run, {first} to {last}")
+                        f"no weights: evaluate a seed's run, {first} to {last}{best}")
     run = trainer.Args(**{f.name: saved[f.name] for f in dataclasses.fields(trainer.Args) if f.name in saved})
     overrides = {"num_eval_envs": args.num_envs, "env_id": args.env_id, "control_mode": args.control_mode,
                  "sim_backend": args.sim_backend, "eval_reconfiguration_freq": args.reconfiguration_freq,

@@ -24,6 +24,10 @@ and save a checkpoint every iteration:
               from there to the end
   seeds       (a copy of a trainer with --num_seeds) --num_seeds 2 ends with each seed as its run alone, within 100
               times the float rounding that the stock trainer's seeds part by in the same runs
+  population  (a copy of a trainer with --pbt_interval) 4 members as a population, their settings drawn from a space
+              of every setting the copy can search, ranked every 2 iterations: the run ends (each member's first
+              update ran alone with its own numbers too), lineage.csv holds every ranking and each member's
+              checkpoint its settings; resumed from iteration 5's checkpoint, the same lineage and weights to the bit
   evaluates   ppo_eval.py evaluates the final checkpoint
   exports     the ONNX policy of ppo_eval.py --export gives the actions the envs received in the copy's own last
               evaluation in training (recorded where TorchVecEnv hands them to the Gymnasium vector env), its first
@@ -69,7 +73,11 @@ KINDS = {"ippo": ("agent_obs", "vmas:tests.vmas_scenarios:Clock", dict(max_episo
          # its run alone by more than rounding (7e-5 in a weight after 4 iterations, where tanh's part by 4e-8)
          "ppo_rgb": ("obs_mode", "tests.envs:PointMassPixelsHalves-v0", dict(activation="tanh")),
          "ppo": ("num_seeds", "tests.envs:PointMassHalves-v0", {})}
-CHECKS = ("trains", "same_seed", "resume", "seeds", "evaluates", "exports")
+CHECKS = ("trains", "same_seed", "resume", "seeds", "population", "evaluates", "exports")
+# the population check's space: each setting the copy's population can search, about the trainers' defaults
+POPULATION_SPACE = {"learning_rate": "1e-4:1e-3:log", "ent_coef": "0:0.01", "clip_coef": "0.1:0.3", "vf_coef": "0.25:1",
+                    "max_grad_norm": "0.25:1", "gamma": "0.9:0.99", "gae_lambda": "0.8:0.95", "target_kl": "0.05:0.2"}
+POPULATION_RESUMED_AT = 5
 ITERATIONS = 8
 SEEDS_ROUNDING_FACTOR, SEEDS_ROUNDING_FLOOR = 100, 1e-7  # the seeds check's tolerance, of the stock trainer's rounding
 EXPORT_STEPS = 10
@@ -370,7 +378,8 @@ def main(argv=None) -> int:
     checks, wanted = Checks(), set(args.checks)
     with tempfile.TemporaryDirectory() as directory:
         work = Path(directory)
-        results = run_jobs(jobs_of(str(copy), argv_on(env_id), wanted, has_seeds, work), work)
+        population = population_argv(module, argv_on(env_id)) if "population" in wanted else None
+        results = run_jobs(jobs_of(str(copy), argv_on(env_id), wanted, has_seeds, work, population), work)
         runs = work / "runs"
         trained = (f"{ITERATIONS} iterations on {env_id}: the final checkpoint's numbers finite, the policy loss and "
                    "KL not 0 in every update, every trainable parameter moved after iteration 1"
@@ -408,6 +417,12 @@ def main(argv=None) -> int:
                 checks.add(check, how, failures, FIXES[check] if numeric(failures) or check == "resume" else "")
         if "seeds" in wanted and not has_seeds:
             checks.add("seeds", "", [], "", skipped=f"{kind}.py has no --num_seeds")
+        if population is not None:
+            checks.add("population", HOW["population"] + f", on {env_id}",
+                       population_failures(str(copy), results["population"], runs / "population", work),
+                       FIXES["population"])
+        elif "population" in wanted:
+            checks.add("population", "", [], "", skipped=f"{copy.name} has no --pbt_interval")
         if "evaluates" in wanted:
             evaluated = run([str(REPO / "ppo_eval.py"), str(runs / "first"), "--num_episodes", "2", "--trainer",
                              str(copy)], work)
@@ -423,7 +438,9 @@ def main(argv=None) -> int:
 
 HOW = {"resume": "stopped by SIGTERM after the first iteration that changed the copy's own state and halfway from "
                  "there, resumed, against the uninterrupted run to the bit; every optimizer's state in the checkpoint",
-       "seeds": "--num_seeds 2 against each seed alone"}
+       "seeds": "--num_seeds 2 against each seed alone",
+       "population": "--num_seeds 4 as a population (--pbt_interval 2, settings drawn from a space), resumed from "
+                     f"iteration {POPULATION_RESUMED_AT}'s checkpoint against the uninterrupted run"}
 FIXES = {"resume": "keep state that changes training in the Agent (a buffer: self.register_buffer(...), persistent "
                    "as by default; a parameter, or an optimizer of its own made in Agent.__init__: "
                    "self.my_optimizer = torch.optim.Adam(...)), which checkpoints save and --resume restores; not in "
@@ -432,7 +449,10 @@ FIXES = {"resume": "keep state that changes training in the Agent (a buffer: sel
          "seeds": "keep each seed's numbers its own (the trainer's docstring, 'A copy's contract'): reduce over rows "
                   "alone (the last dimension; ippo.py's: the second-to-last, masked_mean()), index parameters and "
                   "buffers from the end, compare statistics elementwise, keep what the Agent uses in its "
-                  "parameters, buffers and modules, draw with the seed dimension first"}
+                  "parameters, buffers and modules, draw with the seed dimension first",
+         "population": "read a searched setting (args.learning_rate, args.gamma, ...) in tensor arithmetic, where it "
+                       "meets each member's part of the tensors, never as a Python number (the trainer's docstring, "
+                       "'A copy's contract'); keep state in the Agent"}
 
 
 def flags_refused(module, argv: list[str]) -> str:
@@ -448,15 +468,59 @@ def flags_refused(module, argv: list[str]) -> str:
     return ""
 
 
-def jobs_of(script: str, argv_of, wanted: set, seeds: bool, work: Path) -> dict[str, list[str]]:
+def jobs_of(script: str, argv_of, wanted: set, seeds: bool, work: Path,
+            population: Optional[list[str]] = None) -> dict[str, list[str]]:
     """The runs of the checks wanted of script, by name: first, the uninterrupted run of seed 1 that every check
     compares with."""
     jobs = {"first": ["-c", RECORDED_RUN, script, str(work / "evaluation.pt"), *argv_of("first")]}
+    if population is not None:
+        jobs["population"] = [script, *population]
     if "same_seed" in wanted:
         jobs["again"] = [script, *argv_of("again")]
     if "seeds" in wanted and seeds:
         jobs.update({"alone2": [script, *argv_of("alone2", seed=2)], "batch": [script, *argv_of("batch", num_seeds=2)]})
     return jobs
+
+
+def population_argv(module, argv_of) -> Optional[list[str]]:
+    """The population check's run, of every setting the copy's population can search (None: it has no
+    --pbt_interval)."""
+    if "pbt_interval" not in module.Args.__dataclass_fields__:
+        return None
+    argv = argv_of("population", num_seeds=4, pbt_interval=2, pbt_start="space")
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            parsed = module.parse_args(argv)
+        except (SystemExit, Exception):  # the run says why, in its error line
+            return argv
+    turned_off = {"target_kl": parsed.target_kl is None, "learning_rate": parsed.lr_schedule == "adaptive"}
+    space = [f"{name}={POPULATION_SPACE[name]}" for name in getattr(module, "PBT_SETTINGS", POPULATION_SPACE)
+             if name in POPULATION_SPACE and hasattr(parsed, name) and not turned_off.get(name)]
+    return [*argv, "--pbt_space", *space]
+
+
+def population_failures(script: str, result: subprocess.CompletedProcess, run_dir: Path, work: Path) -> list[str]:
+    if result.returncode != 0:
+        return [f"the run failed: {error_of(result)}"]
+    lineage = (run_dir / "lineage.csv").read_text() if (run_dir / "lineage.csv").is_file() else ""
+    rows = [row.split(",") for row in lineage.splitlines()[1:]]
+    if len(rows) != 4 * ITERATIONS // 2:
+        return [f"lineage.csv holds {len(rows)} rows, not {4 * ITERATIONS // 2} (4 members, {ITERATIONS // 2} "
+                "rankings)"]
+    names, failures = lineage.splitlines()[0].split(",")[5:], []
+    finals = {row[2]: load(run_dir / f"population__seed{row[2]}/final_ckpt.pt") for row in rows[-4:]}
+    for row in rows[-4:]:
+        if any(finals[row[2]]["args"][name] != float(value) for name, value in zip(names, row[5:])):
+            failures.append(f"seed {row[2]}'s final checkpoint does not hold its settings of lineage.csv")
+    resumed = run([script, "--resume", str(run_dir / f"ckpt_{POPULATION_RESUMED_AT}.pt")], work)
+    if resumed.returncode != 0:
+        return failures + [f"--resume of the run failed: {error_of(resumed)}"]
+    if (run_dir / "lineage.csv").read_text() != lineage:
+        failures.append("lineage.csv differs after --resume")
+    for seed, final in finals.items():
+        failures += [f"seed {seed}: {d}" for d in differences(
+            state(final), state(load(run_dir / f"population__seed{seed}/final_ckpt.pt")), exact=True)]
+    return failures
 
 
 def run_jobs(jobs: dict[str, list[str]], work: Path) -> dict[str, subprocess.CompletedProcess]:

@@ -157,6 +157,11 @@ def test_sigterm_then_resume_of_a_population_equals_the_uninterrupted_run(tmp_pa
     lineage = (tmp_path / "runs/full/lineage.csv").read_text()
     assert lineage == (tmp_path / "runs/cut/lineage.csv").read_text() and lineage.count("\n") == 1 + 8 * 4
     assert lineage.splitlines()[1].split(",")[5] != "0.0003"  # drawn from the space
+    best = resumed.stdout.split("best member: seed ")[1].split(" ")[0]
+    named = run_script("ppo_eval.py", ["runs/cut"], tmp_path)  # the run's directory names the best member's
+    assert named.returncode == 2 and f"the population's best at its last ranking: cut__seed{best}" in named.stderr
+    evaluated = run_script("ppo_eval.py", [f"runs/cut/cut__seed{best}", "--num_episodes", "2"], tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr
     for seed in range(1, 5):
         a = load(tmp_path / f"runs/full/full__seed{seed}/final_ckpt.pt")
         b = load(tmp_path / f"runs/cut/cut__seed{seed}/final_ckpt.pt")

@@ -88,7 +88,7 @@ def test_each_recipe_keeps_the_contract(tmp_path, recipe):
     result = run_python([str(REPO / "scripts/verify_copy.py"), str(copy), *flags], tmp_path, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     found = rows(result.stdout)
-    assert set(found) == {"trains", "same_seed", "resume", "seeds", "evaluates", "exports"}, result.stdout
+    assert set(found) == {"trains", "same_seed", "resume", "seeds", "population", "evaluates", "exports"}, result.stdout
     assert all(verdict == "holds" for verdict, _ in found.values()), result.stdout
 
 

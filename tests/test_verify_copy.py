@@ -121,6 +121,11 @@ SABOTAGES = {
         (INIT, INIT + "        self.projection = torch.randn(obs_dim, obs_dim)\n"),
         (ACTOR_OBS, ACTOR_OBS + "        actor_obs = actor_obs @ self.projection\n"),
     ], "Agent.projection differs between the Agents of two seeds"),
+    # a population's setting (--pbt_interval) as one number: the population's first update names the rule
+    "a searched setting read as a number": ("population", [
+        ("        loss = pg_loss - args.ent_coef * entropy_loss", "        loss = pg_loss - float(args.ent_coef) * "
+                                                                    "entropy_loss"),
+    ], "holds one value per member"),
     "a counter in a buffer made persistent=False": ("trains", [
         (INIT, INIT + "        self.register_buffer('updates', torch.tensor(0), persistent=False)\n"),
         ("    return {**stats, **optimizer.stats()}\n",
@@ -186,7 +191,7 @@ def test_the_stock_trainers_copies_keep_the_contract(tmp_path, trainer):
     if trainer == "ippo":
         pytest.importorskip("vmas")
     pytest.importorskip("onnxruntime")
-    checks = ["resume", "seeds", "exports"]
+    checks = ["resume", "seeds", "population", "exports"]
     result = verify(tmp_path, (REPO / f"{trainer}.py").read_text(), f"my_{trainer}", checks)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     found = rows(result.stdout)
