@@ -7,11 +7,13 @@ same N seeds as runs of their own, two at a time (scripts/sweep.sh --jobs 2, on 
     python benchmarks/seeds_speed.py --settings navigation_ippo --num_seeds 1 8     # ippo.py's row
     python benchmarks/seeds_speed.py --threads 1 2            # the one process also with --torch_threads 2
     python benchmarks/seeds_speed.py --settings cartpole --num_seeds 1 2 --total_timesteps 1024  # a check of it
+    python benchmarks/seeds_speed.py --num_seeds 8 --pbt_interval 2   # also a population ranked every 2 iterations
 
 Prints a markdown table per setting: for each N, the wall time of all N seeds (process start-up included, as a user
 waits for it) in one process and as separate processes, seeds per hour of each, the ratio of the two, the one
 process's time over one seed's alone, and the peak resident memory of a process (ru_maxrss; the separate runs'
-largest, two of which run at once).
+largest, two of which run at once). --pbt_interval K adds, after each one-process row of 4 seeds or more, the same
+process as a population (--pbt_interval K, the default --pbt_space) and its time over the row above: PBT's own cost.
 """
 
 import argparse
@@ -74,10 +76,12 @@ def finish(process: subprocess.Popen) -> int:
     return usage.ru_maxrss // 1024
 
 
-def one_process(flags: list[str], num_seeds: int, threads: int) -> tuple[float, int]:
+def one_process(flags: list[str], num_seeds: int, threads: int, pbt_interval: int | None = None
+                ) -> tuple[float, int]:
+    population = [] if pbt_interval is None else ["--pbt_interval", str(pbt_interval)]
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
-        memory = finish(run([*flags, "--num_seeds", str(num_seeds), "--torch_threads", str(threads),
+        memory = finish(run([*flags, "--num_seeds", str(num_seeds), "--torch_threads", str(threads), *population,
                              "--exp_name", "batch"], tmp))
         return time.perf_counter() - start, memory
 
@@ -103,6 +107,7 @@ def main():
     parser.add_argument("--num_seeds", nargs="+", type=int, default=[1, 2, 4, 8, 16])
     parser.add_argument("--threads", nargs="+", type=int, default=[1], help="the one process's --torch_threads")
     parser.add_argument("--total_timesteps", type=int, help="each seed's steps (default: the setting's own)")
+    parser.add_argument("--pbt_interval", type=int, help="also each one process as a population ranked this often")
     options = parser.parse_args()
     print(f"benchmarks/seeds_speed.py, {machine()}\n")
     for name in options.settings:
@@ -118,15 +123,19 @@ def main():
             separate, separate_memory = separate_processes(flags, num_seeds)
             alone = alone or (separate if num_seeds == 1 else None)
             rows = [(f"{'separate processes, 2 at a time' if num_seeds > 1 else 'one run'}", separate,
-                     separate_memory)]
+                     separate_memory, "")]
             for threads in options.threads if num_seeds > 1 else [t for t in options.threads if t != 1]:
                 seconds, memory = one_process(flags, num_seeds, threads)
-                rows.append((f"--num_seeds {num_seeds}" + (f", {threads} threads" if threads != 1 else ""),
-                             seconds, memory))
-            for i, (way, seconds, memory) in enumerate(rows):
+                way = f"--num_seeds {num_seeds}" + (f", {threads} threads" if threads != 1 else "")
+                rows.append((way, seconds, memory, ""))
+                if options.pbt_interval is not None and num_seeds >= 4:
+                    pbt_seconds, memory = one_process(flags, num_seeds, threads, options.pbt_interval)
+                    rows.append((f"{way}, --pbt_interval {options.pbt_interval}", pbt_seconds, memory,
+                                 f" ({pbt_seconds / seconds:.3f} of the row above)"))
+            for i, (way, seconds, memory, cost) in enumerate(rows):
                 versus_separate = f"{separate / seconds:.2f}" if i > 0 else "-"
                 versus_alone = f"{seconds / alone:.2f}" if alone else "-"
-                print(f"| {num_seeds} | {way} | {seconds:.1f} | {3600 * num_seeds / seconds:.0f} | "
+                print(f"| {num_seeds} | {way} | {seconds:.1f}{cost} | {3600 * num_seeds / seconds:.0f} | "
                       f"{versus_separate} | {versus_alone} | {memory} |")
         print()
 
