@@ -99,6 +99,13 @@ def recipes(directory):
                {"OUT": str(directory / "out"), "PYTHON": sys.executable, "STEPS": "2048", "SEEDS": "1 2"})
 
 
+def population(directory):
+    """benchmarks/pbt.sh's Acrobot-v1: both arms, 8 seeds in one process each, 4 iterations, ranked after each."""
+    return run(["bash", str(REPO / "benchmarks/pbt.sh"), "discrete"], directory,
+               {"OUT": str(directory / "out"), "PYTHON": sys.executable, "STEPS": "2048", "INTERVAL": "1",
+                "EPISODES": "2"})
+
+
 def throughput(directory):
     return run([sys.executable, str(REPO / "benchmarks/throughput.py"), "--runs", "PushCube-v1:1", "Pendulum-v1:2",
                 "--steps", "20", "--iterations", "2"], directory)
@@ -118,6 +125,7 @@ ahead = runs_ahead({job.__name__: ((test,), job) for job, test in [
     (recurrent, "test_recurrent_benchmark_writes_its_table_and_plots"),
     (mpe_spread, "test_mpe_spread_benchmark_writes_its_table_and_plot"),
     (taxi_masks, "test_taxi_masks_benchmark_writes_its_table"),
+    (population, "test_population_benchmark_writes_its_table_lineage_and_plots"),
     (tuning, "test_tuning_benchmark_writes_its_results_and_plots"),
 ]})
 
@@ -136,6 +144,22 @@ def test_recipes_benchmark_writes_its_table_and_plots(ahead):
     ckpt = load(directory / "runs/recipes_exploration_MountainCar-v0_rnd__seeds1-2"
                 / "recipes_exploration_MountainCar-v0_rnd__seeds1-2__seed2/final_ckpt.pt")
     assert "rnd_predictor.0.weight" in ckpt["model"] and ckpt["global_step"] == 2048  # the recipe's copy trained
+
+
+def test_population_benchmark_writes_its_table_lineage_and_plots(ahead):
+    directory, result = ahead["population"]
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = directory / "out"
+    table = (out / "table.md").read_text()
+    for arm in ("defaults", "pbt"):
+        assert re.search(rf"\| pbt_discrete_{arm} \| 8 \| -?[\d.]+ \[", table), table
+        assert re.search(rf"{arm}: runs/pbt_discrete_{arm}/pbt_discrete_{arm}__seed1\d\n```\nevaluation  Acrobot-v1: 2 "
+                         "episodes", table), table
+    assert re.search(r"defaults: \d+ s\npbt: \d+ s", table), table
+    rows = (out / "lineage.csv").read_text().splitlines()
+    assert len(rows) == 1 + 4 * 8 and {row.split(",")[2] for row in rows[1:]} == {str(seed) for seed in range(10, 18)}
+    for png in ("eval_return.png", "pbt_discrete_pbt_lineage.png"):
+        assert (out / png).stat().st_size > 10_000
 
 
 def test_mujoco_benchmark_writes_its_table_and_plots(ahead):
