@@ -2036,10 +2036,11 @@ SETTING_RULE = ("a setting that --pbt_space searches holds one value per member:
 # Copied from ppo.py
 class MemberValues(torch.Tensor):
     """--pbt_interval: a searched setting as the algorithm reads it from args, one value per member (float64 on the
-    learner's device; numbers: the same as Python floats; flag: the flag's value). Where it meets a tensor it lines up
-    with that tensor's seed dimension, the first (a statistic (N,), rows (N, rows, ...), a step's (N, num_envs, ...))
-    or, after num_steps, the second (a rollout's (num_steps, N, num_envs, ...)), in that tensor's dtype as a Python
-    number would be: code written for one seed and one number computes each member's with its member's number."""
+    learner's device; numbers: the same as Python floats; flag: the flag's value). Where it meets tensors it lines up
+    with the seed dimension of the first: its first where that holds the N members (a statistic (N,), rows (N, rows,
+    ...), a step's (N, num_envs, ...)), else its second (a rollout's (num_steps, N, num_envs, ...), which is why
+    num_steps may not be N), in their floating dtype as a Python number would be: code written for one seed and one
+    number computes each member's with its member's number."""
 
     SCALAR = {torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.__int__, torch.Tensor.__bool__,
               torch.Tensor.__index__}
@@ -2052,30 +2053,34 @@ class MemberValues(torch.Tensor):
         kwargs = kwargs or {}
         if func in cls.SCALAR:
             raise UserError(f"{SETTING_RULE} ({TRAINER}.py's docstring, 'A copy's contract')")
-        given = [*args, *kwargs.values()]
+        given = torch.utils._pytree.tree_leaves((args, kwargs))  # inside lists too (torch.stack)
         members = next(x for x in given if isinstance(x, MemberValues))
-        reference = next((x for x in given if isinstance(x, torch.Tensor) and not isinstance(x, MemberValues)
-                          and x.dim() > 0), None)
+        tensors = [x for x in given if isinstance(x, torch.Tensor) and not isinstance(x, MemberValues)]
+        reference = next((x for x in tensors if x.dim() > 0), None)
         with torch._C.DisableTorchFunctionSubclass():
             if reference is None:  # settings and numbers alone (1 - args.clip_coef): a setting again
                 result = func(*args, **kwargs)
                 return (member_values(result, None, None, members.num_steps)
                         if isinstance(result, torch.Tensor) and result.shape == members.shape else result)
-            dtype = reference.dtype if reference.is_floating_point() else torch.get_default_dtype()
+            floats = [x.dtype for x in tensors if x.is_floating_point()]
+            dtype = functools.reduce(torch.promote_types, floats) if floats else torch.get_default_dtype()
             shape = members.seed_shape(reference)
 
             def lined_up(x):
-                return x.as_subclass(torch.Tensor).to(dtype).view(shape) if isinstance(x, MemberValues) else x
-            return func(*map(lined_up, args), **{key: lined_up(x) for key, x in kwargs.items()})
+                if not isinstance(x, MemberValues):
+                    return x
+                x = x.as_subclass(torch.Tensor)  # a comparison's stays bool
+                return (x.to(dtype) if x.is_floating_point() else x).view(shape)
+            args, kwargs = torch.utils._pytree.tree_map(lined_up, (args, kwargs))
+            return func(*args, **kwargs)
 
     def seed_shape(self, reference: torch.Tensor) -> tuple[int, ...]:
         n, shape = self.shape[0], reference.shape
-        dims = [d for d in (0, 1) if len(shape) > d and shape[d] == n and (d == 0 or shape[0] == self.num_steps)]
-        if len(dims) != 1:
+        at = next((d for d in (0, 1) if len(shape) > d and shape[d] == n), None)
+        if at is None:
             raise UserError(f"{SETTING_RULE}; it met a tensor of shape {tuple(shape)}, which holds no seed dimension "
-                            f"of {n} first (or second, after num_steps) ({TRAINER}.py's docstring, 'A copy's "
-                            "contract')")
-        return (*(1,) * dims[0], n, *(1,) * (len(shape) - dims[0] - 1))
+                            f"of {n} first or second ({TRAINER}.py's docstring, 'A copy's contract')")
+        return (*(1,) * at, n, *(1,) * (len(shape) - at - 1))
 
     def set(self, numbers: list[float]):
         with torch._C.DisableTorchFunctionSubclass():
@@ -2212,20 +2217,23 @@ class Population:
         warmup, last = args.pbt_warmup or args.pbt_interval, iteration == self.setup.num_iterations
         if not last and (iteration < warmup or (iteration - warmup) % args.pbt_interval):
             return
-        self.scores = (self.evaluated(run) if args.pbt_objective == "eval" else self.window[0] / self.window[1])
-        self.window.zero_()
-        order = sorted(range(args.num_seeds), key=lambda i: (math.isnan(self.scores[i]), -self.scores[i], i))
+        # a member none of whose episodes ended since the last ranking keeps its score and its window (NaN: none yet)
+        fresh = self.evaluated(run) if args.pbt_objective == "eval" else self.window[0] / self.window[1]
+        self.scores = torch.where(fresh.isnan(), self.scores, fresh)
+        self.window[:, ~fresh.isnan()] = 0.0
+        ranked = self.scores.clone()  # the rows' scores: before a copy gives a member its donor's
+        scored = sorted((i for i in range(args.num_seeds) if not ranked[i].isnan()), key=lambda i: (-ranked[i], i))
         k = max(1, int(args.num_seeds * args.pbt_fraction))
-        donors, spread = {}, float(self.scores.nan_to_num(0.0).max() - self.scores.nan_to_num(0.0).min())
-        for member in [] if last else order[-k:]:
-            donor = order[torch.randint(k, (), generator=self.generator).item()]
-            if (args.pbt_rule == "truncation" or math.isnan(self.scores[member])
-                    or self.scores[donor] - self.scores[member] > args.pbt_margin * spread):
+        donors, spread = {}, float(ranked.nan_to_num(-math.inf).max() - ranked.nan_to_num(math.inf).min())
+        for member in [] if last or len(scored) < 2 * k else scored[-k:]:  # members without a score take no part
+            donor = scored[torch.randint(k, (), generator=self.generator).item()]
+            if args.pbt_rule == "truncation" or ranked[donor] - ranked[member] > args.pbt_margin * spread:
                 self.exploit(member, donor)
+                self.scores[member] = ranked[donor]
                 donors[member] = donor
             self.explore(member)
-        run.log.scalars({"pbt/score": self.scores.float()}, run.global_step)
-        self.rows += [",".join(map(str, [iteration, run.global_step, args.seed + i, self.scores[i].item(),
+        run.log.scalars({"pbt/score": ranked.float()}, run.global_step)
+        self.rows += [",".join(map(str, [iteration, run.global_step, args.seed + i, ranked[i].item(),
                                          "" if i not in donors else args.seed + donors[i],
                                          *(values.numbers[i] for values in self.settings.values())]))
                       for i in range(args.num_seeds)]
@@ -2245,6 +2253,7 @@ class Population:
     def exploit(self, member: int, donor: int):
         for values in self.settings.values():
             values.set([values.numbers[donor] if i == member else number for i, number in enumerate(values.numbers)])
+        self.window[:, member] = 0.0  # its episodes since the ranking are its new state's
         with torch.no_grad():
             for module in (self.agent, self.reward_normalizer):
                 for tensor in (module.state_dict() if module is not None else {}).values():

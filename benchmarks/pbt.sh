@@ -10,7 +10,7 @@
 #                                       # cannot vary per member
 #   bash benchmarks/pbt.sh maniskill    # PushCube-v1 on ManiSkill's CPU simulation, one worker env a member
 #   bash benchmarks/pbt.sh discrete     # Acrobot-v1 (Discrete actions)
-#   OUT=/tmp/check STEPS=4096 INTERVAL=1 bash benchmarks/pbt.sh discrete   # a quick check of the script
+#   OUT=/tmp/check STEPS=4096 INTERVAL=1 MEMBERS=4 bash benchmarks/pbt.sh discrete   # a quick check of the script
 #
 # Runs go to runs/pbt_<suite>_<arm> of the working directory; run the script again after an interruption and it
 # resumes what is unfinished and skips what is done. Needs mujoco (ant), rliable and matplotlib (requirements-dev).
@@ -19,7 +19,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-$repo/.venv/bin/python}
 suite=${1:?usage: bash benchmarks/pbt.sh ant|maniskill|discrete}
 out=${OUT:-$repo/benchmarks/results/pbt/$suite}
-seed=10 members=8 episodes=${EPISODES:-20}
+seed=10 members=${MEMBERS:-8} episodes=${EPISODES:-20}
 case "$suite" in
   ant)
     steps=${STEPS:-1000000} interval=${INTERVAL:-20}

@@ -7,3 +7,14 @@ which inherit the environment."""
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def verify_cache(tmp_path_factory):
+    """scripts/verify_copy.py --cache for the session: the stock trainer's rounding of the seeds check, found once
+    for the copies checked with the same flags (the recipes' and the tests' copies of ppo.py), shared by pytest-xdist's
+    workers (their temporary directories' parent)."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "verify_copy_cache"

@@ -38,13 +38,23 @@ def test_a_searched_setting_gives_each_members_part_its_own_number(finite_horizo
     ratio, entropy = torch.rand(n, 7, generator=generator) * 2, torch.rand(n, generator=generator)
     clip, ent_coef = members([0.1, 0.2, 0.3]), members([0.0, 0.01, 0.5])
     clipped, bonus = torch.clamp(ratio, 1 - clip, 1 + clip), ent_coef * entropy
+    later = rewards[1:] * members(gamma)  # a rollout's slice (num_steps - 1, members, envs), as n-step returns take
     for i in range(n):
         alone = ppo.compute_advantages(rewards[:, i], values[:, i], dones[:, i], bootstrap[:, i], next_value[i],
                                        gamma[i], gae_lambda[i], finite_horizon)
         torch.testing.assert_close(together[:, i], alone, rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(clipped[i], torch.clamp(ratio[i], 1 - clip.numbers[i], 1 + clip.numbers[i]))
         torch.testing.assert_close(bonus[i], ent_coef.numbers[i] * entropy[i])
+        torch.testing.assert_close(later[:, i], rewards[1:, i] * gamma[i])
     assert together.dtype == clipped.dtype == bonus.dtype == torch.float32  # the tensor's, as a number leaves it
+
+
+def test_a_searched_setting_keeps_a_python_numbers_dtype_and_a_comparisons_bool():
+    gamma = members([0.99, 0.9, 0.5])
+    doubles = torch.where(torch.ones(3, 2, dtype=torch.bool), gamma, torch.zeros(3, 2, dtype=torch.float64))
+    assert doubles.dtype == torch.float64 and doubles[:, 0].tolist() == [0.99, 0.9, 0.5]
+    assert torch.where(gamma > 0.6, torch.ones(3, 2), 0.0)[:, 0].tolist() == [1.0, 1.0, 0.0]
+    assert torch.stack([gamma, gamma]).shape == (2, 3)
 
 
 @pytest.mark.parametrize("misuse", ["float", "if", "no_seed_dimension"])
@@ -140,6 +150,23 @@ def test_exploit_copies_the_whole_learner_state_then_explore_perturbs_the_copy(t
         assert [value for _, value in scalars(tmp_path / f"runs/pbt/pbt__seed{i + 1}")["pbt/gamma"]][-1] == \
             pytest.approx(float(row["gamma"]))
     assert final["args"]["learning_rate"] == 3e-4  # the run's own: the flags
+
+
+def test_a_member_without_a_finished_episode_neither_takes_nor_gives_state(tmp_path):
+    """Rollouts of 5 steps, shorter than PointMass's episodes: a member whose episodes have not ended has no score
+    (NaN) and takes no part in a ranking, and one whose have not ended since the last ranking keeps its score."""
+    result = run_script("ppo.py", fast_args(ENV, "short", num_seeds=4, pbt_interval=1, num_steps=5, num_minibatches=1,
+                                            total_timesteps=5 * 2 * 16), tmp_path)
+    assert result.returncode == 0, result.stderr
+    with open(tmp_path / "runs/short/lineage.csv") as f:
+        rows = list(csv.DictReader(f))
+    scores = {(row["iteration"], row["member"]): float(row["score"]) for row in rows}
+    assert any(score != score for score in scores.values()) and any(score == score for score in scores.values())
+    for row in rows:
+        if row["donor"]:
+            assert scores[row["iteration"], row["member"]] == scores[row["iteration"], row["member"]]
+            assert scores[row["iteration"], row["donor"]] == scores[row["iteration"], row["donor"]]
+    assert "best member: seed " in result.stdout and "(score nan)" not in result.stdout
 
 
 def test_sigterm_then_resume_of_a_population_equals_the_uninterrupted_run(tmp_path):

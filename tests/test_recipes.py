@@ -81,11 +81,12 @@ def test_every_recipe_applies_to_todays_trainer_by_patch_as_by_the_tool(tmp_path
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_each_recipe_keeps_the_contract(tmp_path, recipe):
+def test_each_recipe_keeps_the_contract(tmp_path, recipe, verify_cache):
     pytest.importorskip("onnxruntime")
     copy = applied(tmp_path, recipe)
     flags = ["--flags", VERIFY_FLAGS[recipe]] if recipe in VERIFY_FLAGS else []
-    result = run_python([str(REPO / "scripts/verify_copy.py"), str(copy), *flags], tmp_path, timeout=600)
+    result = run_python([str(REPO / "scripts/verify_copy.py"), str(copy), *flags, "--cache", str(verify_cache)],
+                        tmp_path, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     found = rows(result.stdout)
     assert set(found) == {"trains", "same_seed", "resume", "seeds", "population", "evaluates", "exports"}, result.stdout

@@ -200,7 +200,8 @@ def test_a_trial_whose_heartbeats_stop_is_failed_and_run_again_and_its_late_resu
     assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"] and trials[1].user_attrs["rerun_of"] == 0
     assert trials[1].params == trials[0].params
     assert "warning: trial 0 was failed by another tune.py as it ran" in capsys.readouterr().err
-    steps, _, _ = tune.read_scalars(tmp_path / "tuned/runs/trial_0", "eval/return")
+    late_run = tmp_path / "tuned/runs/trial_0"  # stopped before it logged anything, under load: no directory yet
+    steps = tune.read_scalars(late_run, "eval/return")[0] if late_run.is_dir() else []
     assert len(steps) < 20  # its trainer was stopped
 
 

@@ -144,22 +144,23 @@ ONE_SEED_AGENT = {
 
 
 @pytest.mark.parametrize("indexed", ONE_SEED_AGENT)
-def test_an_ippo_copy_written_for_one_seed_is_told_the_rule(tmp_path, indexed):
+def test_an_ippo_copy_written_for_one_seed_is_told_the_rule(tmp_path, indexed, verify_cache):
     pytest.importorskip("vmas")
     old, new = ONE_SEED_AGENT[indexed]
     source = (REPO / "ippo.py").read_text()
     assert source.count(old) == 1, old
-    result = verify(tmp_path, source.replace(old, new), "my_ippo", ["seeds"])
+    result = verify(tmp_path, source.replace(old, new), "my_ippo", ["seeds"], verify_cache)
     assert result.returncode == 1, result.stdout + result.stderr[-3000:]
     found = rows(result.stdout)
     assert found["trains"][0] == "holds" and found["seeds"][0] == "fails", result.stdout
     assert "leading seed dimension" in found["seeds"][1], result.stdout
 
 
-def verify(tmp_path, source: str, name: str, checks: list[str]):
+def verify(tmp_path, source: str, name: str, checks: list[str], cache=None):
     copy = tmp_path / f"{name}.py"
     copy.write_text(source)
-    return run_python([str(REPO / "scripts/verify_copy.py"), str(copy), "--checks", *checks], tmp_path, timeout=600)
+    return run_python([str(REPO / "scripts/verify_copy.py"), str(copy), "--checks", *checks,
+                       *([] if cache is None else ["--cache", str(cache)])], tmp_path, timeout=600)
 
 
 def rows(stdout: str) -> dict[str, tuple[str, str]]:
@@ -168,7 +169,7 @@ def rows(stdout: str) -> dict[str, tuple[str, str]]:
 
 
 @pytest.mark.parametrize("sabotage", SABOTAGES)
-def test_a_copy_that_breaks_a_rule_is_caught_and_told_what_to_change(tmp_path, sabotage):
+def test_a_copy_that_breaks_a_rule_is_caught_and_told_what_to_change(tmp_path, sabotage, verify_cache):
     check, replacements, words = SABOTAGES[sabotage]
     if check == "exports":
         pytest.importorskip("onnxruntime")
@@ -176,7 +177,7 @@ def test_a_copy_that_breaks_a_rule_is_caught_and_told_what_to_change(tmp_path, s
     for old, new in replacements:
         assert source.count(old) == 1, old
         source = source.replace(old, new)
-    result = verify(tmp_path, source, "my_idea", [check])
+    result = verify(tmp_path, source, "my_idea", [check], verify_cache)
     assert result.returncode == 1, result.stdout + result.stderr[-3000:]
     found = rows(result.stdout)
     assert found[check][0] == "fails" and words in found[check][1], result.stdout
@@ -185,14 +186,14 @@ def test_a_copy_that_breaks_a_rule_is_caught_and_told_what_to_change(tmp_path, s
 
 
 @pytest.mark.parametrize("trainer", ["ppo_rnn", "ppo_rgb", "ippo"])
-def test_the_stock_trainers_copies_keep_the_contract(tmp_path, trainer):
+def test_the_stock_trainers_copies_keep_the_contract(tmp_path, trainer, verify_cache):
     """The checks that concern what a copy changes (the rest are shared code). ppo.py's copies pass every check in
     tests/test_recipes.py, each with a recipe applied."""
     if trainer == "ippo":
         pytest.importorskip("vmas")
     pytest.importorskip("onnxruntime")
     checks = ["resume", "seeds", "population", "exports"]
-    result = verify(tmp_path, (REPO / f"{trainer}.py").read_text(), f"my_{trainer}", checks)
+    result = verify(tmp_path, (REPO / f"{trainer}.py").read_text(), f"my_{trainer}", checks, verify_cache)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     found = rows(result.stdout)
     assert all(found[check][0] == "holds" for check in checks if check in found), result.stdout
