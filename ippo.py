@@ -1911,15 +1911,16 @@ def agents_of_seeds(agent: Agent, args: Args, envs: TorchVecEnv, stacked_state: 
 
 # Copied from ppo.py
 def evaluate_seeds(agent: Agent, args: Args, envs: TorchVecEnv, eval_envs, num_eval_steps: int,
-                   seed: Optional[int]) -> list[dict[str, torch.Tensor]]:
+                   seed: Optional[int], same_seed: bool = False) -> list[dict[str, torch.Tensor]]:
     """Each seed's evaluation, as a run of that seed alone evaluates: its agent in its own eval envs (EachSeed), with
-    their own random stream (own_random_stream)."""
+    their own random stream (own_random_stream); seed i's envs seeded seed + i, or seed (same_seed)."""
     each_eval_envs = eval_envs if isinstance(eval_envs, EachSeed) else [eval_envs]
     results = []
     for i, (seed_agent, seed_eval_envs) in enumerate(zip(agents_of_seeds(agent, args, envs), each_eval_envs)):
         seed_agent.eval()
         with own_random_stream(seed_eval_envs):
-            results.append(evaluate(seed_agent, seed_eval_envs, num_eval_steps, None if seed is None else seed + i))
+            results.append(evaluate(seed_agent, seed_eval_envs, num_eval_steps,
+                                    None if seed is None else seed + (0 if same_seed else i)))
     return results
 
 
@@ -2201,10 +2202,8 @@ class Population:
     def evaluated(self, run: Run) -> torch.Tensor:
         """--pbt_objective=eval: each member's mean over an evaluation on the same seeds (the run's first)."""
         scores = []
-        for seed_agent, eval_envs in zip(agents_of_seeds(self.agent, self.args, run.envs), run.eval_envs):
-            seed_agent.eval()
-            with own_random_stream(eval_envs):
-                metrics = evaluate(seed_agent, eval_envs, self.setup.num_eval_steps, self.args.seed)
+        for metrics in evaluate_seeds(self.agent, self.args, run.envs, run.eval_envs, self.setup.num_eval_steps,
+                                      self.args.seed, same_seed=True):
             values = metrics.get("success_once", metrics.get("return"))
             scores.append(values.double().mean().item() if values is not None and values.numel() else math.nan)
         return torch.tensor(scores, dtype=torch.float64)

@@ -169,6 +169,26 @@ def test_a_member_without_a_finished_episode_neither_takes_nor_gives_state(tmp_p
     assert "best member: seed " in result.stdout and "(score nan)" not in result.stdout
 
 
+def test_an_evaluation_objective_scores_every_member_on_the_same_seeds(tmp_path, monkeypatch):
+    """--pbt_objective=eval: at each ranking every member is evaluated with its eval envs reset with the run's seed,
+    and its score is that evaluation's mean return."""
+    evaluations, evaluate = [], ppo.evaluate
+
+    def recorded(agent, eval_envs, num_eval_steps, seed, *rest, **keywords):
+        metrics = evaluate(agent, eval_envs, num_eval_steps, seed, *rest, **keywords)
+        evaluations.append((seed, metrics["return"].double().mean().item()))
+        return metrics
+    monkeypatch.setattr(ppo, "evaluate", recorded)
+    monkeypatch.chdir(tmp_path)
+    assert ppo.cli(fast_args(ENV, "ev", num_seeds=4, pbt_interval=2, pbt_objective="eval", total_timesteps=32 * 4,
+                             eval_freq=100)) == 0
+    with open(tmp_path / "runs/ev/lineage.csv") as f:
+        rows = list(csv.DictReader(f))
+    ranked = [evaluation for evaluation in evaluations if evaluation[0] == 1]  # the run's seed, every member's
+    assert len(ranked) == 2 * 4 and len(rows) == 2 * 4
+    assert [float(row["score"]) for row in rows] == pytest.approx([score for _, score in ranked])
+
+
 def test_sigterm_then_resume_of_a_population_equals_the_uninterrupted_run(tmp_path):
     """Stopped after iteration 9's checkpoint and resumed from it (the lineage's later rows done again): the same
     lineage and each member's final weights, bit for bit."""
