@@ -42,8 +42,9 @@ A copy's contract (python scripts/verify_copy.py my_idea.py checks it in short r
   Under --pbt_interval the settings a population searches (args.learning_rate, args.gamma, ...: --pbt_space) hold
   one value per member, each meeting its member's part of what it multiplies: use them in tensor arithmetic, never as
   Python numbers (float(), if).
-- Random draws: the policy draws with torch.normal, torch.bernoulli, torch.multinomial or a Normal, Categorical or
-  Bernoulli's sample(); under --num_seeds each seed's from its own generator (PerSeedDraws), any other refused.
+- Random draws: the policy draws with torch.normal, torch.randn_like, torch.bernoulli, torch.multinomial or a Normal,
+  Categorical or Bernoulli's sample(); under --num_seeds each seed's from its own generator (PerSeedDraws), any other
+  refused.
 - State: a copy's own state lives in the Agent, in one place, __init__: modules, parameters, buffers and optimizers
   of its own, each stepping in its own phase after PPO's step (ppo.py's docstring shows one; PPOOptimizer steps
   whatever PPO's loss reaches). Checkpoints save all of it with the PPO optimizer's state, the reward normalizer and
@@ -589,7 +590,9 @@ class Agent(nn.Module):
         std = self.actor_logstd[..., None, :].expand_as(mean).exp()  # the (1, action_dim) of every (batch, time)
         if action is None:
             with torch.no_grad():
-                action = torch.normal(mean, std)
+                # torch.normal(mean, std)'s numbers (in a new tensor's order) without its check that std >= 0,
+                # which waits for a GPU
+                action = mean + std * torch.randn_like(mean, memory_format=torch.contiguous_format)
         # Two logs of std, as Normal takes: one shared log would add the entropy's gradient to the log-probability's
         # before dividing by std, which rounds otherwise (with ent_coef > 0).
         logprob = -((action - mean) ** 2) / (2 * std**2) - std.log() - LOG_SQRT_2PI
@@ -1599,8 +1602,9 @@ def first_call_checked(where: str, step, part, agent: Agent, args: Args, envs: T
         if drawn:
             raise UserError(f"{where} draws from {' and '.join(drawn)} global random generator, which the seeds of "
                             "--num_seeds share: draw from torch with the seed dimension first (torch.normal, "
-                            "torch.bernoulli, torch.multinomial, a Normal, Categorical or Bernoulli's sample(); in "
-                            f"update(), inside optimizer.draws()) ({TRAINER}.py's docstring, 'A copy's contract')")
+                            "torch.randn_like, torch.bernoulli, torch.multinomial, a Normal, Categorical or "
+                            f"Bernoulli's sample(); in update(), inside optimizer.draws()) ({TRAINER}.py's docstring, "
+                            "'A copy's contract')")
         rng_after = rng_states(device)
         try:
             for i, seed_agent in enumerate(agents_of_seeds(agent, args, envs, model)):
@@ -1733,15 +1737,15 @@ def moved_generators(before: dict, after: dict) -> list[str]:
 
 # Copied from ppo.py
 class PerSeedDraws(torch.overrides.TorchFunctionMode):
-    """Inside it, a stacked agent's random draws of SPLIT (torch.normal, torch.bernoulli, torch.multinomial, and the
-    in-place draws that torch.distributions' Normal, Categorical and Bernoulli sample with, and update()'s) draw each
-    seed's part, their tensors' first dimension cut in as many equal parts as seeds, from that seed's generator, in
-    the order a run of that seed alone draws it."""
+    """Inside it, a stacked agent's random draws of SPLIT (torch.normal, torch.randn_like, torch.bernoulli,
+    torch.multinomial, and the in-place draws that torch.distributions' Normal, Categorical and Bernoulli sample with,
+    and update()'s) draw each seed's part, their tensors' first dimension cut in as many equal parts as seeds, from
+    that seed's generator, in the order a run of that seed alone draws it."""
 
     IN_PLACE = {torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.bernoulli_, torch.Tensor.exponential_,
                 torch.Tensor.random_}
-    SPLIT = {torch.normal, torch.bernoulli, torch.multinomial, torch.Tensor.bernoulli, torch.Tensor.multinomial,
-             *IN_PLACE}
+    SPLIT = {torch.normal, torch.randn_like, torch.bernoulli, torch.multinomial, torch.Tensor.bernoulli,
+             torch.Tensor.multinomial, *IN_PLACE}
 
     def __init__(self, generators: list[torch.Generator]):
         super().__init__()

@@ -17,7 +17,8 @@
 #     machine's cores, beside its learner on CUDA;
 # (d) the CUDA benchmarks: torch_env_speed.py (the torch-native path at 1,024-16,384 envs, eager and compiled),
 #     rnn_replay.py (in stretches and packed), seeds_update.py at 1-64 seeds (seeds_update.py --device=cuda), and
-#     ppo.py --num_seeds 8 against one seed on CartPole-v1 and on its torch version.
+#     ppo.py --num_seeds 8 against one seed on CartPole-v1 (and as a population, --pbt_interval) and on its torch
+#     version.
 # The runs go to ./runs/gpu_* (refused where an earlier run left some); the results to
 # benchmarks/results/gpu/DATE/ (OUT=... elsewhere): table.md (the set-up check; each part's time, exit and last
 # line; the runs' final SPS, evaluation and wall time; ppo_eval.py's evaluations; the benchmarks' tables), each
@@ -65,7 +66,8 @@ report() {
     done
     [ -f "$out/logs/rnn_replay.log" ] && cat "$out/logs/rnn_replay.log" && tail -n 1 "$out/logs/rnn_replay_packed.log"
     [ -f "$out/logs/seeds_update.log" ] && echo && cat "$out/logs/seeds_update.log"
-    [ -f "$out/logs/torch_env_speed.log" ] && echo && cat "$out/logs/torch_env_speed.log"
+    # its rows, not the compiler's warnings that share its log
+    [ -f "$out/logs/torch_env_speed.log" ] && echo && grep -E '^(\||tests\.envs)' "$out/logs/torch_env_speed.log"
   } > "$out/table.md"
   if [ ${#runs[@]} -gt 0 ]; then
     "$PYTHON" "$repo/scripts/plot.py" "${runs[@]}" --group '^(.*?)(?:__seed\d+)?$' --metrics eval/return --out "$out"
@@ -157,9 +159,12 @@ cartpole=(--env_id=CartPole-v1 --num_envs=4 --num_steps=128 --num_minibatches=4 
           --no_capture_video)
 part ppo_CartPole 15 "$PYTHON" "$repo/ppo.py" "${cartpole[@]}" --exp_name=gpu_ppo_CartPole
 part ppo_CartPole_seeds8 20 "$PYTHON" "$repo/ppo.py" "${cartpole[@]}" --num_seeds=8 --exp_name=gpu_ppo_CartPole_seeds8
+# the same 8 seeds as a population ranked every 2 iterations (docs/pbt.md): its cost on CUDA, where a ranking syncs
+part ppo_CartPole_pbt8 20 "$PYTHON" "$repo/ppo.py" "${cartpole[@]}" --num_seeds=8 --pbt_interval=2 \
+  --pbt_space learning_rate=1e-4:1e-2:log ent_coef=0:0.02 --exp_name=gpu_ppo_CartPole_pbt8
 # the torch-native path (issue 49): CartPole-v1's torch version on the GPU, an iteration's shares and host syncs at
 # 1,024-16,384 envs, eager and compiled; end to end, one seed of 512 envs against 8 seeds of 512 in one batch
-part torch_env_speed 80 "$PYTHON" "$repo/benchmarks/torch_env_speed.py" --device=cuda --num_envs 1024 4096 16384 \
+part torch_env_speed 60 "$PYTHON" "$repo/benchmarks/torch_env_speed.py" --device=cuda --num_envs 1024 4096 16384 \
   --compile=both
 cartpole_torch=(--env_id=tests.envs:CartPoleTorch-v1 --num_envs=512 --num_steps=50 --num_minibatches=32
                 --total_timesteps=1_024_000 --eval_freq=1000 --num_eval_envs=16 --no_capture_video)

@@ -62,7 +62,8 @@ def counted_syncs(device: torch.device, call) -> int | None:
             call()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(warning.message) for warning in caught)
+    # not the warning that the debug mode is a prototype, which the first call in a process gives
+    return sum("called a synchronizing CUDA operation" in str(warning.message) for warning in caught)
 
 
 def measure(num_envs: int, compile_: bool, device: torch.device, warmup: int, iterations: int) -> dict:

@@ -9,8 +9,8 @@ failure with what to change.
     python scripts/verify_copy.py my_idea.py --flags --norm_obs                # a flag without a value
     python scripts/verify_copy.py my_idea.py --checks resume exports           # some of the checks
 
-The checks, each run of the copy a process of its own in a temporary directory, two at a time; the runs evaluate
-and save a checkpoint every iteration:
+The checks, each run of the copy a process of its own in a temporary directory (forked from one that has imported
+torch and the rest), two at a time; the runs evaluate and save a checkpoint every iteration:
   trains      8 iterations end with a final checkpoint whose numbers are all finite, and PPO learned: the policy
               loss and the approximate KL are not 0 in every update, every trainable parameter moved after the
               first iteration, the evaluation's return moved (a run that changes what is not state stops with its
@@ -48,8 +48,10 @@ import io
 import hashlib
 import json
 import logging
+import multiprocessing
 import os
 import re
+import runpy
 import shlex
 import subprocess
 import sys
@@ -82,6 +84,10 @@ POPULATION_ITERATIONS = 4
 ITERATIONS = 8
 SEEDS_ROUNDING_FACTOR, SEEDS_ROUNDING_FLOOR = 100, 1e-7  # the seeds check's tolerance, of the stock trainer's rounding
 EXPORT_STEPS = 10
+# run()'s server of forks, which imports these once (a platform without forkserver starts each run afresh)
+FORKS = multiprocessing.get_context("forkserver") if "forkserver" in multiprocessing.get_all_start_methods() else None
+if FORKS is not None:
+    FORKS.set_forkserver_preload(["__main__", "gymnasium", "numpy", "torch", "torch.utils.tensorboard", "tqdm", "tyro"])
 NUM_ENVS = 3  # not the number of seeds of the seeds check: a buffer broadcast against the wrong dimension fails
 # The harnesses' start: the copy (sys.argv[1]) imported as a module of its own name, as a user's python my_idea.py runs
 # it, so that they can wrap its functions.
@@ -167,9 +173,43 @@ sys.exit(status)
 """
 
 
-def run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def run(argv: list[str], cwd: Path, fresh: bool = False) -> subprocess.CompletedProcess:
+    """`python ARGV` in cwd: forked from a process that has imported what every trainer imports (2 s of a short
+    run's 4-5 s), or in a fresh interpreter, with its own hash seed (the same_seed check's second run)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    if fresh or FORKS is None:
+        return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    with tempfile.TemporaryDirectory() as directory:
+        out, err = Path(directory, "out"), Path(directory, "err")
+        process = FORKS.Process(target=run_forked, args=(argv, str(cwd), env, str(out), str(err)))
+        process.start()
+        process.join(900)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+            raise subprocess.TimeoutExpired([sys.executable, *argv], 900)
+        return subprocess.CompletedProcess([sys.executable, *argv], process.exitcode,
+                                           out.read_text(errors="replace"), err.read_text(errors="replace"))
+
+
+def run_forked(argv: list[str], cwd: str, env: dict, out: str, err: str):
+    """In a fork of run()'s server: what `python ARGV` does in a fresh interpreter (its exit status, a traceback
+    and exit 1 on an exception, a signal's negative status)."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    for path, fd in ((out, 1), (err, 2)):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    pythonpath = [path for path in env["PYTHONPATH"].split(os.pathsep) if path]
+    if argv[0] == "-c":
+        sys.argv, sys.path[0] = ["-c", *argv[2:]], ""
+        sys.path[1:1] = pythonpath
+        main = sys.modules["__main__"] = type(sys)("__main__")
+        exec(compile(argv[1], "<string>", "exec"), main.__dict__)
+    else:
+        sys.argv, sys.path[0] = list(argv), os.path.dirname(os.path.abspath(argv[0]))
+        sys.path[1:1] = pythonpath
+        runpy.run_path(argv[0], run_name="__main__")
 
 
 def load(path: Path) -> dict:
@@ -529,7 +569,7 @@ def population_failures(result: subprocess.CompletedProcess, run_dir: Path) -> l
 def run_jobs(jobs: dict[str, list[str]], work: Path) -> dict[str, subprocess.CompletedProcess]:
     work.mkdir(exist_ok=True)
     with ThreadPoolExecutor(max_workers=2) as pool:  # two at a time, one per core
-        return dict(zip(jobs, pool.map(lambda job: run(job, work), jobs.values())))
+        return dict(zip(jobs, pool.map(lambda name: run(jobs[name], work, fresh=name == "again"), jobs)))
 
 
 def failures_of(check: str, script: Path, results: dict, work: Path, tolerance: Optional[float] = None) -> list[str]:

@@ -459,15 +459,16 @@ def test_gpu_sh_set_up_check_leaves_out_the_gpu_simulation_where_physx_gpu_libra
     learners = ["ppo_Pendulum", "ppo_rnn_CartPole", "ppo_rgb_PointMassPixels", "ippo_TwoRobotPickCube"]
     assert names == ["pytest_gpu", *[f"{step}{learner}" for learner in learners for step in ("", "eval_", "export_")],
                      "torchrun_ppo_Pendulum", "ppo_PushCube_cpu_workers", "ppo_CartPole", "ppo_CartPole_seeds8",
-                     "torch_env_speed", "ppo_CartPoleTorch", "ppo_CartPoleTorch_seeds8", "rnn_replay",
-                     "rnn_replay_packed", "seeds_update"]
+                     "ppo_CartPole_pbt8", "torch_env_speed", "ppo_CartPoleTorch", "ppo_CartPoleTorch_seeds8",
+                     "rnn_replay", "rnn_replay_packed", "seeds_update"]
     commands = {name: command for _, name, command in fallback}
     trainers = [command for name, command in commands.items() if name in learners or name.startswith(
         ("torchrun", "ppo_PushCube", "ppo_CartPole"))]
-    assert len(trainers) == 10 and not any(maniskill_simulation(command) == "gpu" for command in trainers)
+    assert len(trainers) == 11 and not any(maniskill_simulation(command) == "gpu" for command in trainers)
     for name in ("ippo_TwoRobotPickCube", "ppo_PushCube_cpu_workers"):  # ManiSkill's CPU workers, one a core
         assert f"--num_envs={len(os.sched_getaffinity(0))}" in commands[name] and "--sim_backend=cpu" in commands[name]
     assert "--num_seeds=8" in commands["ppo_CartPole_seeds8"]
+    assert "--pbt_interval=2" in commands["ppo_CartPole_pbt8"]
     assert commands["ppo_CartPole_seeds8"][:-2] == commands["ppo_CartPole"][:-1]  # but --num_seeds and the name
     assert sum(seconds for seconds, _, _ in fallback) <= GPU_SH_BUDGET
 

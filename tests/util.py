@@ -372,6 +372,8 @@ class HostSyncs(torch.overrides.TorchFunctionMode):
         # debug mode catches it, benchmarks/torch_env_speed.py.)
         moved = name == "to" and any(isinstance(arg, str) and arg.startswith("cpu") for arg in (*args[1:],
                                                                                                *kwargs.values()))
-        if name in self.READS or masked or moved or (name == "where" and len(args) + len(kwargs) == 1):
+        # torch.normal(mean, std) checks that std >= 0 with a read (CUDA's sync debug mode caught it, 2026-12-04)
+        checked = name == "normal" and isinstance(kwargs.get("std", args[1] if len(args) > 1 else None), torch.Tensor)
+        if name in self.READS or masked or moved or checked or (name == "where" and len(args) + len(kwargs) == 1):
             self.calls.append(name)
         return func(*args, **kwargs)
