@@ -1984,16 +1984,22 @@ class MemberValues(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in cls.SCALAR:
-            raise UserError(f"{SETTING_RULE} ({TRAINER}.py's docstring, 'A copy's contract')")
         given = torch.utils._pytree.tree_leaves((args, kwargs))  # inside lists too (torch.stack)
         members = next(x for x in given if isinstance(x, MemberValues))
+        if func in cls.SCALAR:
+            line = next((f"{Path(frame.filename).name}:{frame.lineno} " for frame in
+                         reversed(traceback.extract_stack()[:-1]) if frame.filename == __file__), "")
+            computed = "" if members.numbers else " (or a value computed from it)"
+            raise UserError(f"{line}reads args.{members.setting}{computed} as a Python number ({func.__name__}): "
+                            f"{SETTING_RULE}; for a condition, (args.x > c) * y "
+                            f"or torch.where(torch.as_tensor(args.x > c), y, z), which a plain number takes too "
+                            f"({TRAINER}.py's docstring, 'A copy's contract')")
         tensors = [x for x in given if isinstance(x, torch.Tensor) and not isinstance(x, MemberValues)]
         reference = next((x for x in tensors if x.dim() > 0), None)
         with torch._C.DisableTorchFunctionSubclass():
             if reference is None:  # settings and numbers alone (1 - args.clip_coef): a setting again
                 result = func(*args, **kwargs)
-                return (member_values(result, None, None, members.num_steps)
+                return (member_values(result, None, None, members.num_steps, members.setting)
                         if isinstance(result, torch.Tensor) and result.shape == members.shape else result)
             floats = [x.dtype for x in tensors if x.is_floating_point()]
             dtype = functools.reduce(torch.promote_types, floats) if floats else torch.get_default_dtype()
@@ -2022,10 +2028,10 @@ class MemberValues(torch.Tensor):
 
 
 # Copied from ppo.py
-def member_values(values, numbers: Optional[list[float]], flag, num_steps: int) -> MemberValues:
+def member_values(values, numbers: Optional[list[float]], flag, num_steps: int, setting: str) -> MemberValues:
     with torch._C.DisableTorchFunctionSubclass():
         values = values.as_subclass(MemberValues)
-    values.numbers, values.flag, values.num_steps = numbers, flag, num_steps
+    values.numbers, values.flag, values.num_steps, values.setting = numbers, flag, num_steps, setting
     return values
 
 
@@ -2049,8 +2055,9 @@ def pbt_space(args: Args) -> dict[str, tuple[float, float, bool]]:
         low, _, rest = spec.partition(":")
         high, _, scale = rest.partition(":")
         if name not in PBT_SETTINGS:
-            raise UserError(f"--pbt_space {text!r}: {'--' + name if name else 'its flag'} cannot vary per member; a "
-                            f"population searches {', '.join(PBT_SETTINGS)}")
+            what = "cannot vary per member" if name in Args.__dataclass_fields__ else "is no flag of the trainer"
+            raise UserError(f"--pbt_space {text!r}: {'--' + name if name else 'its flag'} {what}; a population "
+                            f"searches {', '.join(PBT_SETTINGS)}")
         try:
             low, high = float(low), float(high)
         except ValueError:
@@ -2086,7 +2093,11 @@ def population_args(args: Args, resume_state: Optional[dict], device: torch.devi
         numbers = ([drawn(space, generator) for _ in range(args.num_seeds)] if args.pbt_start == "space" else
                    [getattr(args, name)] * args.num_seeds) if saved is None else saved["values"][name]
         settings[name] = member_values(torch.tensor(numbers, dtype=torch.float64, device=device), list(numbers),
-                                       getattr(args, name), args.num_steps)
+                                       getattr(args, name), args.num_steps, name)
+        if saved is None and args.pbt_start == "flags" and getattr(args, name) == (1 if name in PBT_DISCOUNTS else 0):
+            print(f"note: --{name}={getattr(args, name)} for every member: a perturbation multiplies "
+                  f"{'1 - ' if name in PBT_DISCOUNTS else ''}it, so it moves only where redrawn (--pbt_resample); "
+                  "another start, or --pbt_start=space, lets it move", flush=True)
     return dataclasses.replace(args, **settings)
 
 
@@ -2356,7 +2367,9 @@ class Run:
                 if self.population:
                     best = self.population.best()
                     print(f"best member: seed {self.args.seed + best} (score {self.population.scores[best]:.4g}), "
-                          f"{seed_dirs(self.args, self.setup.run_dir)[best][1]}", flush=True)
+                          f"{seed_dirs(self.args, self.setup.run_dir)[best][1]}; the lineage: "
+                          f"{self.setup.run_dir / 'lineage.csv'} (scripts/plot.py {self.setup.run_dir} --lineage)",
+                          flush=True)
         return False
 
 

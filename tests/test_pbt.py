@@ -20,7 +20,8 @@ SPACE = ("learning_rate=1e-4:1e-2:log", "clip_coef=0.1:0.3", "gamma=0.9:0.999", 
 
 
 def members(numbers: list[float], num_steps: int = 5) -> ppo.MemberValues:
-    return ppo.member_values(torch.tensor(numbers, dtype=torch.float64), list(numbers), numbers[0], num_steps)
+    return ppo.member_values(torch.tensor(numbers, dtype=torch.float64), list(numbers), numbers[0], num_steps,
+                             "clip_coef")
 
 
 @pytest.mark.parametrize("finite_horizon", [False, True])
@@ -60,7 +61,9 @@ def test_a_searched_setting_keeps_a_python_numbers_dtype_and_a_comparisons_bool(
 @pytest.mark.parametrize("misuse", ["float", "if", "no_seed_dimension"])
 def test_a_searched_setting_used_as_one_number_is_one_rule(misuse):
     clip = members([0.1, 0.2, 0.3, 0.4])
-    with pytest.raises(ppo.UserError, match="holds one value per member"):
+    named = {"float": r"reads args\.clip_coef as a Python number \(__float__\)",
+             "if": r"reads args\.clip_coef \(or a value computed from it\) as a Python number \(__bool__\)"}
+    with pytest.raises(ppo.UserError, match=named.get(misuse, "holds one value per member")):
         if misuse == "float":
             float(clip)
         elif misuse == "if":
@@ -167,6 +170,9 @@ def test_a_member_without_a_finished_episode_neither_takes_nor_gives_state(tmp_p
             assert scores[row["iteration"], row["member"]] == scores[row["iteration"], row["member"]]
             assert scores[row["iteration"], row["donor"]] == scores[row["iteration"], row["donor"]]
     assert "best member: seed " in result.stdout and "(score nan)" not in result.stdout
+    assert "the lineage: runs/short/lineage.csv (scripts/plot.py runs/short --lineage)" in result.stdout
+    # ent_coef starts at 0 for every member (the flag's default): perturbing cannot move it, and the run says so
+    assert "note: --ent_coef=0.0 for every member: a perturbation multiplies it" in result.stdout
 
 
 def test_an_evaluation_objective_scores_every_member_on_the_same_seeds(tmp_path, monkeypatch):
@@ -223,13 +229,17 @@ def test_a_copy_that_reads_a_searched_setting_as_a_number_is_told_the_rule(tmp_p
     module = sys.modules["as_number"] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     argv = fast_args(ENV, "n", num_seeds=4, pbt_interval=1, pbt_space="ent_coef=0:0.1")
-    assert "holds one value per member" in refused_in_one_line(module, argv, tmp_path, capfd, False)
+    line = refused_in_one_line(module, argv, tmp_path, capfd, False)
+    number = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "float(args.ent_coef)" in text)
+    assert f"as_number.py:{number} reads args.ent_coef as a Python number (__float__)" in line
+    assert "holds one value per member" in line and "torch.where(torch.as_tensor(args.x > c), y, z)" in line
 
 
 @pytest.mark.parametrize("flags, mentions", [
     (dict(num_seeds=2, pbt_interval=1), "at least 4 members"),
     (dict(num_seeds=4, pbt_interval=1, pbt_space="num_envs=1:8"), "--num_envs cannot vary per member; a population "
                                                                    "searches learning_rate, ent_coef"),
+    (dict(num_seeds=4, pbt_interval=1, pbt_space="lr=1e-5:1e-2"), "--lr is no flag of the trainer; a population"),
     (dict(num_seeds=4, pbt_interval=4), "comes at or after the run's last iteration (4)"),
     (dict(num_seeds=4, pbt_interval=1, pbt_space="clip_coef=-1:0.5"), "leaves --clip_coef's range"),
     (dict(num_seeds=4, pbt_interval=1, pbt_space="gamma=0.9:inf"), "finite, LOW below HIGH"),
