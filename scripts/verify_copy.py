@@ -200,15 +200,16 @@ def run_forked(argv: list[str], cwd: str, env: dict, out: str, err: str):
     os.environ.update(env)
     for path, fd in ((out, 1), (err, 2)):
         os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+    # sys.path as Python sets it: the script's directory ("" for -c), PYTHONPATH, then the standard library and
+    # site-packages (this process has verify_copy.py's: its directory and the repository first)
     pythonpath = [path for path in env["PYTHONPATH"].split(os.pathsep) if path]
+    base = [path for path in sys.path if path and Path(path).resolve() not in (REPO, REPO / "scripts")]
+    sys.argv = ["-c", *argv[2:]] if argv[0] == "-c" else list(argv)
+    sys.path[:] = ["" if argv[0] == "-c" else os.path.dirname(os.path.abspath(argv[0])), *pythonpath, *base]
     if argv[0] == "-c":
-        sys.argv, sys.path[0] = ["-c", *argv[2:]], ""
-        sys.path[1:1] = pythonpath
         main = sys.modules["__main__"] = type(sys)("__main__")
         exec(compile(argv[1], "<string>", "exec"), main.__dict__)
     else:
-        sys.argv, sys.path[0] = list(argv), os.path.dirname(os.path.abspath(argv[0]))
-        sys.path[1:1] = pythonpath
         runpy.run_path(argv[0], run_name="__main__")
 
 
