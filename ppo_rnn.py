@@ -242,7 +242,7 @@ class Args:
     """if toggled, actor and critic share one encoder and RNN (half the compute); else each has its own, as in ppo.py"""
 
     total_timesteps: int = 10_000_000
-    """total environment steps of the run (of all torchrun processes together)"""
+    """total environment steps of the run (of all torchrun processes together; under --num_seeds, each seed's)"""
     learning_rate: float = 3e-4
     """the (initial) learning rate of the optimizer"""
     lr_schedule: Literal["constant", "linear", "adaptive"] = "constant"

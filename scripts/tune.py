@@ -35,6 +35,7 @@ import hashlib
 import importlib.util
 import itertools
 import json
+import math
 import os
 import re
 import shlex
@@ -45,13 +46,15 @@ import sys
 import time
 import threading
 import tomllib
+import traceback
+import urllib.parse
 import warnings
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plot import DEFAULT_GROUP, UserError, interval_estimates, read_scalars, report_user_errors, rliable  # noqa: E402
+from plot import DEFAULT_GROUP, UserError, interval_estimates, read_scalars, rliable  # noqa: E402
 from plot import plot as plot_curves, seed_runs  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -108,25 +111,41 @@ def parse_dimension(text: str, fields: dict, source: str = "--space") -> Dimensi
             if isinstance(fields[name], bool):
                 if any(value.lower() not in ("true", "false") for value in values):
                     raise ValueError(f"--{name} is a switch: true,false")
-                return Dimension(name, choices=tuple(value.lower() == "true" for value in values))
-            parsed = []
-            for value in values:
-                try:
-                    parsed.append(number(value))
-                except ValueError:
-                    parsed.append(value)
-            return Dimension(name, choices=tuple(parsed))
-        low, high, *scale = spec.split(":")
-        if scale not in ([], ["log"]):
-            raise ValueError("the third part may only be log")
-        low, high = number(low), number(high)
-        if isinstance(fields[name], float):  # 0:1 of a float flag is floats
-            low, high = float(low), float(high)
-        if not low < high or (scale and low <= 0):
-            raise ValueError("LOW must be below HIGH (and above 0 on a log scale)")
-        return Dimension(name, low, high, bool(scale))
+                choices = tuple(value.lower() == "true" for value in values)
+            else:
+                parsed = []
+                for value in values:
+                    try:
+                        parsed.append(number(value))
+                    except ValueError:
+                        parsed.append(value)
+                check_numbers(name, fields, *parsed)
+                choices = tuple(parsed)
+        else:
+            low, high, *scale = spec.split(":")
+            if scale not in ([], ["log"]):
+                raise ValueError("the third part may only be log")
+            low, high = number(low), number(high)
+            check_numbers(name, fields, low, high)
+            if isinstance(fields[name], float):  # 0:1 of a float flag is floats
+                low, high = float(low), float(high)
+            if not low < high or (scale and low <= 0):
+                raise ValueError("LOW must be below HIGH (and above 0 on a log scale)")
+            return Dimension(name, low, high, bool(scale))
     except ValueError as e:
         raise UserError(f"{source} {text!r} does not parse: {e}") from None
+    if len(set(choices)) < 2:
+        raise UserError(f"{source} {text!r} is one value, not choices: give it after -- (every trial's)")
+    return Dimension(name, choices=choices)
+
+
+def check_numbers(name: str, fields: dict, *values):
+    """Refuse a number that is not finite, and one that is not an integer for a flag of integers."""
+    numbers = [value for value in values if isinstance(value, (int, float))]
+    if not all(map(math.isfinite, numbers)):
+        raise ValueError("infinite or NaN: give finite numbers")
+    if type(fields[name]) is int and not all(isinstance(value, int) for value in numbers):
+        raise ValueError(f"--{name} takes integers: give whole numbers")
 
 
 def trainer_fields(trainer: Path) -> dict:
@@ -193,6 +212,21 @@ def names(flags: list[str]) -> set[str]:
     """The names flags set, a switch's either way (--no_name: name)."""
     given = set(filter(None, map(flag_name, flags)))
     return given | {name.removeprefix("no_") for name in given}
+
+
+def flag_values(flags: list[str], fields: dict) -> dict[str, list[str]]:
+    """Each flag's values, the last given counting, by name (a switch's as true or false): the same settings however
+    ordered or written."""
+    values, name = {}, None
+    for given in flags:
+        if (flag := flag_name(given)) is None:
+            if name is not None:
+                values[name].append(given)
+            continue
+        off = flag not in fields and flag.startswith("no_")
+        name = flag.removeprefix("no_") if off else flag
+        values[name] = ["false"] if off else [given.partition("=")[2]] if "=" in given else []
+    return {name: values[name] or ["true"] for name in sorted(values)}
 
 
 def without(flags: list[str], dropped) -> list[str]:
@@ -371,6 +405,10 @@ def open_storage(optuna, tuning: Tuning):
         tuning.dir.mkdir(parents=True, exist_ok=True)
         url = f"sqlite:///{tuning.dir / 'study.db'}"
     shown_url = storage_name(url)
+    if re.search(r"[@:/#?]|%(?![0-9A-Fa-f]{2})", split_password(url)[1] or ""):  # a driver's error would quote a part
+        raise UserError(f"--storage {shown_url}: the password holds @, :, /, #, ? or % as they are, which a URL "
+                        "cannot carry: quote it (urllib.parse.quote(password, safe='')), or leave it out of the URL "
+                        "and give it in PGPASSWORD or ~/.pgpass")
     import sqlalchemy
 
     try:
@@ -394,13 +432,31 @@ def open_storage(optuna, tuning: Tuning):
         raise UserError(f"--storage {shown_url}: {reason}") from e
 
 
+def split_password(url: str) -> tuple[str, str | None]:
+    """The URL without its password, and the password (None where it has none). The credentials end at the URL's
+    last '@': a password holding '@', ':', '/', '#', '?' or '%', quoted or not, is found whole, whether the rest of the
+    URL parses or not."""
+    scheme, separator, rest = url.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    user, colon, password = credentials.partition(":")
+    if not (separator and at and colon):
+        return url, None
+    return f"{scheme}://{user}@{host}", password
+
+
 def storage_name(url: str) -> str:
-    """The URL with its password hidden, as lines show it."""
-    try:
-        from sqlalchemy.engine import make_url
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 (RDBStorage says what is wrong with it)
-        return url
+    """The URL as lines show it: its password, if any, as ***."""
+    without, password = split_password(url)
+    return without if password is None else without.replace("@", ":***@", 1)
+
+
+SECRETS: set[str] = set()  # --storage's password, as given, quoted and unquoted: never printed (redacted())
+
+
+def redacted(text: str) -> str:
+    for secret in sorted(SECRETS, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
 
 
 def open_study(optuna, tuning: Tuning):
@@ -408,7 +464,8 @@ def open_study(optuna, tuning: Tuning):
     runs); trials of a tune.py that died are failed and wait to run again. A refused command writes nothing."""
     name = tuning.options.study_name
     # the directory's runs and logs are numbered by one study's trials
-    ours = f"{name} in {'study.db' if tuning.options.storage is None else storage_name(tuning.options.storage)}"
+    # without the password: one moved to PGPASSWORD or ~/.pgpass, as docs/tuning.md advises, names the same study
+    ours = f"{name} in {'study.db' if tuning.options.storage is None else split_password(tuning.options.storage)[0]}"
     marker = tuning.dir / "study"
     if marker.is_file() and (held := marker.read_text().strip()) != ours:
         raise UserError(f"--dir {tuning.options.dir} holds the runs of study {held}, whose trial numbers {ours}'s "
@@ -416,19 +473,20 @@ def open_study(optuna, tuning: Tuning):
     tuning.storage = open_storage(optuna, tuning)
     trainer = tuning.trainer.read_bytes()
     what = {"trainer": f"{tuning.trainer.name} (sha256 {hashlib.sha256(trainer).hexdigest()[:12]})",
-            "env_id": tuning.options.env_id, "flags": tuning.options.flags,
-            "space": [dataclasses.asdict(d) for d in tuning.space], "seeds": tuning.options.seeds,
+            "env_id": tuning.options.env_id, "flags": flag_values(tuning.options.flags, tuning.fields),
+            "space": [dataclasses.asdict(d) for d in sorted(tuning.space, key=lambda d: d.name)],
+            "seeds": tuning.options.seeds,
             "seed": tuning.options.seed, "metric": tuning.options.metric, "heartbeat": tuning.options.heartbeat}
     tuning.what = what = json.loads(json.dumps(what))  # as the storage gives it back (tuples as lists)
     pruner = (optuna.pruners.MedianPruner(n_startup_trials=tuning.options.prune_after) if tuning.options.prune_after
               else optuna.pruners.NopPruner())
-    try:  # atomic: of processes starting together, one creates the study and says its settings
+    try:  # atomic: of processes starting together, one creates the study
         study = optuna.create_study(study_name=name, storage=tuning.storage, direction="maximize", pruner=pruner)
-        study.set_user_attr("tuning", what)
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(study_name=name, storage=tuning.storage, pruner=pruner)
         optuna.storages.fail_stale_trials(study)
-        check_settings(optuna, study, tuning, what)
+        if (saved := study_settings(optuna, study)) not in (None, what):
+            raise other_settings(study, tuning, saved)
     try:
         tuning.dir.mkdir(parents=True, exist_ok=True)
         marker.write_text(ours + "\n")
@@ -437,20 +495,20 @@ def open_study(optuna, tuning: Tuning):
     return study
 
 
-def check_settings(optuna, study, tuning: Tuning, what: dict):
-    """Refuse a study of other settings; settings that nothing counts, runs or waits on yet (their trials all failed:
-    a bad flag, a metric never logged) are replaced."""
-    deadline = time.monotonic() + 30
-    while (saved := study.user_attrs.get("tuning")) is None and time.monotonic() < deadline:
-        time.sleep(0.2)  # the process that created the study writes its settings next
-    if saved == what:
-        return
+def study_settings(optuna, study, below: int | None = None) -> dict | None:
+    """The study's settings: those its first trial that counts, runs or waits carries (numbered below `below`, if
+    given); None where it has none, new or all its trials failed (a bad flag, a metric never logged), so that the next
+    command's settings hold. Each trial carries its tune.py's settings from the moment it is asked for, so that of two
+    commands of other settings starting together the first to ask holds the study, whatever they read before."""
     states = optuna.trial.TrialState
-    if saved is None or not study.get_trials(deepcopy=False, states=(*counted_states(optuna), states.RUNNING,
-                                                                      states.WAITING)):
-        study.set_user_attr("tuning", what)
-        return
-    raise other_settings(study, tuning, saved)
+    deadline = time.monotonic() + 30
+    while True:
+        trials = sorted(study.get_trials(deepcopy=False, states=(*counted_states(optuna), states.RUNNING,
+                                                                 states.WAITING)), key=lambda t: t.number)
+        first = next((t for t in trials if below is None or t.number < below), None)
+        if first is None or "tuning" in first.user_attrs or time.monotonic() > deadline:
+            return first.user_attrs.get("tuning") if first is not None else None
+        time.sleep(0.2)  # asked for by a tune.py that writes its settings next (or died: stale, it fails)
 
 
 def other_settings(study, tuning: Tuning, saved: dict) -> UserError:
@@ -466,7 +524,9 @@ def shown(key: str, value) -> str:
     if key == "space" and isinstance(value, list):
         return " ".join(f"{d['name']}=" + (",".join(map(str, d["choices"])) if d["choices"] is not None else
                                            f"{d['low']}:{d['high']}{':log' * d['log']}") for d in value)
-    return shlex.join(value) if key == "flags" and isinstance(value, list) else str(value)
+    if key == "flags" and isinstance(value, dict):
+        return shlex.join(f"--{name}={' '.join(values)}" for name, values in value.items()) or "none"
+    return str(value)
 
 
 def rerun_later(tuning: Tuning, study, trial):
@@ -483,7 +543,7 @@ def rerun_later(tuning: Tuning, study, trial):
 
 
 def run_again(study, trial):
-    study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number})
+    study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number, "tuning": trial.user_attrs.get("tuning")})
 
 
 def cut_short(study, trial):
@@ -516,7 +576,7 @@ def first_line(e: BaseException) -> str:
 
 def tqdm_write(line: str):
     from tqdm import tqdm
-    tqdm.write(line, file=sys.stderr)
+    tqdm.write(redacted(line), file=sys.stderr)
 
 
 def tune(options):
@@ -553,6 +613,12 @@ def tune(options):
     if options.dir.exists() and not options.dir.is_dir():
         raise UserError(f"--dir {options.dir} is a file: give the tuning's directory (where results.md and the study "
                         "go), a new one or one a tuning wrote")
+    # where the directory would be made: the SQLite study and the runs go there
+    existing = next(path for path in (options.dir.absolute(), *options.dir.absolute().parents) if path.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        why = "not a directory" if not existing.is_dir() else "read-only"
+        raise UserError(f"--dir {options.dir} cannot be written ({existing} is {why}): give --dir a directory you "
+                        "can write")
     tuning = Tuning(options, fields, space)
     study = open_study(optuna, tuning)
     previous = signal.signal(signal.SIGTERM, interrupt)  # as Ctrl-C: the trainers stop, their trials run again later
@@ -588,7 +654,7 @@ def run_trials(optuna, study, tuning: Tuning):
         while not stop.is_set():
             with lock:
                 optuna.storages.fail_stale_trials(study)
-                if (saved := study.user_attrs.get("tuning")) != tuning.what:  # replaced by a command of its own
+                if (saved := study_settings(optuna, study)) not in (None, tuning.what):  # replaced by another's
                     raise other_settings(study, tuning, saved)
                 if counted() >= options.trials:
                     return
@@ -625,6 +691,16 @@ def run_trials(optuna, study, tuning: Tuning):
             raise
         tuning.beating.add(trial._trial_id)
         trial.set_user_attr("host", socket.gethostname())
+        rerun_settings = trial.user_attrs.get("tuning")  # a rerun's, waiting since an earlier tune.py enqueued it
+        trial.set_user_attr("tuning", tuning.what)
+        if (saved := rerun_settings or study_settings(optuna, study, below=trial.number)) not in (None, tuning.what):
+            trial.set_user_attr("other_settings", True)  # counted nowhere; a rerun waits again for its own settings
+            study.tell(trial, state=states.FAIL)
+            tuning.beating.discard(trial._trial_id)
+            if rerun_settings is not None:
+                study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.user_attrs.get("rerun_of"),
+                                                              "tuning": rerun_settings})
+            raise other_settings(study, tuning, saved)
         before = study.get_trials(deepcopy=False, states=(*counted_states(optuna), states.RUNNING))
         if sum(other.number < trial.number for other in before) >= options.trials:
             trial.set_user_attr("surplus", True)
@@ -632,7 +708,12 @@ def run_trials(optuna, study, tuning: Tuning):
             tuning.beating.discard(trial._trial_id)
             return None, None
         study.sampler = optuna.samplers.TPESampler(seed=options.sampler_seed + trial.number)
-        return trial, {dimension.name: dimension.suggest(trial) for dimension in tuning.space}
+        try:
+            return trial, {dimension.name: dimension.suggest(trial) for dimension in tuning.space}
+        except Exception:  # a trial without its settings would wait for ever to run again
+            study.tell(trial, state=states.FAIL)
+            tuning.beating.discard(trial._trial_id)
+            raise
 
     def tell(trial, values: list[float], ended: str):
         if ended == "stopped":  # train() says so of any trial that ran while tune.py was stopping
@@ -716,7 +797,7 @@ def report(optuna, study, tuning: Tuning):
     pruned = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.PRUNED,))
     names = [dimension.name for dimension in tuning.space]
     failed = len([trial for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
-                  if not trial.user_attrs.get("surplus")])
+                  if not (trial.user_attrs.get("surplus") or trial.user_attrs.get("other_settings"))])
     lines = [f"{len(complete)} trials completed, {len(pruned)} pruned, {failed} failed (cut trials among them, run "
              f"again); {tuning.options.metric}, IQM of {tuning.options.seeds} seeds [95% interval]\n",
              *savings(complete, pruned), f"The best {min(TOP, len(complete))} of the {len(complete)} completed:\n",
@@ -957,11 +1038,20 @@ def main(argv: list[str] | None = None) -> int:
     if not options.trainer.is_file():
         parser.error(f"--trainer {options.trainer}: no such file")
     options.dir = options.dir or Path("tunes") / f"{re.sub('[:/]', '_', options.env_id)}__{options.trainer.stem}"
+    if options.storage is not None and (password := split_password(options.storage)[1]):
+        SECRETS.update({password, urllib.parse.unquote(password), urllib.parse.quote(password, safe="")})
     try:
-        return report_user_errors(lambda: tune(options))
+        tune(options)
+        return 0
+    except UserError as e:
+        print(f"error: {redacted(str(e))}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"interrupted: the same command continues the tuning in {options.dir}", file=sys.stderr)
         return 130
+    except Exception:  # a bug's traceback, without the password that a database error may quote
+        sys.stderr.write(redacted(traceback.format_exc()))
+        return 1
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import types
+import urllib.parse
 from pathlib import Path
 
 import numpy as np
@@ -149,6 +150,35 @@ def test_two_machines_share_one_study_on_postgresql(tmp_path, postgresql):
     assert best[0].replace("host-a", "host-b") == best[1]
 
 
+def test_no_output_shows_the_storages_password(tmp_path, fast_polls, postgresql, monkeypatch, capsys):
+    """A password holding @ : / # ? %: quoted, the tuning runs and nothing it prints or writes shows it; as it is, or
+    in a URL that does not parse or reach a server, one line without it; moved to PGPASSWORD, the same study."""
+    password = "p@ss:w/rd#1?%z"
+    quoted = urllib.parse.quote(password, safe="")
+    sockets = postgresql.partition("?")[2]  # the server's socket directory, host=...
+    argv = ["--trainer", STAND_IN, "--env_id", "Tune-v0", "--trials", "1", "--seeds", "1", "--jobs", "1",
+            "--prune_after", "0", "--dir", "tuned", "--study_name", "secret", "--space", "x=0:6"]
+    assert tune.main([*argv, "--storage", f"postgresql+psycopg://postgres:{quoted}@/postgres?{sockets}"]) == 0
+    printed = "".join(capsys.readouterr())
+    written = "".join(path.read_bytes().decode(errors="replace") for path in (tmp_path / "tuned").rglob("*")
+                      if path.is_file())  # the study's name in "study", the logs, results.md, the event files
+    for text in (printed, written):
+        assert password not in text
+        assert quoted not in text
+    for given in (f"postgresql+psycopg://postgres:{password}@/postgres?{sockets}",  # as it is: a driver would cut it
+                  f"postgresql+psycopg://postgres:{quoted}@localhost:54x41/postgres",  # a port typo
+                  f"postgresql+psycopg://postgres:{quoted}@localhost:5432postgres",  # the slash missing
+                  f"postgresql+psycopg://postgres:{quoted}@127.0.0.1:9/postgres"):  # no server there
+        assert tune.main([*argv, "--dir", "elsewhere", "--storage", given]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: --storage postgresql+psycopg://postgres:***@") and err.count("\n") == 1, err
+        for fragment in ("p@ss", "ss:w", "w/rd", "rd#1", "?%z", quoted):
+            assert fragment not in err, err
+    monkeypatch.setenv("PGPASSWORD", password)
+    assert tune.main([*argv, "--trials", "2", "--storage", f"postgresql+psycopg://postgres@/postgres?{sockets}"]) == 0
+    assert len(optuna.load_study(study_name="secret", storage=postgresql).trials) == 2
+
+
 def test_a_tuning_killed_on_one_machine_is_finished_by_another(tmp_path, postgresql):
     """A live trial on another machine is left alone however long it runs; one whose tune.py was killed sends no
     heartbeat, is failed by the other machine's tune.py and run again there, and no more trials are counted."""
@@ -240,6 +270,72 @@ def test_a_tuning_of_other_settings_is_refused_and_the_running_one_goes_on(tmp_p
     assert first.wait(timeout=300) == 0, first.stderr.read()[-2000:]
     study = study_of(tmp_path / "tuned")
     assert states(study) == ["COMPLETE", "COMPLETE"] and all(0 <= t.params["x"] <= 6 for t in study.trials)
+
+
+def test_commands_of_other_settings_starting_together_never_share_a_study(tmp_path, fast_polls, monkeypatch,
+                                                                         capsys):
+    """The interleaving that mixed two spaces in one study: one command reads the study's settings (none yet), the
+    other starts, and runs a trial, before the first asks for its trial. The trial asked for first holds the study:
+    the later command's trial fails, counted nowhere, and it stops in one line."""
+    argv = ["--trainer", STAND_IN, "--env_id", "Tune-v0", "--trials", "1", "--seeds", "1", "--jobs", "1",
+            "--prune_after", "0", "--dir", "tuned", "--space", "x=0.0:6.0"]
+    other = [sys.executable, str(REPO / "scripts/tune.py"), *argv[:-1], "x=0.0:1.0"]
+    ask, interleaved = optuna.Study.ask, []
+
+    def the_other_command_first(study, *args, **kwargs):
+        if not interleaved:
+            interleaved.append(subprocess.run(other, cwd=tmp_path, capture_output=True, text=True, timeout=300))
+        return ask(study, *args, **kwargs)
+    monkeypatch.setattr(optuna.Study, "ask", the_other_command_first)
+    assert tune.main(argv) == 2
+    assert interleaved[0].returncode == 0, interleaved[0].stderr[-2000:]
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error") or "Traceback" in line]
+    assert len(lines) == 1 and "holds a tuning of other settings (space x=0.0:1.0 there, x=0.0:6.0 here)" in lines[0]
+    trials = study_of(tmp_path / "tuned").trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "FAIL"] and trials[1].user_attrs["other_settings"]
+    assert 0 <= trials[0].params["x"] <= 1
+    assert "1 trials completed, 0 pruned, 0 failed" in (tmp_path / "tuned/results.md").read_text()
+
+
+def test_the_same_settings_in_another_order_join_the_study(tmp_path, fast_polls):
+    argv = ["--trainer", STAND_IN, "--env_id", "Tune-v0", "--trials", "1", "--seeds", "1", "--jobs", "1",
+            "--prune_after", "0", "--dir", "tuned", "--space", "x=0.0:6.0", "capture_video=true,false", "--",
+            "--steps", "3", "--no_capture_video", "--step_seconds=0"]
+    assert tune.main(argv) == 0
+    reordered = [*argv[:argv.index("--space")], "--trials", "2", "--space", "capture_video=true,false", "x=0.0:6.0",
+                 "--", "--step_seconds", "0", "--capture_video", "--steps=3", "--no-capture-video"]
+    assert tune.main(reordered) == 0
+    assert states(study_of(tmp_path / "tuned")) == ["COMPLETE", "COMPLETE"]
+
+
+def read_only(directory: Path, argv: list[str]) -> list[str]:
+    """argv run with directory mounted read-only (in a mount namespace of its own, as root or, where the kernel
+    lets a user, in a user namespace): root writes in a directory whatever its mode."""
+    remount = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
+    for unshare in (["unshare", "--mount"], ["unshare", "--user", "--map-root-user", "--mount"]):
+        if shutil.which("unshare") and subprocess.run([*unshare, "sh", "-c", remount, str(directory), "true"],
+                                                      capture_output=True).returncode == 0:
+            return [*unshare, "sh", "-c", remount, str(directory), *argv]
+    pytest.skip("no mount namespace (unshare --mount) for a read-only directory")
+
+
+def test_an_unwritable_directory_is_one_line_and_nothing_is_written(tmp_path):
+    """A read-only working directory (the default --dir is in it) or --dir: one line, before anything is written."""
+    (tmp_path / "ro").mkdir()
+    argv = [sys.executable, str(REPO / "scripts/tune.py"), "--trainer", STAND_IN, "--env_id", "Tune-v0", "--trials",
+            "1", "--seeds", "1", "--jobs", "1", "--space", "x=0:6"]
+    for cwd, extra, refusal in (
+            (tmp_path / "ro", [], f"--dir tunes/Tune-v0__tune_trainer cannot be written ({tmp_path / 'ro'} is "
+                                  "read-only): give --dir a directory you can write"),
+            (tmp_path, ["--dir", "ro/tuned"], f"--dir ro/tuned cannot be written ({tmp_path / 'ro'} is read-only)")):
+        refused = subprocess.run(read_only(tmp_path / "ro", argv + extra), cwd=cwd, capture_output=True, text=True,
+                                 timeout=120)
+        assert refused.returncode == 2 and refused.stderr.startswith("error: ") and refusal in refused.stderr
+        assert refused.stderr.count("\n") == 1, refused.stderr
+        assert not list((tmp_path / "ro").iterdir())
+    done = subprocess.run(argv + ["--dir", "ro/tuned"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_two_confirmations_at_once_run_once(tmp_path):
@@ -357,6 +453,12 @@ def test_confirm_runs_the_best_and_the_defaults_on_seeds_no_trial_used(tmp_path,
     (["--space", "x=0:6", "--confirm_flags=--nope 1"], "--nope (--confirm_flags): the trainer has no such flag"),
     (["--space", "x=2"], "is one value, not a range or choices: give it after --"),
     (["--space", "x=0:6", "x=1:2"], "--space 'x=1:2': --x is searched twice (--space 'x=0:6' too)"),
+    (["--space", "x=1e-4:inf:log"], "--space 'x=1e-4:inf:log' does not parse: infinite or NaN"),
+    (["--space", "x=nan:1"], "does not parse: infinite or NaN"),
+    (["--space", "steps=1.5:3"], "--space 'steps=1.5:3' does not parse: --steps takes integers"),
+    (["--space", "steps=2,3.5"], "does not parse: --steps takes integers"),
+    (["--space", "capture_video=true"], "--space 'capture_video=true' is one value, not choices"),
+    (["--space", "steps=4,4"], "--space 'steps=4,4' is one value, not choices"),
     (["--space", "x=0:6", "--metric", "eval/never"], "logged no eval/never"),
     (["--space", "x=0:6", "--", "--fail"], "failed (exit 2): error: told to fail"),
     (["--space", "x=0:6", "--storage", "mysql://tuner:secret@127.0.0.1:9/db"],
