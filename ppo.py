@@ -3240,6 +3240,9 @@ class WandbRun:
                 settings=wandb.Settings(silent=True, console="off", x_disable_stats=True) if quiet else None)
         except (wandb.errors.Error, ValueError) as e:  # ValueError: settings wandb refuses (WANDB_MODE=...)
             raise UserError(wandb_start_failed(e)) from e
+        if self.run.disabled and not quiet:  # WANDB_MODE=disabled, or `wandb disabled`: a run that records nothing
+            print("--track: wandb is disabled (WANDB_MODE=disabled or `wandb disabled`): nothing is tracked; the "
+                  "TensorBoard logs are written as always", file=sys.stderr)
         self.first_step = self.run.step  # a resumed run's next step (run.step asks wandb's service: once)
 
     def log(self, values: dict, step: int):

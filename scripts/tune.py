@@ -17,8 +17,9 @@ NAME=LOW:HIGH:log, or NAME=A,B,C (choices; true,false for a switch); --space_fil
 one there is the defaults' value). The tuning's directory (--dir) holds study.db (Optuna's SQLite storage), each
 trial's run (runs/trial_N, its seeds' runs inside) and log (logs/trial_N.log), and at the end results.md and the
 plots; --storage URL puts the study in a database that tune.py processes on several machines share. The same
-command continues an interrupted tuning: a trial whose tune.py died (no heartbeat) is marked failed and run again, so
-none counts twice; a second tune.py of the same settings joins the study, one of others is refused. A trial's
+command continues an interrupted tuning: a trial whose tune.py died (no heartbeat for --grace seconds) is marked
+failed and run again, so none counts twice; a database away for less than --grace is waited for, the trials training
+on; a second tune.py of the same settings joins the study, one of others is refused. A trial's
 intermediate IQM (read from its TensorBoard logs as it runs) goes to Optuna's median pruner, which stops the trial
 with SIGTERM (its checkpoint stays).
 --confirm K trains the best trial's settings and the defaults on K seeds that no trial used (nor their envs' reset
@@ -31,8 +32,10 @@ import contextlib
 import dataclasses
 import difflib
 import fcntl
+import functools
 import hashlib
 import importlib.util
+import inspect
 import itertools
 import json
 import math
@@ -282,7 +285,48 @@ class Tuning:
         self.stop = threading.Event()  # set by Ctrl-C, SIGTERM or errors: every train() stops its trainer
         self.storage = None  # Optuna's, open_study()'s
         self.beating = set()  # the ids of the trials this process runs, whose heartbeats it records
+        self.unbeaten = {}  # the ids of others' running trials without a heartbeat: when this process first saw them
+        self.away_since = None  # when the database stopped answering (reach())
+        self.reaching = threading.Lock()
         self.what = None  # the settings a study of this command holds, open_study()'s
+
+    def reach(self, call):
+        """call(), a database call, made again while the database is away (refused or dropped connections, a server
+        starting up), for up to --grace seconds from when it went, the trainers training on: a warning when it goes,
+        a line when it answers again; past the grace, a UserError naming the driver's message. Trials whose heartbeats
+        stopped for as long are failed and run again by any tune.py, so no process waits longer."""
+        delay = 0.5
+        while True:
+            try:
+                result = call()
+            except Exception as e:
+                if (cause := database_away(e)) is None:
+                    raise
+                with self.reaching:
+                    if self.away_since is None:
+                        self.away_since = time.monotonic()
+                        tqdm_write(f"warning: the study's database does not answer ({cause}): trying again for up to "
+                                   f"{self.options.grace} s (--grace), the trainers training on")
+                    away = time.monotonic() - self.away_since
+                if away > self.options.grace:
+                    raise UserError(f"the study's database did not answer for {self.options.grace} s (--grace): "
+                                    f"{cause}; this tune.py's trials run again, by any tune.py once it answers") from e
+                if self.stop.wait(delay):
+                    raise
+                delay = min(2 * delay, self.options.heartbeat)
+                continue
+            if self.away_since is not None:
+                with self.reaching:
+                    if self.away_since is not None:
+                        tqdm_write(f"the study's database answers again, after {time.monotonic() - self.away_since:.0f}"
+                                   " s")
+                        self.away_since = None
+            return result
+
+    def keep(self, run_dir: Path):
+        """A completed run's finals in its finals.json, from which recorded() tells a trial that the database missed."""
+        if values := finals(run_dir, self.options.metric):
+            (run_dir / "finals.json").write_text(json.dumps(values))
 
     def command(self, params: dict, seed: int, num_seeds: int, exp_name: str, extra: list[str] = ()) -> list[str]:
         # the last of a flag's values counts: the confirmation's flags replace those after --, a trial's both
@@ -347,6 +391,10 @@ class Tuning:
                             process.send_signal(signal.SIGTERM)
                     if not ended:
                         time.sleep(POLL_SECONDS)
+            except UserError:  # the database away past the grace: a trainer that finished keeps its result
+                if process.poll() == 0 and not (pruned or stopped or failed_elsewhere):
+                    self.keep(run_dir)
+                raise
             finally:
                 if process.poll() is None:  # an error of tune.py's own (a database away): the trainer stops too
                     process.send_signal(signal.SIGTERM)
@@ -367,6 +415,7 @@ class Tuning:
         if not values:
             logged = ", ".join(logged_metrics(run_dir)) or "none"
             return [], f"logged no {self.options.metric} (give --metric one it logs: {logged}; {log})"
+        self.keep(run_dir)
         return values, "complete"
 
 
@@ -399,7 +448,8 @@ DRIVERS = {"psycopg": "'psycopg[binary]'", "psycopg2": "psycopg2-binary", "pymys
 
 def open_storage(optuna, tuning: Tuning):
     """Optuna's RDBStorage at --storage (default: study.db in the tuning's directory), with heartbeats: a trial whose
-    tune.py recorded none for twice --heartbeat seconds, on whatever machine it ran, is failed and runs again."""
+    tune.py recorded none for --grace seconds, on whatever machine it ran, is failed and runs again. Each of its calls
+    is retried while the database is away, for up to the grace (Tuning.reach())."""
     url = tuning.options.storage
     if url is None:
         tuning.dir.mkdir(parents=True, exist_ok=True)
@@ -414,9 +464,12 @@ def open_storage(optuna, tuning: Tuning):
     try:
         for attempt in itertools.count():
             try:
-                return optuna.storages.RDBStorage(
+                storage = patient(optuna.storages.RDBStorage, tuning)(
                     url, engine_kwargs={} if url.startswith("sqlite") else {"pool_pre_ping": True},  # idle links drop
-                    heartbeat_interval=tuning.options.heartbeat, failed_trial_callback=cut_short)
+                    heartbeat_interval=tuning.options.heartbeat, grace_period=tuning.options.grace,
+                    failed_trial_callback=cut_short)
+                in_utc(storage.engine)
+                return storage
             except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError, sqlalchemy.exc.OperationalError):
                 if attempt == 4:
                     raise
@@ -430,6 +483,55 @@ def open_storage(optuna, tuning: Tuning):
                             f"{DRIVERS.get(missing.name, missing.name)}") from e
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise UserError(f"--storage {shown_url}: {reason}") from e
+
+
+def patient(storage_class, tuning: Tuning):
+    """storage_class with each of its methods retried while the database is away (Tuning.reach()): Optuna's calls
+    (asking, telling, reporting, heartbeats) as tune.py's. Its constructor is not: a database that does not answer at
+    the start is a wrong URL as often as an outage, and is said at once."""
+    def retried(method):
+        @functools.wraps(method)
+        def call(*args, **kwargs):
+            return tuning.reach(lambda: method(*args, **kwargs))
+        return call
+    methods = {name: retried(member) for klass in reversed(storage_class.__mro__)
+               for name, member in vars(klass).items() if inspect.isfunction(member) and not name.startswith("__")}
+    return type(f"Patient{storage_class.__name__}", (storage_class,), methods)
+
+
+def database_away(e: BaseException) -> str | None:
+    """The driver's own message where e (or its cause) says the database cannot be reached, else None."""
+    import sqlalchemy
+
+    chain = []
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    away = [link for link in chain if isinstance(link, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,
+                                                         sqlalchemy.exc.DisconnectionError))]
+    if not away:
+        return None
+    driver = getattr(away[0], "orig", None) or away[0]  # the driver's own exception, that SQLAlchemy wraps
+    return redacted(f"{type(driver).__module__.split('.')[0]}.{first_line(driver)}")
+
+
+def in_utc(engine):
+    """Every connection of the engine in UTC. Heartbeats are stored without a zone, as the database's clock reads in
+    the connection's zone (PGTZ, a server's or a role's default), and compared with its clock in the comparing
+    connection's: tune.py processes of other zones would fail each other's live trials, or never a dead one's."""
+    import sqlalchemy
+
+    utc = {"postgresql": "SET TIME ZONE 'UTC'", "mysql": "SET time_zone = '+00:00'"}.get(engine.dialect.name)
+    if utc is None:  # SQLite's clock is UTC
+        return
+
+    def set_utc(connection, _):
+        cursor = connection.cursor()
+        cursor.execute(utc)
+        cursor.close()
+        connection.commit()  # a SET in a transaction rolled back would be undone
+    sqlalchemy.event.listen(engine, "connect", set_utc)
+    engine.dispose()  # the connections RDBStorage opened before
 
 
 def split_password(url: str) -> tuple[str, str | None]:
@@ -476,7 +578,7 @@ def open_study(optuna, tuning: Tuning):
             "env_id": tuning.options.env_id, "flags": flag_values(tuning.options.flags, tuning.fields),
             "space": [dataclasses.asdict(d) for d in sorted(tuning.space, key=lambda d: d.name)],
             "seeds": tuning.options.seeds,
-            "seed": tuning.options.seed, "metric": tuning.options.metric, "heartbeat": tuning.options.heartbeat}
+            "seed": tuning.options.seed, "metric": tuning.options.metric, "grace": tuning.options.grace}
     tuning.what = what = json.loads(json.dumps(what))  # as the storage gives it back (tuples as lists)
     pruner = (optuna.pruners.MedianPruner(n_startup_trials=tuning.options.prune_after) if tuning.options.prune_after
               else optuna.pruners.NopPruner())
@@ -484,8 +586,9 @@ def open_study(optuna, tuning: Tuning):
         study = optuna.create_study(study_name=name, storage=tuning.storage, direction="maximize", pruner=pruner)
     except optuna.exceptions.DuplicatedStudyError:
         study = optuna.load_study(study_name=name, storage=tuning.storage, pruner=pruner)
-        optuna.storages.fail_stale_trials(study)
-        if (saved := study_settings(optuna, study)) not in (None, what):
+        recorded(optuna, study, tuning)
+        fail_stale(optuna, study, tuning)
+        if (saved := study_settings(optuna, study, tuning)) not in (None, what):
             raise other_settings(study, tuning, saved)
     try:
         tuning.dir.mkdir(parents=True, exist_ok=True)
@@ -495,20 +598,24 @@ def open_study(optuna, tuning: Tuning):
     return study
 
 
-def study_settings(optuna, study, below: int | None = None) -> dict | None:
+def study_settings(optuna, study, tuning: Tuning, below: int | None = None) -> dict | None:
     """The study's settings: those its first trial that counts, runs or waits carries (numbered below `below`, if
     given); None where it has none, new or all its trials failed (a bad flag, a metric never logged), so that the next
     command's settings hold. Each trial carries its tune.py's settings from the moment it is asked for, so that of two
     commands of other settings starting together the first to ask holds the study, whatever they read before."""
     states = optuna.trial.TrialState
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 2 * tuning.options.heartbeat
     while True:
         trials = sorted(study.get_trials(deepcopy=False, states=(*counted_states(optuna), states.RUNNING,
                                                                  states.WAITING)), key=lambda t: t.number)
-        first = next((t for t in trials if below is None or t.number < below), None)
-        if first is None or "tuning" in first.user_attrs or time.monotonic() > deadline:
-            return first.user_attrs.get("tuning") if first is not None else None
-        time.sleep(0.2)  # asked for by a tune.py that writes its settings next (or died: stale, it fails)
+        for trial in trials if below is None else [t for t in trials if t.number < below]:
+            if "tuning" in trial.user_attrs:
+                return trial.user_attrs["tuning"]
+            if time.monotonic() < deadline:  # asked for by a tune.py that writes its settings next, or died
+                break
+        else:
+            return None
+        time.sleep(0.2)
 
 
 def other_settings(study, tuning: Tuning, saved: dict) -> UserError:
@@ -542,8 +649,9 @@ def rerun_later(tuning: Tuning, study, trial):
         run_again(study, trial)
 
 
-def run_again(study, trial):
-    study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number, "tuning": trial.user_attrs.get("tuning")})
+def run_again(study, trial, params: dict | None = None):
+    study.enqueue_trial(params or trial.params, user_attrs={"rerun_of": trial.number,
+                                                           "tuning": trial.user_attrs.get("tuning")})
 
 
 def cut_short(study, trial):
@@ -556,6 +664,42 @@ def cut_short(study, trial):
     run_again(study, trial)
 
 
+def recorded(optuna, study, tuning: Tuning):
+    """Record the results of this directory's trials that ended while the database was away, their tune.py then
+    giving up (past --grace), from their runs' finals.json, before any tune.py fails them as stale."""
+    states = optuna.trial.TrialState
+    for trial in study.get_trials(deepcopy=False, states=(states.RUNNING,)):
+        finals = tuning.dir / "runs" / f"trial_{trial.number}" / "finals.json"
+        if trial.user_attrs.get("host") == socket.gethostname() and finals.is_file():
+            values = json.loads(finals.read_text())
+            tuning.storage.set_trial_user_attr(trial._trial_id, "finals", values)
+            study.tell(trial.number, iqm(values), state=states.COMPLETE, skip_if_finished=True)
+            tqdm_write(f"trial {trial.number} ended while the study's database was away: its result recorded from "
+                       f"{finals}")
+
+
+def fail_stale(optuna, study, tuning: Tuning):
+    """Fail the trials of tune.py processes that died: those whose heartbeats stopped (Optuna's fail_stale_trials(),
+    which calls cut_short()), and those that never recorded one (their tune.py died, or lost its database, right
+    after asking for them), once this process has seen them so for --grace; their settings, if drawn, run again."""
+    optuna.storages.fail_stale_trials(study)
+    now, states = time.monotonic(), optuna.trial.TrialState
+    unbeaten = {trial._trial_id: trial for trial in study.get_trials(deepcopy=False, states=(states.RUNNING,))
+                if "host" not in trial.user_attrs and trial._trial_id not in tuning.beating}
+    tuning.unbeaten = {trial_id: tuning.unbeaten.get(trial_id, now) for trial_id in unbeaten}
+    for trial_id, since in tuning.unbeaten.items():
+        if now - since > tuning.options.grace:
+            trial = unbeaten[trial_id]
+            params = trial.params or trial.system_attrs.get("fixed_params")  # a rerun's, waiting till it was asked
+            try:
+                if tuning.storage.set_trial_state_values(trial_id, state=states.FAIL) and params:
+                    run_again(study, trial, params)
+            except optuna.exceptions.UpdateFinishedTrialError:  # another tune.py failed it first
+                continue
+            tqdm_write(f"warning: trial {trial.number}, asked for by a tune.py that recorded no heartbeat of it, failed"
+                       f"{': its settings run again' if params else ''}")
+
+
 def heartbeats(tuning: Tuning, study, done: threading.Event):
     """Every --heartbeat seconds, a heartbeat of each trial this process runs (Optuna's own heartbeat thread runs
     inside study.optimize(), which tune.py's trials, asked for and told, do not), and the trials of a tune.py that
@@ -565,7 +709,7 @@ def heartbeats(tuning: Tuning, study, done: threading.Event):
         try:
             for trial_id in list(tuning.beating):
                 tuning.storage.record_heartbeat(trial_id)
-            optuna.storages.fail_stale_trials(study)
+            fail_stale(optuna, study, tuning)
         except Exception as e:  # noqa: BLE001 (a database away a while: the next beat may reach it)
             tqdm_write(f"warning: no heartbeat recorded: {first_line(e)}")
 
@@ -653,8 +797,8 @@ def run_trials(optuna, study, tuning: Tuning):
     def work():
         while not stop.is_set():
             with lock:
-                optuna.storages.fail_stale_trials(study)
-                if (saved := study_settings(optuna, study)) not in (None, tuning.what):  # replaced by another's
+                fail_stale(optuna, study, tuning)
+                if (saved := study_settings(optuna, study, tuning)) not in (None, tuning.what):  # replaced by another's
                     raise other_settings(study, tuning, saved)
                 if counted() >= options.trials:
                     return
@@ -676,7 +820,7 @@ def run_trials(optuna, study, tuning: Tuning):
                     tell(trial, values, ended)
                 except optuna.exceptions.UpdateFinishedTrialError:
                     tqdm_write(f"warning: trial {trial.number} was failed by another tune.py as it ran, its "
-                               "heartbeats late (a busy machine or database: a larger --heartbeat); its settings run "
+                               "heartbeats late (a machine or database stalled past --grace); its settings run "
                                "again")
                 show()
 
@@ -693,7 +837,7 @@ def run_trials(optuna, study, tuning: Tuning):
         trial.set_user_attr("host", socket.gethostname())
         rerun_settings = trial.user_attrs.get("tuning")  # a rerun's, waiting since an earlier tune.py enqueued it
         trial.set_user_attr("tuning", tuning.what)
-        if (saved := rerun_settings or study_settings(optuna, study, below=trial.number)) not in (None, tuning.what):
+        if (saved := rerun_settings or study_settings(optuna, study, tuning, trial.number)) not in (None, tuning.what):
             trial.set_user_attr("other_settings", True)  # counted nowhere; a rerun waits again for its own settings
             study.tell(trial, state=states.FAIL)
             tuning.beating.discard(trial._trial_id)
@@ -1027,14 +1171,17 @@ def main(argv: list[str] | None = None) -> int:
                         "postgresql+psycopg://USER@HOST/DB (default: study.db, SQLite, in --dir)")
     parser.add_argument("--study_name", default="tune", help="the study's name in its storage (--storage or "
                         "study.db); a --dir holds the runs of one study")
-    parser.add_argument("--heartbeat", type=int, default=10, metavar="SECONDS", help="a running trial's heartbeat: "
-                        "one whose tune.py recorded none for twice this, on any machine, is failed and runs again")
+    parser.add_argument("--heartbeat", type=int, default=10, metavar="SECONDS", help="a running trial's heartbeat, "
+                        "recorded in the study every this many seconds")
+    parser.add_argument("--grace", type=int, default=180, metavar="SECONDS", help="a trial whose tune.py recorded no "
+                        "heartbeat for this long, on any machine, is failed and runs again; a database away for this "
+                        "long is waited for, the trials training on (docs/tuning.md)")
     options = parser.parse_args(own)
     options.flags = flags
     for name, least in (("trials", 1), ("seeds", 1), ("jobs", 1), ("prune_after", 0), ("confirm", 0),
-                        ("heartbeat", 1)):
+                        ("heartbeat", 1), ("grace", 2 * options.heartbeat)):
         if getattr(options, name) < least:
-            parser.error(f"--{name} must be at least {least}")
+            parser.error(f"--{name} must be at least {least}" + " (twice --heartbeat)" * (name == "grace"))
     if not options.trainer.is_file():
         parser.error(f"--trainer {options.trainer}: no such file")
     options.dir = options.dir or Path("tunes") / f"{re.sub('[:/]', '_', options.env_id)}__{options.trainer.stem}"

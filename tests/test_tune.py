@@ -82,8 +82,8 @@ def test_a_trial_worse_than_the_median_is_pruned_and_stopped(tmp_path, fast_poll
 
 def test_a_killed_tuning_continues_with_no_trial_counted_twice(tmp_path):
     argv = [sys.executable, str(REPO / "scripts/tune.py"), "--trainer", STAND_IN, "--env_id", "Tune-v0", "--trials",
-            "3", "--seeds", "2", "--jobs", "1", "--prune_after", "0", "--dir", "tuned", "--heartbeat", "2", "--space",
-            "x=0.0:6.0", "--", "--steps", "6", "--step_seconds", "0.5"]
+            "3", "--seeds", "2", "--jobs", "1", "--prune_after", "0", "--dir", "tuned", "--heartbeat", "2", "--grace",
+            "4", "--space", "x=0.0:6.0", "--", "--steps", "6", "--step_seconds", "0.5"]
     first = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while not (tmp_path / "tuned/runs/trial_1").exists():  # trial 0 done, trial 1 running
@@ -103,15 +103,35 @@ def test_a_killed_tuning_continues_with_no_trial_counted_twice(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def postgresql(tmp_path_factory):
+def postgresql_server(tmp_path_factory):
     """A PostgreSQL server of the tests' own (pgserver's wheel ships its binaries; as root it runs them as a user of
     its own, pgserver, which it adds, and opens the directories above its data and binaries to others' reading and
-    traversal), started here and stopped after the module's tests: its URL."""
+    traversal), started here and stopped after the module's tests."""
     import pgserver
 
     server = pgserver.get_server(tmp_path_factory.mktemp("postgresql") / "data", cleanup_mode="stop")
-    yield server.get_uri()
+    yield server
     server.cleanup()
+
+
+@pytest.fixture(scope="module")
+def postgresql(postgresql_server):
+    """The tests' PostgreSQL server's URL."""
+    return postgresql_server.get_uri()
+
+
+def restart(server, down_seconds: float):
+    """Stop the server at once (pg_ctl -m immediate: connections cut, as a crash would), and start it again later."""
+    from pgserver._commands import pg_ctl
+
+    pg_ctl(["-w", "-m", "immediate", "stop"], pgdata=server.pgdata, user=server.system_user, timeout=30)
+    time.sleep(down_seconds)
+    if server.system_user is not None:  # its user traverses to its data again: a pytest started since closes
+        from pgserver.utils import ensure_prefix_permissions  # /tmp/pytest-of-USER to others
+        ensure_prefix_permissions(server.pgdata)
+    sockets = urllib.parse.parse_qs(urllib.parse.urlparse(server.get_uri()).query)["host"][0]
+    pg_ctl(["-w", "-o", '-h ""', "-o", f"-k {sockets}", "-l", str(server.log), "start"], pgdata=server.pgdata,
+           user=server.system_user, timeout=60)
 
 
 def as_host(hostname: str, argv: list[str]) -> list[str]:
@@ -123,11 +143,63 @@ def as_host(hostname: str, argv: list[str]) -> list[str]:
     pytest.skip("no UTS namespace (unshare --uts) for a second hostname")
 
 
-def tune_on(host: str, study: str, url: str, trials: int, step_seconds: float) -> list[str]:
+def tune_on(host: str, study: str, url: str, trials: int, step_seconds: float, grace: int = 4) -> list[str]:
     return as_host(host, [sys.executable, str(REPO / "scripts/tune.py"), "--trainer", STAND_IN, "--env_id", "Tune-v0",
                           "--trials", str(trials), "--seeds", "2", "--jobs", "1", "--prune_after", "0", "--heartbeat",
-                          "2", "--storage", url, "--study_name", study, "--dir", host, "--space", "x=0.0:6.0", "--",
-                          "--steps", "6", "--step_seconds", str(step_seconds)])
+                          "2", "--grace", str(grace), "--storage", url, "--study_name", study, "--dir", host,
+                          "--space", "x=0.0:6.0", "--", "--steps", "6", "--step_seconds", str(step_seconds)])
+
+
+def running_on(url: str, study_name: str) -> set:
+    """The hosts of the study's running trials."""
+    if study_name not in optuna.get_all_study_names(url):  # not yet created
+        return set()
+    study = optuna.load_study(study_name=study_name, storage=url)
+    return {t.user_attrs.get("host") for t in study.get_trials(states=(optuna.trial.TrialState.RUNNING,))}
+
+
+def test_a_database_restart_shorter_than_the_grace_is_ridden_out(tmp_path, postgresql_server):
+    """The study's server cut for 6 s while two tune.py's trials train (each trial 3 s): each says so in a line and
+    trains on, and tells its trials once the server answers; every trial completes once, none fails."""
+    url = postgresql_server.get_uri()
+    workers = [subprocess.Popen(tune_on(host, "restarted", url, 4, 0.5, grace=60), cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for host in ("host-a", "host-b")]
+    deadline = time.monotonic() + 120
+    while running_on(url, "restarted") != {"host-a", "host-b"}:
+        assert all(worker.poll() is None for worker in workers) and time.monotonic() < deadline
+        time.sleep(0.2)
+    restart(postgresql_server, 6)
+    outputs = [worker.communicate(timeout=300) for worker in workers]
+    assert [worker.returncode for worker in workers] == [0, 0], [err[-2000:] for _, err in outputs]
+    for _, err in outputs:
+        gone = [line for line in err.splitlines() if "the study's database does not answer" in line]
+        assert len(gone) == 1 and "(psycopg.OperationalError: " in gone[0] and "--grace" in gone[0], err[-2000:]
+        assert "the study's database answers again, after " in err
+    trials = optuna.load_study(study_name="restarted", storage=url).trials
+    assert [t.state.name for t in trials if not t.user_attrs.get("surplus")] == ["COMPLETE"] * 4
+
+
+def test_a_database_away_past_the_grace_stops_in_one_line_and_a_finished_trial_is_kept(tmp_path, postgresql_server):
+    """The server down for longer than --grace: tune.py stops in one line naming the driver's message, its trainer
+    stopped; the trial that ended while the server was away is recorded from its files by the same command later, not
+    run again."""
+    url = postgresql_server.get_uri()
+    argv = tune_on("host-a", "away", url, 2, 0.5)  # 3 s trials, a grace of 4 s
+    worker = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len(tune.progress(tmp_path / "host-a/runs/trial_0", "eval/return")) < 4:  # its end 1 s away, untold
+        assert worker.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    restart(postgresql_server, 12)  # tune.py notices within its 2 s heartbeat, and waits 4 s more
+    _, err = worker.communicate(timeout=300)
+    errors = [line for line in err.splitlines() if line.startswith("error") or "Traceback" in line]
+    assert worker.returncode == 2 and len(errors) == 1, err[-2000:]
+    assert errors[0].startswith("error: the study's database did not answer for 4 s (--grace): psycopg.Operational")
+    again = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "trial 0 ended while the study's database was away: its result recorded from " in again.stderr
+    trials = optuna.load_study(study_name="away", storage=url).trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"] and "rerun_of" not in trials[1].user_attrs
 
 
 def test_two_machines_share_one_study_on_postgresql(tmp_path, postgresql):
@@ -181,19 +253,14 @@ def test_no_output_shows_the_storages_password(tmp_path, fast_polls, postgresql,
 
 def test_a_tuning_killed_on_one_machine_is_finished_by_another(tmp_path, postgresql):
     """A live trial on another machine is left alone however long it runs; one whose tune.py was killed sends no
-    heartbeat, is failed by the other machine's tune.py and run again there, and no more trials are counted."""
+    heartbeat, is failed by the other machine's tune.py and run again there, and no more trials are counted. The
+    machines' database connections are in other time zones (PGTZ), 14 hours apart."""
     a = subprocess.Popen(tune_on("host-a", "killed", postgresql, 3, 1.5), cwd=tmp_path, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+                         stderr=subprocess.DEVNULL, env={**os.environ, "PGTZ": "Asia/Tokyo"})
     b = subprocess.Popen(tune_on("host-b", "killed", postgresql, 3, 1.5), cwd=tmp_path, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, "PGTZ": "America/New_York"})
     deadline = time.monotonic() + 120
-
-    def running_on() -> set:
-        if "killed" not in optuna.get_all_study_names(postgresql):  # not yet created
-            return set()
-        study = optuna.load_study(study_name="killed", storage=postgresql)
-        return {t.user_attrs.get("host") for t in study.get_trials(states=(optuna.trial.TrialState.RUNNING,))}
-    while running_on() != {"host-a", "host-b"}:
+    while running_on(postgresql, "killed") != {"host-a", "host-b"}:
         assert a.poll() is None and b.poll() is None and time.monotonic() < deadline
         time.sleep(0.2)
     time.sleep(5)  # past the heartbeat's grace of 4 seconds, both alive
@@ -223,8 +290,8 @@ def test_a_trial_whose_heartbeats_stop_is_failed_and_run_again_and_its_late_resu
             record_heartbeat(storage, trial_id)
     monkeypatch.setattr(optuna.storages.RDBStorage, "record_heartbeat", late_for_the_first)
     argv = ["--trainer", STAND_IN, "--env_id", "Tune-v0", "--trials", "1", "--seeds", "1", "--jobs", "2",
-            "--heartbeat", "1", "--prune_after", "0", "--dir", "tuned", "--space", "x=0.0:6.0", "--", "--steps", "20",
-            "--step_seconds", "0.3"]
+            "--heartbeat", "1", "--grace", "2", "--prune_after", "0", "--dir", "tuned", "--space", "x=0.0:6.0", "--",
+            "--steps", "20", "--step_seconds", "0.3"]
     assert tune.main(argv) == 0
     trials = study_of(tmp_path / "tuned").trials
     assert [t.state.name for t in trials] == ["FAIL", "COMPLETE"] and trials[1].user_attrs["rerun_of"] == 0
@@ -233,6 +300,28 @@ def test_a_trial_whose_heartbeats_stop_is_failed_and_run_again_and_its_late_resu
     late_run = tmp_path / "tuned/runs/trial_0"  # stopped before it logged anything, under load: no directory yet
     steps = tune.read_scalars(late_run, "eval/return")[0] if late_run.is_dir() else []
     assert len(steps) < 20  # its trainer was stopped
+
+
+def test_trials_asked_for_without_a_heartbeat_are_failed_and_a_drawn_one_runs_again(tmp_path):
+    """Two trials of tune.py processes that died between asking for a trial and its first heartbeat: a rerun taken
+    from the queue (its settings fixed) and a fresh one (none drawn yet). A tune.py started later fails both once it
+    has seen them so for --grace, runs the rerun's settings again, and finishes."""
+    (tmp_path / "tuned").mkdir()
+    study = optuna.create_study(study_name="tune", storage=f"sqlite:///{tmp_path / 'tuned/study.db'}",
+                                direction="maximize")
+    study.enqueue_trial({"x": 1.5})
+    study.ask(), study.ask()
+    argv = [sys.executable, str(REPO / "scripts/tune.py"), "--trainer", STAND_IN, "--env_id", "Tune-v0", "--trials",
+            "1", "--seeds", "1", "--jobs", "1", "--heartbeat", "1", "--grace", "2", "--dir", "tuned", "--space",
+            "x=0.0:6.0"]
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    warned = "asked for by a tune.py that recorded no heartbeat of it, failed"
+    assert f"warning: trial 0, {warned}: its settings run again" in done.stderr, done.stderr[-2000:]
+    assert f"warning: trial 1, {warned}\n" in done.stderr
+    trials = study_of(tmp_path / "tuned").trials
+    assert [t.state.name for t in trials] == ["FAIL", "FAIL", "COMPLETE"]
+    assert trials[2].params == {"x": 1.5} and trials[2].user_attrs["rerun_of"] == 0
 
 
 def test_a_directory_holds_one_studys_runs(tmp_path, fast_polls, capsys):

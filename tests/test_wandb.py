@@ -178,3 +178,13 @@ def test_track_without_wandb_or_a_login_is_one_line(tmp_path, capfd, monkeypatch
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
     line = refused_in_one_line(ppo_eval, ["runs/plain", "--track"], tmp_path, capfd, whole_process=False)
     assert "pip install wandb" in line
+
+
+def test_track_with_wandb_disabled_says_that_nothing_is_tracked(tmp_path):
+    result = run_script("ppo.py", fast_args(POINT_MASS, "disabled", track=True, num_seeds=2), tmp_path, timeout=300,
+                        extra_env={**offline(tmp_path), "WANDB_MODE": "disabled"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = [line for line in result.stderr.splitlines() if "nothing is tracked" in line]
+    assert said == ["--track: wandb is disabled (WANDB_MODE=disabled or `wandb disabled`): nothing is tracked; the "
+                    "TensorBoard logs are written as always"]
+    assert scalars(tmp_path / "runs/disabled/disabled__seed2") and not list(tmp_path.rglob("offline-run-*"))
