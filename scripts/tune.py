@@ -611,8 +611,8 @@ def study_settings(optuna, study, tuning: Tuning, below: int | None = None) -> d
         for trial in trials if below is None else [t for t in trials if t.number < below]:
             if "tuning" in trial.user_attrs:
                 return trial.user_attrs["tuning"]
-            if time.monotonic() < deadline:  # asked for by a tune.py that writes its settings next, or died
-                break
+            if trial.state == states.RUNNING and time.monotonic() < deadline:  # asked for by a tune.py that writes
+                break  # its settings next, or died (else a trial of a tune.py that gave trials no settings)
         else:
             return None
         time.sleep(0.2)
