@@ -489,10 +489,18 @@ def patient(storage_class, tuning: Tuning):
     """storage_class with each of its methods retried while the database is away (Tuning.reach()): Optuna's calls
     (asking, telling, reporting, heartbeats) as tune.py's. Its constructor is not: a database that does not answer at
     the start is a wrong URL as often as an outage, and is said at once."""
+    inside = threading.local()
+
     def retried(method):
         @functools.wraps(method)
         def call(*args, **kwargs):
-            return tuning.reach(lambda: method(*args, **kwargs))
+            if getattr(inside, "call", False):  # a call inside another, on its session: the outer one, its session
+                return method(*args, **kwargs)  # new, is made again (this one again, on a session rolled back, fails)
+            inside.call = True
+            try:
+                return tuning.reach(lambda: method(*args, **kwargs))
+            finally:
+                inside.call = False
         return call
     methods = {name: retried(member) for klass in reversed(storage_class.__mro__)
                for name, member in vars(klass).items() if inspect.isfunction(member) and not name.startswith("__")}
@@ -791,7 +799,7 @@ def run_trials(optuna, study, tuning: Tuning):
         try:
             work()
         except Exception as e:  # a thread's error would otherwise end it unseen, its trial left running
-            errors.append(str(e) if isinstance(e, UserError) else first_line(e))
+            errors.append(str(e) if isinstance(e, UserError) else e)  # a bug's, raised again with its traceback
             stop.set()
 
     def work():
@@ -818,10 +826,11 @@ def run_trials(optuna, study, tuning: Tuning):
                     if ended == "failed elsewhere" or tuning.storage.get_trial(trial._trial_id).state.is_finished():
                         raise optuna.exceptions.UpdateFinishedTrialError  # as telling it would
                     tell(trial, values, ended)
-                except optuna.exceptions.UpdateFinishedTrialError:
-                    tqdm_write(f"warning: trial {trial.number} was failed by another tune.py as it ran, its "
-                               "heartbeats late (a machine or database stalled past --grace); its settings run "
-                               "again")
+                except optuna.exceptions.UpdateFinishedTrialError:  # or its tell, written as the database went, again
+                    if tuning.storage.get_trial(trial._trial_id).state == states.FAIL:
+                        tqdm_write(f"warning: trial {trial.number} was failed by another tune.py as it ran, its "
+                                   "heartbeats late (a machine or database stalled past --grace); its settings run "
+                                   "again")
                 show()
 
     def ask():
@@ -896,7 +905,7 @@ def run_trials(optuna, study, tuning: Tuning):
         done.set()
         bar.close()
     if errors:
-        raise UserError(errors[0])
+        raise errors[0] if isinstance(errors[0], Exception) else UserError(errors[0])
 
 
 def wait_for(threads: list[threading.Thread], tuning: Tuning):

@@ -179,6 +179,29 @@ def test_a_database_restart_shorter_than_the_grace_is_ridden_out(tmp_path, postg
     assert [t.state.name for t in trials if not t.user_attrs.get("surplus")] == ["COMPLETE"] * 4
 
 
+def test_a_write_cut_inside_another_call_is_made_again_whole(tmp_path, postgresql_server):
+    """The server cut as Optuna writes a trial's attribute in a call made inside another, on its session: the outer
+    call is made again, on a session of its own (made again alone, the inner one would meet its session rolled
+    back), and the attribute is stored once the server answers."""
+    import sqlalchemy
+
+    options = types.SimpleNamespace(dir=tmp_path, trainer=Path(STAND_IN), storage=postgresql_server.get_uri(),
+                                    grace=60, heartbeat=1)
+    tuning = tune.Tuning(options, {}, [])
+    storage = tune.open_storage(optuna, tuning)
+    trial_id = optuna.create_study(storage=storage, study_name="cut_inside").ask()._trial_id
+    cuts = []
+
+    def cut(connection, cursor, statement, *_):
+        if "trial_user_attributes" in statement and statement.lstrip().startswith(("INSERT", "UPDATE")) and not cuts:
+            cuts.append(statement)
+            restart(postgresql_server, 0.5)
+
+    sqlalchemy.event.listen(storage.engine, "before_cursor_execute", cut)
+    storage.set_trial_user_attr(trial_id, "host", "host-a")
+    assert len(cuts) == 1 and storage.get_trial(trial_id).user_attrs == {"host": "host-a"}
+
+
 def test_a_database_away_past_the_grace_stops_in_one_line_and_a_finished_trial_is_kept(tmp_path, postgresql_server):
     """The server down for longer than --grace: tune.py stops in one line naming the driver's message, its trainer
     stopped; the trial that ended while the server was away is recorded from its files by the same command later, not
