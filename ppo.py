@@ -70,6 +70,7 @@ import hashlib
 import importlib.util
 import inspect
 import io
+import json
 import math
 import multiprocessing
 import os
@@ -2746,10 +2747,14 @@ class TorchVecEnv:
                             "env_action() give one action of the space's shape per env")
 
     def flush_video(self):
-        """ManiSkill's RecordEpisode over many envs saves a video every max_steps_per_video steps only; an
-        evaluation that ended early saves the rest of its video now."""
+        """An evaluation's video saved as it ends, so that it is logged at its step: ManiSkill's RecordEpisode over
+        many envs saves one every max_steps_per_video steps only, Gymnasium's RecordVideo at the episode's end, which
+        may come after the evaluation's last step (its video would be saved by the next evaluation's reset, the last
+        evaluation's after the run's end)."""
         if self.video_recorder is not None:
             self.video_recorder.flush_video()
+        elif self.reset_video_trigger is not None and self.env.envs[0].recording:
+            self.env.envs[0].stop_recording()
 
     def close(self):
         self.env.close()
@@ -3149,7 +3154,8 @@ class RunLog:
                 for i, (run_args, run_setup) in enumerate(seed_runs_of_run or [(args, setup)]):
                     # the run's training videos show its first envs, which are its first seed's
                     train_videos = setup.run_dir / "train_videos" if i == 0 else None
-                    self.wandb_runs.append(WandbRun(run_args, run_setup, train_videos, quiet=i > 0))
+                    self.wandb_runs.append(WandbRun(run_args, run_setup, train_videos, quiet=i > 0, resume_step=None
+                                                    if resume_state is None else resume_state["global_step"]))
             # TensorBoard's writer thread prints a traceback where a write fails, then hands the error to this
             # thread's next write, which train() reports in one line.
             threading.excepthook = (lambda hook: None if issubclass(hook.exc_type, OSError)
@@ -3222,14 +3228,20 @@ class WandbRun:
     same global steps (its wandb steps, and a global_step key as sync_tensorboard gives), and each video that appears
     in its run directory's videos/ or in train_videos. Its id (wandb_run_id()) comes from the run's checkpoints, so
     --resume continues it. wandb keeps a run's steps increasing and cannot replace them: a resumed run logs from the
-    step where the stopped run's log ends (online; offline, the stopped run's log is not known)."""
+    step where the stopped run's wandb log ends (online, as wandb's service says; offline, as wandb_uploads.json in
+    the run directory says where the run ended cleanly), first the rows of TensorBoard's log and the videos that the
+    stopped run logged up to its checkpoint and wandb may have lost (a run killed outright loses what wandb's service
+    had not written)."""
 
-    def __init__(self, args: Args, setup: Setup, train_videos: Optional[Path], quiet: bool):
+    def __init__(self, args: Args, setup: Setup, train_videos: Optional[Path], quiet: bool, resume_step: Optional[int]):
         import wandb
 
         self.wandb = wandb
         self.video_dirs = {"eval/video": setup.run_dir / "videos", "train/video": train_videos}
-        self.uploaded = {path for _, path in self.video_files()}  # a resumed run's were uploaded before
+        # which video went at which step ("eval/video:NAME"), and the step a run ended at cleanly
+        self.uploads = setup.run_dir / "wandb_uploads.json"
+        uploads = json.loads(self.uploads.read_text()) if resume_step is not None and self.uploads.is_file() else {}
+        self.video_steps, self.last_step = uploads.get("videos", {}), None
         try:
             self.run = wandb.init(
                 project=wandb_project(args.wandb_project_name, find_env(args.env_id)[0]), entity=args.wandb_entity,
@@ -3243,11 +3255,36 @@ class WandbRun:
         if self.run.disabled and not quiet:  # WANDB_MODE=disabled, or `wandb disabled`: a run that records nothing
             print("--track: wandb is disabled (WANDB_MODE=disabled or `wandb disabled`): nothing is tracked; the "
                   "TensorBoard logs are written as always", file=sys.stderr)
-        self.first_step = self.run.step  # a resumed run's next step (run.step asks wandb's service: once)
+        # a resumed run's next step (run.step asks wandb's service: once; offline it knows nothing)
+        ended = uploads.get("ended_at")
+        self.first_step = max(self.run.step, 0 if ended is None else ended + 1)
+        self.write_uploads(ended_at=None)  # till finish(): a kill leaves no end
+        if resume_step is not None:
+            self.log_again(setup.run_dir, resume_step)
+        self.uploaded = {path for _, path in self.video_files()}  # the rest: a killed run's, after its checkpoint
 
     def log(self, values: dict, step: int):
         if step >= self.first_step:  # else the stopped run logged this step before this one resumed
             self.run.log({"global_step": step, **values}, step=step)
+            self.last_step = step
+
+    def log_again(self, run_dir: Path, resume_step: int):
+        """The stopped run's TensorBoard rows and videos from first_step to the checkpoint's step, which wandb lacks
+        (online), or may lack (offline: those it has are dropped as it syncs, its steps having gone past them)."""
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+        events.Reload()
+        rows = defaultdict(dict)
+        for tag in events.Tags()["scalars"]:
+            for event in events.Scalars(tag):
+                if self.first_step <= event.step <= resume_step:
+                    rows[event.step][tag] = event.value
+        for key, path in self.video_files():
+            if self.first_step <= (step := self.video_steps.get(f"{key}:{path.name}", -1)) <= resume_step:
+                rows[step].setdefault(key, []).append(self.wandb.Video(str(path), format="mp4"))
+        for step in sorted(rows):
+            self.log(rows[step], step)
 
     def video_files(self) -> list[tuple[str, Path]]:
         return [(key, path) for key, folder in self.video_dirs.items() if folder is not None
@@ -3258,12 +3295,18 @@ class WandbRun:
         for key, path in self.video_files():
             if path not in self.uploaded:
                 self.uploaded.add(path)
+                self.video_steps[f"{key}:{path.name}"] = step
                 new.setdefault(key, []).append(self.wandb.Video(str(path), format="mp4"))
         if new:  # a list always: one media type a key, however many videos a step brings
+            self.write_uploads(ended_at=None)  # before the checkpoint that follows
             self.log(new, step)
+
+    def write_uploads(self, ended_at: Optional[int]):
+        write_file(self.uploads, json.dumps({"videos": self.video_steps, "ended_at": ended_at}).encode())
 
     def finish(self, exit_code: int):
         self.run.finish(exit_code=exit_code)
+        self.write_uploads(ended_at=self.last_step if self.last_step is not None else self.first_step - 1)
 
 
 def wandb_start_failed(e: Exception) -> str:

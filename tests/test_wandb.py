@@ -5,13 +5,14 @@ import hashlib
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import ppo
 import ppo_eval
-from tests.util import fast_args, refused_in_one_line, run_script, scalars
+from tests.util import REPO, fast_args, refused_in_one_line, run_script, scalars, script_env
 
 POINT_MASS = "tests.envs:PointMass-v0"
 WANDB = str(Path(sys.executable).parent / "wandb")
@@ -41,7 +42,9 @@ def wandb_runs(run_dir: Path) -> list[dict]:
         for record in records:
             if record["type"] == "history":
                 history.setdefault(record["history"]["step"]["num"], {}).update(record["history"]["item"])
-        runs.append({"run": next(r["run"] for r in records if r["type"] == "run"), "history": history})
+        run = next((r["run"] for r in records if r["type"] == "run"), None)
+        if run is not None:  # else a run killed before wandb's service wrote anything
+            runs.append({"run": run, "history": history})
     return runs
 
 
@@ -188,3 +191,31 @@ def test_track_with_wandb_disabled_says_that_nothing_is_tracked(tmp_path):
     assert said == ["--track: wandb is disabled (WANDB_MODE=disabled or `wandb disabled`): nothing is tracked; the "
                     "TensorBoard logs are written as always"]
     assert scalars(tmp_path / "runs/disabled/disabled__seed2") and not list(tmp_path.rglob("offline-run-*"))
+
+
+def test_a_run_killed_outright_gives_wandb_on_resume_every_row_and_video_once(tmp_path):
+    """SIGKILL after the run's checkpoint at iteration 8: wandb's service wrote nothing of what the run logged
+    (offline). --resume logs first what TensorBoard holds up to the checkpoint, and the videos logged by then, then
+    its own: each row and each evaluation's videos reach each seed's wandb run once."""
+    argv = [sys.executable, str(REPO / "ppo.py"), *fast_args(POINT_MASS, "killed", track=True, num_seeds=2,
+                                                             checkpoint_freq=4, total_timesteps=32 * 16,
+                                                             capture_video=True, num_eval_steps=8)]
+    env = {**script_env(), **offline(tmp_path)}
+    killed = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    seeds = [tmp_path / f"runs/killed/killed__seed{seed}" for seed in (1, 2)]
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "runs/killed/ckpt_8.pt").exists():  # the run's, after its seeds' (--resume's choice)
+        assert killed.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    killed.kill()
+    killed.wait()
+    tracked("ppo.py", ["--resume", "runs/killed"], tmp_path)
+    for seed_dir in seeds:
+        history = merged_history(wandb_runs(seed_dir))
+        assert_same_scalars_as_tensorboard(seed_dir, history)
+        # every evaluation's video reaches wandb once, at its step: the killed run's, logged by its checkpoint, and
+        # the resumed run's
+        assert all((seed_dir / f"videos/{run}-episode-0.mp4").is_file() for run in ("eval", "eval2"))
+        videos = uploaded(history, "eval/video")
+        assert videos.keys() == sha256s(seed_dir / "videos")
+        assert sorted(videos.values()) == [64 * i for i in range(1, 9)]
