@@ -1588,16 +1588,22 @@ def update_step_of(agent: Agent, args: Args, envs: TorchVecEnv):
             else:
                 torch.set_rng_state(generators[0].get_state())
             return update(*inputs)
-    return first_call_checked("update()", update_step, rollout_part, agent, args, envs)
+    def one_epoch(given: tuple) -> tuple:  # compared on one epoch: float rounding grows over an update's many steps
+        inputs, keywords = given
+        return [dataclasses.replace(x, update_epochs=1) if isinstance(x, Args) else x for x in inputs], keywords
+    return first_call_checked("update()", update_step, rollout_part, agent, args, envs, one_epoch)
 
 
 # Copied from ppo.py
-def first_call_checked(where: str, step, part, agent: Agent, args: Args, envs: TorchVecEnv):
+def first_call_checked(where: str, step, part, agent: Agent, args: Args, envs: TorchVecEnv, shortened=None):
     """--num_seeds: step(agent, agent.generators, *inputs) for the seeds together, whose first call is also run for
     each seed alone, as a run of that seed alone makes it: its Agent and optimizer (in inputs) from its part of their
     states before the call, its part (part(x, i)) of the inputs and of a RolloutBuffer, its generator. Where a seed's
     results or Agent after the call differ from its own alone beyond float rounding, or the call drew from a global
-    random generator that the seeds share, one error line names where and the rule that code for one seed breaks."""
+    random generator that the seeds share, one error line names where and the rule that code for one seed breaks.
+    shortened((inputs, keywords)): those of a shorter call that the check compares instead, before the run's own
+    call from the same states: the rounding of a long chaotic one (an update of many epochs at a high learning rate)
+    would part a seed from its run alone as far as code that mixes the seeds does."""
     checked = []
 
     def call(*inputs, **keywords):
@@ -1610,8 +1616,12 @@ def first_call_checked(where: str, step, part, agent: Agent, args: Args, envs: T
         optimizer_state = None if optimizer is None else copy.deepcopy(optimizer.state_dict())
         generator_states = [generator.get_state() for generator in agent.generators]
         given = cloned((inputs, keywords))  # as they came: the call may write into the rollout's tensors
+        if shortened is not None:
+            given = shortened(given)
+            restored = copy.deepcopy(optimizer_state)  # the seeds' optimizers alone step optimizer_state's tensors
         rng_before = rng_states(device)
-        result = step(agent, agent.generators, *inputs, **keywords)
+        checked_inputs, checked_keywords = (inputs, keywords) if shortened is None else cloned(given)
+        result = step(agent, agent.generators, *checked_inputs, **checked_keywords)
         drawn = [GLOBAL_GENERATORS[key] for key in moved_generators(rng_before, rng_states(device))]
         if drawn:
             raise UserError(f"{where} draws from {' and '.join(drawn)} global random generator, which the seeds of "
@@ -1639,7 +1649,14 @@ def first_call_checked(where: str, step, part, agent: Agent, args: Args, envs: T
                         f"parameters, buffers and modules ({TRAINER}.py's docstring, 'A copy's contract')")
         finally:
             set_rng_states(rng_after, device)
-        return result
+        if shortened is None:
+            return result
+        agent.load_state_dict(model)  # the run's own call from the states that the check's began from
+        if optimizer is not None:
+            optimizer.load_state_dict(restored)
+        for generator, state in zip(agent.generators, generator_states):
+            generator.set_state(state)
+        return step(agent, agent.generators, *inputs, **keywords)
     return call
 
 
