@@ -3801,6 +3801,7 @@ class WandbRun:
         self.uploads = setup.run_dir / "wandb_uploads.json"
         uploads = json.loads(self.uploads.read_text()) if resume_step is not None and self.uploads.is_file() else {}
         self.video_steps, self.last_step = uploads.get("videos", {}), None
+        self.ended_at = uploads.get("ended_at")  # kept till finish(): a kill leaves the last clean end
         try:
             self.run = wandb.init(
                 project=wandb_project(args.wandb_project_name, find_env(args.env_id)[0]), entity=args.wandb_entity,
@@ -3815,10 +3816,8 @@ class WandbRun:
             print("--track: wandb is disabled (WANDB_MODE=disabled or `wandb disabled`): nothing is tracked; the "
                   "TensorBoard logs are written as always", file=sys.stderr)
         # a resumed run's next step (run.step asks wandb's service: once; offline it knows nothing)
-        ended = uploads.get("ended_at")
-        self.first_step = max(self.run.step, 0 if ended is None else ended + 1)
-        self.write_uploads(ended_at=None)  # till finish(): a kill leaves no end
-        if resume_step is not None:
+        self.first_step = max(self.run.step, 0 if self.ended_at is None else self.ended_at + 1)
+        if resume_step is not None and self.first_step <= resume_step:
             self.log_again(setup.run_dir, resume_step)
         self.uploaded = {path for _, path in self.video_files()}  # the rest: a killed run's, after its checkpoint
 
@@ -3857,15 +3856,17 @@ class WandbRun:
                 self.video_steps[f"{key}:{path.name}"] = step
                 new.setdefault(key, []).append(self.wandb.Video(str(path), format="mp4"))
         if new:  # a list always: one media type a key, however many videos a step brings
-            self.write_uploads(ended_at=None)  # before the checkpoint that follows
+            self.write_uploads()  # before the checkpoint that follows
             self.log(new, step)
 
-    def write_uploads(self, ended_at: Optional[int]):
-        write_file(self.uploads, json.dumps({"videos": self.video_steps, "ended_at": ended_at}).encode())
+    def write_uploads(self):
+        write_file(self.uploads, json.dumps({"videos": self.video_steps, "ended_at": self.ended_at}).encode())
 
     def finish(self, exit_code: int):
         self.run.finish(exit_code=exit_code)
-        self.write_uploads(ended_at=self.last_step if self.last_step is not None else self.first_step - 1)
+        if self.last_step is not None:
+            self.ended_at = self.last_step
+        self.write_uploads()
 
 
 # Copied from ppo.py

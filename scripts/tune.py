@@ -287,6 +287,9 @@ class Tuning:
         self.beating = set()  # the ids of the trials this process runs, whose heartbeats it records
         self.unbeaten = {}  # the ids of others' running trials without a heartbeat: when this process first saw them
         self.away_since = None  # when the database stopped answering (reach())
+        # a trial's last heartbeat may come a beat before the database goes, its next a beat after it answers (the
+        # retries' wait): an outage shorter than --grace fails no trial
+        self.stale_after = options.grace + 2 * options.heartbeat
         self.reaching = threading.Lock()
         self.what = None  # the settings a study of this command holds, open_study()'s
 
@@ -301,6 +304,7 @@ class Tuning:
                 result = call()
             except Exception as e:
                 if (cause := database_away(e)) is None:
+                    self.answered()  # with an error of another kind
                     raise
                 with self.reaching:
                     if self.away_since is None:
@@ -315,18 +319,23 @@ class Tuning:
                     raise
                 delay = min(2 * delay, self.options.heartbeat)
                 continue
-            if self.away_since is not None:
-                with self.reaching:
-                    if self.away_since is not None:
-                        tqdm_write(f"the study's database answers again, after {time.monotonic() - self.away_since:.0f}"
-                                   " s")
-                        self.away_since = None
+            self.answered()
             return result
 
-    def keep(self, run_dir: Path):
-        """A completed run's finals in its finals.json, from which recorded() tells a trial that the database missed."""
-        if values := finals(run_dir, self.options.metric):
-            (run_dir / "finals.json").write_text(json.dumps(values))
+    def answered(self):
+        if self.away_since is not None:
+            with self.reaching:
+                if self.away_since is not None:
+                    tqdm_write(f"the study's database answers again, after {time.monotonic() - self.away_since:.0f} s")
+                    self.away_since = None
+
+    @staticmethod
+    def keep(run_dir: Path, values: list[float]):
+        """A completed run's finals in its finals.json, from which recorded() tells a trial that the database missed
+        (whole or not at all: written beside it, then renamed)."""
+        if values:
+            (run_dir / "finals.json.part").write_text(json.dumps(values))
+            (run_dir / "finals.json.part").replace(run_dir / "finals.json")
 
     def command(self, params: dict, seed: int, num_seeds: int, exp_name: str, extra: list[str] = ()) -> list[str]:
         # the last of a flag's values counts: the confirmation's flags replace those after --, a trial's both
@@ -391,9 +400,10 @@ class Tuning:
                             process.send_signal(signal.SIGTERM)
                     if not ended:
                         time.sleep(POLL_SECONDS)
-            except UserError:  # the database away past the grace: a trainer that finished keeps its result
+            except Exception:  # tune.py stopping (its database away past the grace, in this thread or another, which
+                # stops this one's waits): a trainer that finished keeps its result
                 if process.poll() == 0 and not (pruned or stopped or failed_elsewhere):
-                    self.keep(run_dir)
+                    self.keep(run_dir, finals(run_dir, self.options.metric))
                 raise
             finally:
                 if process.poll() is None:  # an error of tune.py's own (a database away): the trainer stops too
@@ -415,7 +425,7 @@ class Tuning:
         if not values:
             logged = ", ".join(logged_metrics(run_dir)) or "none"
             return [], f"logged no {self.options.metric} (give --metric one it logs: {logged}; {log})"
-        self.keep(run_dir)
+        self.keep(run_dir, values)
         return values, "complete"
 
 
@@ -466,7 +476,7 @@ def open_storage(optuna, tuning: Tuning):
             try:
                 storage = patient(optuna.storages.RDBStorage, tuning)(
                     url, engine_kwargs={} if url.startswith("sqlite") else {"pool_pre_ping": True},  # idle links drop
-                    heartbeat_interval=tuning.options.heartbeat, grace_period=tuning.options.grace,
+                    heartbeat_interval=tuning.options.heartbeat, grace_period=tuning.stale_after,
                     failed_trial_callback=cut_short)
                 in_utc(storage.engine)
                 return storage
@@ -520,6 +530,12 @@ def database_away(e: BaseException) -> str | None:
     if not away:
         return None
     driver = getattr(away[0], "orig", None) or away[0]  # the driver's own exception, that SQLAlchemy wraps
+    # not an outage: PostgreSQL's errors of a statement (a disk full, a table missing) are of classes other than
+    # connection (08) and shutdown or start (57P); SQLite's, other than a database locked by another writer
+    sqlstate = getattr(driver, "sqlstate", None) or getattr(driver, "pgcode", None)  # psycopg's, psycopg2's
+    if (sqlstate and not sqlstate.startswith(("08", "57P"))
+            or type(driver).__module__ == "sqlite3" and "locked" not in str(driver)):
+        return None
     return redacted(f"{type(driver).__module__.split('.')[0]}.{first_line(driver)}")
 
 
@@ -654,12 +670,16 @@ def rerun_later(tuning: Tuning, study, trial):
     except UpdateFinishedTrialError:
         failed = False
     if failed:
-        run_again(study, trial)
+        run_again(study, tuning.storage.get_trial(trial._trial_id))
 
 
-def run_again(study, trial, params: dict | None = None):
-    study.enqueue_trial(params or trial.params, user_attrs={"rerun_of": trial.number,
-                                                           "tuning": trial.user_attrs.get("tuning")})
+def run_again(study, trial):
+    study.enqueue_trial(drawn(trial), user_attrs={"rerun_of": trial.number, "tuning": trial.user_attrs.get("tuning")})
+
+
+def drawn(trial) -> dict:
+    """A frozen trial's settings: a rerun's wait in its system attributes till it is asked for and suggests them."""
+    return trial.params or trial.system_attrs.get("fixed_params", {})
 
 
 def cut_short(study, trial):
@@ -696,19 +716,18 @@ def fail_stale(optuna, study, tuning: Tuning):
                 if "host" not in trial.user_attrs and trial._trial_id not in tuning.beating}
     tuning.unbeaten = {trial_id: tuning.unbeaten.get(trial_id, now) for trial_id in unbeaten}
     for trial_id, since in tuning.unbeaten.items():
-        if now - since > tuning.options.grace:
+        if now - since > tuning.stale_after:
             trial = unbeaten[trial_id]
-            params = trial.params or trial.system_attrs.get("fixed_params")  # a rerun's, waiting till it was asked
             try:
-                if tuning.storage.set_trial_state_values(trial_id, state=states.FAIL) and params:
-                    run_again(study, trial, params)
+                if tuning.storage.set_trial_state_values(trial_id, state=states.FAIL) and drawn(trial):
+                    run_again(study, trial)
             except optuna.exceptions.UpdateFinishedTrialError:  # another tune.py failed it first
                 continue
             tqdm_write(f"warning: trial {trial.number}, asked for by a tune.py that recorded no heartbeat of it, failed"
-                       f"{': its settings run again' if params else ''}")
+                       f"{': its settings run again' if drawn(trial) else ''}")
 
 
-def heartbeats(tuning: Tuning, study, done: threading.Event):
+def heartbeats(tuning: Tuning, study, done: threading.Event, errors: list):
     """Every --heartbeat seconds, a heartbeat of each trial this process runs (Optuna's own heartbeat thread runs
     inside study.optimize(), which tune.py's trials, asked for and told, do not), and the trials of a tune.py that
     died failed (their trainers here stopped) however long this one's trials run."""
@@ -718,7 +737,13 @@ def heartbeats(tuning: Tuning, study, done: threading.Event):
             for trial_id in list(tuning.beating):
                 tuning.storage.record_heartbeat(trial_id)
             fail_stale(optuna, study, tuning)
+        except UserError as e:  # the database away past the grace: the trainers stop
+            errors.append(e)
+            tuning.stop.set()
+            return
         except Exception as e:  # noqa: BLE001 (a database away a while: the next beat may reach it)
+            if tuning.stop.is_set():  # stopped while it waited for the database (reach())
+                return
             tqdm_write(f"warning: no heartbeat recorded: {first_line(e)}")
 
 
@@ -799,7 +824,8 @@ def run_trials(optuna, study, tuning: Tuning):
         try:
             work()
         except Exception as e:  # a thread's error would otherwise end it unseen, its trial left running
-            errors.append(str(e) if isinstance(e, UserError) else e)  # a bug's, raised again with its traceback
+            if not (stop.is_set() and database_away(e)):  # else stopped as it waited for the database: why is said
+                errors.append(e)  # raised again in the main thread: a bug's with its traceback
             stop.set()
 
     def work():
@@ -851,8 +877,8 @@ def run_trials(optuna, study, tuning: Tuning):
             study.tell(trial, state=states.FAIL)
             tuning.beating.discard(trial._trial_id)
             if rerun_settings is not None:
-                study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.user_attrs.get("rerun_of"),
-                                                              "tuning": rerun_settings})
+                study.enqueue_trial(drawn(tuning.storage.get_trial(trial._trial_id)),
+                                    user_attrs={"rerun_of": trial.user_attrs.get("rerun_of"), "tuning": rerun_settings})
             raise other_settings(study, tuning, saved)
         before = study.get_trials(deepcopy=False, states=(*counted_states(optuna), states.RUNNING))
         if sum(other.number < trial.number for other in before) >= options.trials:
@@ -882,8 +908,8 @@ def run_trials(optuna, study, tuning: Tuning):
             failures.append(f"trial {trial.number} {ended}")
             # the first trial failing for its input (exit 2: a trainer's refusal), or a metric never logged
             if not counted() and ("exit 2)" in ended or "logged no" in ended) or len(failures) >= MAX_FAILURES:
-                errors.append(failures[-1] if len(failures) == 1 else
-                              f"{len(failures)} trials failed in a row; the last: {failures[-1]}")
+                errors.append(UserError(failures[-1] if len(failures) == 1 else
+                                        f"{len(failures)} trials failed in a row; the last: {failures[-1]}"))
                 stop.set()
             else:
                 tqdm_write(f"warning: trial {trial.number} {ended}")
@@ -896,7 +922,7 @@ def run_trials(optuna, study, tuning: Tuning):
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(options.jobs)]
     done = threading.Event()
-    threading.Thread(target=heartbeats, args=(tuning, study, done), daemon=True).start()
+    threading.Thread(target=heartbeats, args=(tuning, study, done, errors), daemon=True).start()
     try:
         for thread in threads:
             thread.start()
@@ -905,7 +931,7 @@ def run_trials(optuna, study, tuning: Tuning):
         done.set()
         bar.close()
     if errors:
-        raise errors[0] if isinstance(errors[0], Exception) else UserError(errors[0])
+        raise errors[0]
 
 
 def wait_for(threads: list[threading.Thread], tuning: Tuning):
@@ -1194,8 +1220,13 @@ def main(argv: list[str] | None = None) -> int:
     if not options.trainer.is_file():
         parser.error(f"--trainer {options.trainer}: no such file")
     options.dir = options.dir or Path("tunes") / f"{re.sub('[:/]', '_', options.env_id)}__{options.trainer.stem}"
-    if options.storage is not None and (password := split_password(options.storage)[1]):
-        SECRETS.update({password, urllib.parse.unquote(password), urllib.parse.quote(password, safe="")})
+    if options.storage is not None:
+        in_query = []  # libpq's and SQLAlchemy's ?password=
+        with contextlib.suppress(ValueError):  # a URL that does not parse: its error says so, redacted
+            in_query = urllib.parse.parse_qs(urllib.parse.urlsplit(options.storage).query).get("password", [])
+        for password in filter(None, [split_password(options.storage)[1], *in_query]):
+            plain = urllib.parse.unquote(password)
+            SECRETS.update({password, plain, urllib.parse.quote(plain, safe="")})
     try:
         tune(options)
         return 0

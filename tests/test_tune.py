@@ -143,11 +143,12 @@ def as_host(hostname: str, argv: list[str]) -> list[str]:
     pytest.skip("no UTS namespace (unshare --uts) for a second hostname")
 
 
-def tune_on(host: str, study: str, url: str, trials: int, step_seconds: float, grace: int = 4) -> list[str]:
+def tune_on(host: str, study: str, url: str, trials: int, step_seconds: float, grace: int = 4, steps: int = 6
+            ) -> list[str]:
     return as_host(host, [sys.executable, str(REPO / "scripts/tune.py"), "--trainer", STAND_IN, "--env_id", "Tune-v0",
                           "--trials", str(trials), "--seeds", "2", "--jobs", "1", "--prune_after", "0", "--heartbeat",
                           "2", "--grace", str(grace), "--storage", url, "--study_name", study, "--dir", host,
-                          "--space", "x=0.0:6.0", "--", "--steps", "6", "--step_seconds", str(step_seconds)])
+                          "--space", "x=0.0:6.0", "--", "--steps", str(steps), "--step_seconds", str(step_seconds)])
 
 
 def running_on(url: str, study_name: str) -> set:
@@ -179,6 +180,24 @@ def test_a_database_restart_shorter_than_the_grace_is_ridden_out(tmp_path, postg
     assert [t.state.name for t in trials if not t.user_attrs.get("surplus")] == ["COMPLETE"] * 4
 
 
+def test_only_a_database_away_is_waited_for():
+    """A connection refused or cut, a server shutting down or starting, SQLite locked by another writer: waited for,
+    named by the driver's message; a disk full, a read-only SQLite file: an error at once, not an outage."""
+    import sqlite3
+
+    import psycopg
+    import sqlalchemy
+
+    def wrapped(error):
+        return sqlalchemy.exc.OperationalError("INSERT", {}, error)
+    assert tune.database_away(wrapped(psycopg.OperationalError("connection failed"))) == (
+        "psycopg.OperationalError: connection failed")
+    assert tune.database_away(wrapped(psycopg.errors.lookup("57P03")("the database system is starting up")))
+    assert tune.database_away(wrapped(sqlite3.OperationalError("database is locked")))
+    assert tune.database_away(wrapped(psycopg.errors.lookup("53100")("No space left on device"))) is None
+    assert tune.database_away(wrapped(sqlite3.OperationalError("attempt to write a readonly database"))) is None
+
+
 def test_a_write_cut_inside_another_call_is_made_again_whole(tmp_path, postgresql_server):
     """The server cut as Optuna writes a trial's attribute in a call made inside another, on its session: the outer
     call is made again, on a session of its own (made again alone, the inner one would meet its session rolled
@@ -207,16 +226,17 @@ def test_a_database_away_past_the_grace_stops_in_one_line_and_a_finished_trial_i
     stopped; the trial that ended while the server was away is recorded from its files by the same command later, not
     run again."""
     url = postgresql_server.get_uri()
-    argv = tune_on("host-a", "away", url, 2, 0.5)  # 3 s trials, a grace of 4 s
+    argv = tune_on("host-a", "away", url, 2, 0.5, steps=10)  # 5 s trials, a grace of 4 s
     worker = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while len(tune.progress(tmp_path / "host-a/runs/trial_0", "eval/return")) < 4:  # its end 1 s away, untold
+    # its end 3 s away: after the server has stopped (pg_ctl, as its user), before tune.py gives up (4 s after that)
+    while len(tune.progress(tmp_path / "host-a/runs/trial_0", "eval/return")) < 4:
         assert worker.poll() is None and time.monotonic() < deadline
         time.sleep(0.1)
     restart(postgresql_server, 12)  # tune.py notices within its 2 s heartbeat, and waits 4 s more
     _, err = worker.communicate(timeout=300)
     errors = [line for line in err.splitlines() if line.startswith("error") or "Traceback" in line]
-    assert worker.returncode == 2 and len(errors) == 1, err[-2000:]
+    assert worker.returncode == 2 and len(errors) == 1 and "no heartbeat recorded" not in err, err[-2000:]
     assert errors[0].startswith("error: the study's database did not answer for 4 s (--grace): psycopg.Operational")
     again = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
@@ -269,6 +289,11 @@ def test_no_output_shows_the_storages_password(tmp_path, fast_polls, postgresql,
         assert err.startswith("error: --storage postgresql+psycopg://postgres:***@") and err.count("\n") == 1, err
         for fragment in ("p@ss", "ss:w", "w/rd", "rd#1", "?%z", quoted):
             assert fragment not in err, err
+    # in the query, as libpq and SQLAlchemy take it too
+    assert tune.main([*argv, "--dir", "elsewhere", "--storage",
+                      f"postgresql+psycopg://postgres@localhost:54x41/postgres?password={quoted}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --storage ") and err.count("\n") == 1 and "p@ss" not in err and quoted not in err
     monkeypatch.setenv("PGPASSWORD", password)
     assert tune.main([*argv, "--trials", "2", "--storage", f"postgresql+psycopg://postgres@/postgres?{sockets}"]) == 0
     assert len(optuna.load_study(study_name="secret", storage=postgresql).trials) == 2
