@@ -3601,7 +3601,8 @@ class WandbRun:
             self.log(new, step)
 
     def write_uploads(self):
-        write_file(self.uploads, json.dumps({"videos": self.video_steps, "ended_at": self.ended_at}).encode())
+        if not self.run.disabled:  # which logs nothing: a resume tracked later logs its steps
+            write_file(self.uploads, json.dumps({"videos": self.video_steps, "ended_at": self.ended_at}).encode())
 
     def finish(self, exit_code: int):
         self.run.finish(exit_code=exit_code)

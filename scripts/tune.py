@@ -570,6 +570,12 @@ def split_password(url: str) -> tuple[str, str | None]:
     return f"{scheme}://{user}@{host}", password
 
 
+def study_url(url: str) -> str:
+    """The URL as a study's name holds it: without a password, in its credentials or its query, so that giving it
+    another way (PGPASSWORD, ~/.pgpass) keeps the study."""
+    return re.sub(r"([?&])password=[^&]*&?", r"\1", split_password(url)[0]).rstrip("?&")
+
+
 def storage_name(url: str) -> str:
     """The URL as lines show it: its password, if any, as ***."""
     without, password = split_password(url)
@@ -591,7 +597,7 @@ def open_study(optuna, tuning: Tuning):
     name = tuning.options.study_name
     # the directory's runs and logs are numbered by one study's trials
     # without the password: one moved to PGPASSWORD or ~/.pgpass, as docs/tuning.md advises, names the same study
-    ours = f"{name} in {'study.db' if tuning.options.storage is None else split_password(tuning.options.storage)[0]}"
+    ours = f"{name} in {'study.db' if tuning.options.storage is None else study_url(tuning.options.storage)}"
     marker = tuning.dir / "study"
     if marker.is_file() and (held := marker.read_text().strip()) != ours:
         raise UserError(f"--dir {tuning.options.dir} holds the runs of study {held}, whose trial numbers {ours}'s "
@@ -889,9 +895,12 @@ def run_trials(optuna, study, tuning: Tuning):
         study.sampler = optuna.samplers.TPESampler(seed=options.sampler_seed + trial.number)
         try:
             return trial, {dimension.name: dimension.suggest(trial) for dimension in tuning.space}
-        except Exception:  # a trial without its settings would wait for ever to run again
+        except Exception as e:  # a trial without its settings would wait for ever to run again
             study.tell(trial, state=states.FAIL)
             tuning.beating.discard(trial._trial_id)
+            if isinstance(e, ValueError):  # Optuna's check of a study's one distribution per setting
+                raise UserError(f"the study {study.study_name!r} holds failed trials that drew a setting of --space "
+                                f"from other values ({e}): give another --dir (or --study_name)") from e
             raise
 
     def tell(trial, values: list[float], ended: str):
@@ -1177,13 +1186,18 @@ def plots(optuna, study, directory: Path, names: list[str]):
         plt.close(figure)
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    def error(self, message: str):  # as every error of tune.py's: --help gives the usage
+        self.exit(2, f"error: {message}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     own, flags = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     if "--confirm_flags" in own[:-1]:  # argparse takes a value that starts with -- only after =
         at = own.index("--confirm_flags")
         own[at:at + 2] = [f"--confirm_flags={own[at + 1]}"]
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrors(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trainer", type=Path, default=REPO / "ppo.py", help="a trainer, or a copy of one")
     parser.add_argument("--env_id", required=True)
     parser.add_argument("--space", nargs="*", default=[], help="NAME=LOW:HIGH[:log] or NAME=A,B,C")

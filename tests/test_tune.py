@@ -294,6 +294,9 @@ def test_no_output_shows_the_storages_password(tmp_path, fast_polls, postgresql,
                       f"postgresql+psycopg://postgres@localhost:54x41/postgres?password={quoted}"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --storage ") and err.count("\n") == 1 and "p@ss" not in err and quoted not in err
+    assert tune.main([*argv, "--dir", "in_query", "--study_name", "secret_in_query", "--storage",
+                      f"postgresql+psycopg://postgres@/postgres?{sockets}&password={quoted}"]) == 0
+    assert (tmp_path / "in_query/study").read_text() == f"secret_in_query in postgresql+psycopg://postgres@/postgres?{sockets}"
     monkeypatch.setenv("PGPASSWORD", password)
     assert tune.main([*argv, "--trials", "2", "--storage", f"postgresql+psycopg://postgres@/postgres?{sockets}"]) == 0
     assert len(optuna.load_study(study_name="secret", storage=postgresql).trials) == 2
@@ -614,6 +617,27 @@ def test_bad_input_is_one_line_and_the_study_stays_usable(tmp_path, fast_polls, 
     assert len(lines) == 1 and lines[0].startswith("error: ") and refusal in lines[0], err
     assert tune.main(argv + ["--space", "x=0:6"]) == 0  # the same directory, the input corrected
     assert [state for state in states(study_of(tmp_path / "tuned")) if state != "FAIL"] == ["COMPLETE"]
+
+
+def test_other_values_of_a_setting_that_failed_trials_drew_are_one_line(tmp_path, fast_polls, capsys):
+    """Optuna keeps one distribution per setting in a study, its failed trials' too: the corrected space, of other
+    choices, is refused in one line naming the way out."""
+    argv = ["--trainer", STAND_IN, "--env_id", "Tune-v0", "--trials", "1", "--seeds", "1", "--jobs", "1",
+            "--dir", "tuned"]
+    assert tune.main([*argv, "--space", "steps=2,3", "--", "--fail"]) == 2
+    capsys.readouterr()
+    assert tune.main([*argv, "--space", "steps=4,5"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error") or "Traceback" in line]
+    assert len(lines) == 1 and "holds failed trials that drew a setting of --space from other values" in lines[0]
+
+
+@pytest.mark.parametrize("given, refusal", [(["--seeds", "0"], "--seeds must be at least 1"),
+                                             (["--grace", "-5"], "--grace must be at least 20 (twice --heartbeat)"),
+                                             (["--jobs", "two"], "argument --jobs: invalid int value: 'two'")])
+def test_a_bad_value_of_tunes_own_flags_is_one_line(tmp_path, given, refusal):
+    result = run_script("scripts/tune.py", ["--trainer", STAND_IN, "--env_id", "Tune-v0", "--space", "x=0:6", *given],
+                        tmp_path)
+    assert (result.returncode, result.stderr) == (2, f"error: {refusal}\n")
 
 
 def test_a_checkpoint_given_relative_to_where_tune_started_is_found(tmp_path, fast_polls):

@@ -191,6 +191,11 @@ def test_track_with_wandb_disabled_says_that_nothing_is_tracked(tmp_path):
     assert said == ["--track: wandb is disabled (WANDB_MODE=disabled or `wandb disabled`): nothing is tracked; the "
                     "TensorBoard logs are written as always"]
     assert scalars(tmp_path / "runs/disabled/disabled__seed2") and not list(tmp_path.rglob("offline-run-*"))
+    # resumed with wandb on, each seed's run gets every step, the disabled run's too
+    tracked("ppo.py", ["--resume", "runs/disabled", "--total_timesteps", str(32 * 6)], tmp_path)
+    for seed in (1, 2):
+        seed_dir = tmp_path / f"runs/disabled/disabled__seed{seed}"
+        assert_same_scalars_as_tensorboard(seed_dir, merged_history(wandb_runs(seed_dir)))
 
 
 def test_a_run_killed_outright_gives_wandb_on_resume_every_row_and_video_once(tmp_path):
