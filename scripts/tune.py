@@ -298,11 +298,16 @@ class Tuning:
         starting up), for up to --grace seconds from when it went, the trainers training on: a warning when it goes,
         a line when it answers again; past the grace, a UserError naming the driver's message. Trials whose heartbeats
         stopped for as long are failed and run again by any tune.py, so no process waits longer."""
-        delay = 0.5
+        from optuna.exceptions import UpdateFinishedTrialError
+
+        delay, again = 0.5, False
         while True:
             try:
                 result = call()
             except Exception as e:
+                if again and isinstance(e, UpdateFinishedTrialError):  # its write landed as the database went (no
+                    self.answered()  # other tune.py fails this one's trials within the grace)
+                    return True
                 if (cause := database_away(e)) is None:
                     self.answered()  # with an error of another kind
                     raise
@@ -317,7 +322,7 @@ class Tuning:
                                     f"{cause}; this tune.py's trials run again, by any tune.py once it answers") from e
                 if self.stop.wait(delay):
                     raise
-                delay = min(2 * delay, self.options.heartbeat)
+                delay, again = min(2 * delay, self.options.heartbeat), True
                 continue
             self.answered()
             return result

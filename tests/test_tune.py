@@ -198,6 +198,27 @@ def test_only_a_database_away_is_waited_for():
     assert tune.database_away(wrapped(sqlite3.OperationalError("attempt to write a readonly database"))) is None
 
 
+def test_a_write_that_landed_as_the_database_went_is_its_own_not_another_tunes(tmp_path):
+    """A trial failed or told whose write reached the database just before the connection dropped: made again, the
+    write finds the trial finished, which is this call's own doing (no other tune.py fails a trial within the grace),
+    not another's; without a drop first, the same error is another's and raised."""
+    import psycopg
+    import sqlalchemy
+    from optuna.exceptions import UpdateFinishedTrialError
+
+    options = types.SimpleNamespace(dir=tmp_path, trainer=Path(STAND_IN), grace=60, heartbeat=1)
+    tuning = tune.Tuning(options, {}, [])
+
+    def landed(errors):
+        def call():
+            raise next(errors)
+        return call
+    dropped = sqlalchemy.exc.OperationalError("COMMIT", {}, psycopg.OperationalError("server closed the connection"))
+    assert tuning.reach(landed(iter([dropped, UpdateFinishedTrialError("finished")]))) is True
+    with pytest.raises(UpdateFinishedTrialError):
+        tuning.reach(landed(iter([UpdateFinishedTrialError("finished")])))
+
+
 def test_a_write_cut_inside_another_call_is_made_again_whole(tmp_path, postgresql_server):
     """The server cut as Optuna writes a trial's attribute in a call made inside another, on its session: the outer
     call is made again, on a session of its own (made again alone, the inner one would meet its session rolled
