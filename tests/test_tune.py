@@ -317,7 +317,8 @@ def test_no_output_shows_the_storages_password(tmp_path, fast_polls, postgresql,
     assert err.startswith("error: --storage ") and err.count("\n") == 1 and "p@ss" not in err and quoted not in err
     assert tune.main([*argv, "--dir", "in_query", "--study_name", "secret_in_query", "--storage",
                       f"postgresql+psycopg://postgres@/postgres?{sockets}&password={quoted}"]) == 0
-    assert (tmp_path / "in_query/study").read_text() == f"secret_in_query in postgresql+psycopg://postgres@/postgres?{sockets}"
+    marker = (tmp_path / "in_query/study").read_text()
+    assert marker == f"secret_in_query in postgresql+psycopg://postgres@/postgres?{sockets}\n"
     monkeypatch.setenv("PGPASSWORD", password)
     assert tune.main([*argv, "--trials", "2", "--storage", f"postgresql+psycopg://postgres@/postgres?{sockets}"]) == 0
     assert len(optuna.load_study(study_name="secret", storage=postgresql).trials) == 2
