@@ -166,8 +166,8 @@ def trainer_fields(trainer: Path) -> dict:
 
 
 def check_flags(flags: list[str], fields: dict, source: str = "after --"):
-    """Flags given to the trainer: its own, and none that tune.py sets for each run."""
-    for given in flags:
+    """Flags given to the trainer: its own, each with its value, and none that tune.py sets for each run."""
+    for i, given in enumerate(flags):
         if (name := flag_name(given)) is not None:
             name = name if name in fields else name.removeprefix("no_")
             if name not in fields:
@@ -178,6 +178,9 @@ def check_flags(flags: list[str], fields: dict, source: str = "after --"):
             if name == "resume":
                 raise UserError(f"{given} ({source}): every trial trains from the start; to start each from a run's "
                                 "weights, give --checkpoint runs/RUN/final_ckpt.pt")
+            valueless = i + 1 == len(flags) or flags[i + 1].startswith("--")
+            if not isinstance(fields[name], bool) and "=" not in given and valueless:
+                raise UserError(f"{given} ({source}): --{name} takes a value (its default: {fields[name]!r})")
 
 
 def absolute_paths(flags: list[str]) -> list[str]:
