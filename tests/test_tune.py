@@ -247,18 +247,18 @@ def test_a_database_away_past_the_grace_stops_in_one_line_and_a_finished_trial_i
     stopped; the trial that ended while the server was away is recorded from its files by the same command later, not
     run again."""
     url = postgresql_server.get_uri()
-    argv = tune_on("host-a", "away", url, 2, 0.5, steps=10)  # 5 s trials, a grace of 4 s
+    argv = tune_on("host-a", "away", url, 2, 0.5, grace=6, steps=10)  # 5 s trials
     worker = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    # its end 3 s away: after the server has stopped (pg_ctl, as its user), before tune.py gives up (4 s after that)
+    # its end 3 s away: after the server has stopped (pg_ctl, as its user), before tune.py gives up (6 s after that)
     while len(tune.progress(tmp_path / "host-a/runs/trial_0", "eval/return")) < 4:
         assert worker.poll() is None and time.monotonic() < deadline
         time.sleep(0.1)
-    restart(postgresql_server, 12)  # tune.py notices within its 2 s heartbeat, and waits 4 s more
+    restart(postgresql_server, 12)  # tune.py notices at its next report, and waits 6 s more
     _, err = worker.communicate(timeout=300)
     errors = [line for line in err.splitlines() if line.startswith("error") or "Traceback" in line]
     assert worker.returncode == 2 and len(errors) == 1 and "no heartbeat recorded" not in err, err[-2000:]
-    assert errors[0].startswith("error: the study's database did not answer for 4 s (--grace): psycopg.Operational")
+    assert errors[0].startswith("error: the study's database did not answer for 6 s (--grace): psycopg.Operational")
     again = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "trial 0 ended while the study's database was away: its result recorded from " in again.stderr
