@@ -84,10 +84,12 @@ POPULATION_ITERATIONS = 4
 ITERATIONS = 8
 SEEDS_ROUNDING_FACTOR, SEEDS_ROUNDING_FLOOR = 100, 1e-7  # the seeds check's tolerance, of the stock trainer's rounding
 EXPORT_STEPS = 10
-# run()'s server of forks, which imports these once (a platform without forkserver starts each run afresh)
+# run()'s server of forks, which imports these once (a platform without forkserver starts each run afresh);
+# torch._dynamo too, which a process's first torch.optim optimizer imports (1.5 s of each run; starts no thread)
 FORKS = multiprocessing.get_context("forkserver") if "forkserver" in multiprocessing.get_all_start_methods() else None
 if FORKS is not None:
-    FORKS.set_forkserver_preload(["__main__", "gymnasium", "numpy", "torch", "torch.utils.tensorboard", "tqdm", "tyro"])
+    FORKS.set_forkserver_preload(["__main__", "gymnasium", "numpy", "torch", "torch._dynamo", "torch.utils.tensorboard",
+                                  "tqdm", "tyro"])
 NUM_ENVS = 3  # not the number of seeds of the seeds check: a buffer broadcast against the wrong dimension fails
 # The harnesses' start: the copy (sys.argv[1]) imported as a module of its own name, as a user's python my_idea.py runs
 # it, so that they can wrap its functions.
@@ -174,7 +176,7 @@ sys.exit(status)
 
 
 def run(argv: list[str], cwd: Path, fresh: bool = False) -> subprocess.CompletedProcess:
-    """`python ARGV` in cwd: forked from a process that has imported what every trainer imports (2 s of a short
+    """`python ARGV` in cwd: forked from a process that has imported what every trainer imports (3.5 s of a short
     run's 4-5 s), or in a fresh interpreter, with its own hash seed (the same_seed check's second run)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     if fresh or FORKS is None:
