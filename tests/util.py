@@ -25,7 +25,7 @@ def script_env() -> dict:
 
 class Zygote:
     """tests/zygote.py, started on first use: the suite's runs of the project's scripts start as its forks, which
-    have torch and the rest imported already (about 1.5 s of every run)."""
+    have torch and the rest imported already (about 3.5 s of every run)."""
 
     def __init__(self):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

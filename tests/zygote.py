@@ -1,5 +1,5 @@
 """Starts the suite's runs of the project's scripts as forks of one process that has already imported what every
-trainer imports: torch and the rest take about 1.5 s of each run's 2.5-5 s to import (tests/util.py's start_script).
+trainer imports: torch and the rest take about 3.5 s of a short run's 4 s to import (tests/util.py's start_python).
 
 `python -m tests.zygote FD` serves requests on the SOCK_SEQPACKET socket FD: each is a pickled dict (argv, as after
 `python`: a script path or -m MODULE first; cwd; env; new_session) sent with three file descriptors, the child's
@@ -22,6 +22,7 @@ import sys
 import gymnasium  # noqa: F401  (what every trainer imports: once here, not in every run)
 import numpy  # noqa: F401
 import torch  # noqa: F401
+import torch._dynamo  # noqa: F401  (a process's first torch.optim optimizer imports it: 1.5 s)
 import tqdm  # noqa: F401
 import tyro  # noqa: F401
 from torch.utils.tensorboard import SummaryWriter  # noqa: F401
